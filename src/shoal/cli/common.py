@@ -1,0 +1,121 @@
+"""What every command shares: --home/--team/--json options, team resolution, output, errors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from shoal.core.errors import EXIT_USAGE, UsageError
+from shoal.core.paths import Layout
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Env:
+    """The resolved context of one invocation: which home, which team, output mode."""
+
+    def __init__(self, home: str | None = None, team: str | None = None) -> None:
+        self.home_arg = home
+        self.team_arg = team
+
+    @functools.cached_property
+    def layout(self) -> Layout:
+        return Layout(self.home_arg)
+
+    def team(self, explicit: str | None = None) -> str:
+        """The team to act on: explicit, --team, $SHOAL_TEAM, else the only team on disk."""
+        from shoal.teams.store import Teams
+
+        name = explicit or self.team_arg or os.environ.get("SHOAL_TEAM")
+        if name:
+            return name
+        names = Teams(self.layout).names()
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            raise UsageError("no team exists yet; create one with `shoal team create NAME`")
+        raise UsageError(f"several teams exist ({', '.join(names)}); pass --team NAME")
+
+
+def get_env(ctx: click.Context) -> Env:
+    """The Env of this invocation (created by the top-level group)."""
+    env = ctx.find_object(Env)
+    if env is None:
+        env = Env(None, None)
+        ctx.find_root().obj = env
+    return env
+
+
+def _set_home(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        env = get_env(ctx)
+        env.home_arg = value
+        env.__dict__.pop("layout", None)
+
+
+def _set_team(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        get_env(ctx).team_arg = value
+
+
+def common_options(fn: F) -> F:
+    """Add --home and --team to a command (they may also be given before the command)."""
+    fn = click.option(
+        "--team",
+        "team_opt",
+        expose_value=False,
+        callback=_set_team,
+        is_eager=True,
+        metavar="TEAM",
+        help="Team to act on.",
+    )(fn)
+    fn = click.option(
+        "--home",
+        "home_opt",
+        expose_value=False,
+        callback=_set_home,
+        is_eager=True,
+        type=click.Path(file_okay=False),
+        metavar="DIR",
+        help="shoal home directory (default $SHOAL_HOME or ~/.shoal).",
+    )(fn)
+    return fn
+
+
+def json_option(fn: F) -> F:
+    """Add --json (machine-readable output)."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+def print_json(obj: Any) -> None:
+    """Write `obj` as one JSON document (pretty, sorted keys not needed) to stdout."""
+    sys.stdout.buffer.write(
+        orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    )
+    sys.stdout.flush()
+
+
+def print_json_line(obj: Any) -> None:
+    """Write `obj` as one compact JSON line (for streams)."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+    sys.stdout.flush()
+
+
+def parse_json_arg(value: str, what: str) -> Any:
+    """Parse a JSON command-line argument, as a usage error naming `what` when it is malformed."""
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc}") from None
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    """Print `shoal: error: message` and exit with `code`."""
+    click.echo(f"shoal: error: {message}", err=True)
+    sys.exit(code)

@@ -1,0 +1,145 @@
+"""`shoal send` and `shoal inbox`: write to and read from member inboxes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from shoal.cli.common import (
+    common_options,
+    get_env,
+    json_option,
+    parse_json_arg,
+    print_json,
+    print_json_line,
+)
+from shoal.core.errors import EXIT_INTERRUPTED, UsageError
+from shoal.core.names import validate_name
+from shoal.mailbox.inbox import Inbox
+from shoal.mailbox.router import send as route_send
+from shoal.mailbox.schema import KINDS, AnyMessage
+from shoal.mailbox.store import Maildir
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import Teams
+
+
+@click.command()
+@click.argument("to")
+@click.argument("text", required=False)
+@click.option("--from", "sender", default=LEAD_NAME, show_default=True, help="Sender name.")
+@click.option(
+    "--kind",
+    type=click.Choice(KINDS),
+    default="text",
+    show_default=True,
+    help="Message kind (its --data is validated per kind).",
+)
+@click.option("--data", "data_json", default=None, metavar="JSON", help="Kind-specific payload.")
+@click.option("--summary", default=None, help="One-line summary shown in previews.")
+@click.option("--durable", is_flag=True, help="fsync the message before returning.")
+@json_option
+@common_options
+def send(
+    to: str,
+    text: str | None,
+    sender: str,
+    kind: str,
+    data_json: str | None,
+    summary: str | None,
+    durable: bool,
+    as_json: bool,
+) -> None:
+    """Send TEXT to TO (a member, '*' for all alive members, uds:PATH or bridge:SESSION).
+
+    Prints the message id once the message is in every recipient's inbox.
+    """
+    env = get_env(click.get_current_context())
+    data = parse_json_arg(data_json, "--data") if data_json is not None else None
+    if data is not None and not isinstance(data, dict):
+        raise UsageError("--data must be a JSON object")
+    if text is None and data is None:
+        raise UsageError("nothing to send: give TEXT or --data")
+    team = env.team()
+    result = route_send(
+        Teams(env.layout).directory(team),
+        to=to,
+        sender=sender,
+        kind=kind,
+        text=text,
+        summary=summary,
+        data=data,
+        durable=durable,
+    )
+    if as_json:
+        print_json({"id": result.id, "team": team, "to": to, "recipients": result.recipients})
+    else:
+        click.echo(result.id)
+
+
+def _message_json(msg: AnyMessage) -> dict[str, Any]:
+    return msg.model_dump(mode="json", by_alias=True)
+
+
+def _message_text(msg: AnyMessage) -> str:
+    head = f"{msg.sent_at} {msg.from_} -> {msg.to} [{msg.kind}]"
+    body = msg.text if msg.text is not None else (msg.summary or "")
+    data = msg.data.model_dump(mode="json")
+    extra = f" {data}" if data else ""
+    return f"{head} {body}{extra}".rstrip()
+
+
+@click.command()
+@click.argument("name")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing messages as they arrive.")
+@click.option("--peek", is_flag=True, help="Show waiting messages without consuming them.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="With --follow: stop after this many seconds without a message.",
+)
+@json_option
+@common_options
+def inbox(name: str, follow: bool, peek: bool, timeout: float | None, as_json: bool) -> None:
+    """Print (and consume) the messages waiting in NAME's inbox, in priority order.
+
+    With --json: a JSON array, or one JSON object per line with --follow.
+    """
+    env = get_env(click.get_current_context())
+    team = env.team()
+    teams = Teams(env.layout)
+    validate_name(name, "member name")
+    directory = teams.directory(team)
+    box = Inbox(Maildir.open(directory.inbox(name)), lead=LEAD_NAME)
+    if peek:
+        if follow:
+            raise UsageError("--peek and --follow do not go together")
+        msgs = box.peek()
+        if as_json:
+            print_json([_message_json(m) for m in msgs])
+        else:
+            for m in msgs:
+                click.echo(_message_text(m))
+        return
+    if not follow:
+        out = []
+        for m in box.iterate(timeout=0):
+            if as_json:
+                out.append(_message_json(m))
+            else:
+                click.echo(_message_text(m))
+        if as_json:
+            print_json(out)
+        return
+    try:
+        with box:
+            for m in box.iterate(timeout=timeout):
+                if as_json:
+                    print_json_line(_message_json(m))
+                else:
+                    click.echo(_message_text(m))
+                    sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)

@@ -1,0 +1,1 @@
+"""Shared foundations: paths, names, errors, JSON I/O, ids and times."""

@@ -1,0 +1,56 @@
+"""Errors that reach the user: one line naming the thing and the fix, with an exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Exit codes of the CLI contract.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class ShoalError(Exception):
+    """Base of every error shoal reports to a user; `exit_code` is what the CLI exits with."""
+
+    exit_code = EXIT_FAILED
+
+
+class UsageError(ShoalError):
+    """The caller asked for something malformed (bad name, bad JSON argument)."""
+
+    exit_code = EXIT_USAGE
+
+
+class InvalidNameError(UsageError):
+    """A team or member name does not match the allowed pattern."""
+
+
+class NotFoundError(ShoalError):
+    """A team, member, task or file that was named does not exist."""
+
+
+class ConflictError(ShoalError):
+    """A check refused the request (name taken, members still active, task claimed)."""
+
+
+class UnsafePathError(ShoalError):
+    """A path component is a symlink or has the wrong type; shoal refuses to follow it."""
+
+
+class CorruptFileError(ShoalError):
+    """A file on disk failed validation; it is reported and never overwritten."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason} (the file was left untouched; fix or move it aside)")
+
+
+class MessageTooLargeError(UsageError):
+    """A message exceeds the mailbox size cap."""
+
+
+class UnknownRecipientError(ShoalError):
+    """A message names a recipient that is not a member (no phantom inboxes)."""

@@ -1,0 +1,117 @@
+"""All JSON I/O: orjson encoding, atomic replace, validated reads and locked read-modify-write."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+from filelock import FileLock
+from pydantic import BaseModel, ValidationError
+
+from shoal.core.errors import CorruptFileError, NotFoundError
+from shoal.core.paths import FILE_MODE
+
+M = TypeVar("M", bound=BaseModel)
+
+LOCK_TIMEOUT_S = 30.0
+
+
+def dumps(obj: Any, *, pretty: bool = False) -> bytes:
+    """Encode `obj` (pydantic models included) with orjson."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json", by_alias=True)
+    option = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE if pretty else 0
+    return orjson.dumps(obj, option=option)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename or link in it survives a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write `data` to `path` by temp file + os.replace, so readers see old or new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def read_bytes_nofollow(path: Path) -> bytes:
+    """Read a whole file, refusing to follow a symlink at its last component."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_model(path: Path, model: type[M], what: str = "file") -> M:
+    """Read and validate `path` as `model`; a bad file raises CorruptFileError naming it."""
+    try:
+        raw = read_bytes_nofollow(path)
+    except FileNotFoundError:
+        raise NotFoundError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
+    try:
+        return model.model_validate(orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        raise CorruptFileError(path, f"not valid JSON ({exc})") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise CorruptFileError(
+            path, f"invalid {what}: {loc}: {first['msg']} ({exc.error_count()} error(s))"
+        ) from None
+
+
+def lock_for(path: Path) -> FileLock:
+    """The lock guarding `path` (`{path}.lock`, never deleted)."""
+    return FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+
+
+def locked_update(
+    path: Path,
+    model: type[M],
+    update: Callable[[M], M],
+    *,
+    durable: bool = False,
+    what: str = "file",
+) -> M:
+    """Read-modify-write `path` under its lock; a file that fails validation is left untouched.
+
+    `update` returns the new model; returning the same object skips the write.
+    """
+    with lock_for(path):
+        current = read_model(path, model, what)
+        new = update(current)
+        if new is not current:
+            atomic_write(path, dumps(new, pretty=True), durable=durable)
+        return new

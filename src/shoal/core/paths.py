@@ -1,0 +1,102 @@
+"""Where things live under SHOAL_HOME, and safe creation of directories below it.
+
+Every directory shoal creates is 0700 and every component below the home is checked not to be
+a symlink, so a planted link can never redirect a write.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from shoal.core.errors import UnsafePathError
+from shoal.core.names import validate_name
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def resolve_home(home: str | os.PathLike[str] | None = None) -> Path:
+    """The shoal home: `home`, else $SHOAL_HOME, else ~/.shoal (symlinks in it resolved)."""
+    raw = home if home is not None else os.environ.get("SHOAL_HOME") or Path.home() / ".shoal"
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(raw))))
+
+
+def check_no_symlink(path: Path, root: Path) -> None:
+    """Raise UnsafePathError if any existing component of `path` below `root` is a symlink."""
+    rel = path.relative_to(root)
+    current = root
+    for part in rel.parts:
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"{current} is a symlink; refusing to follow it (remove it)")
+
+
+def ensure_dir(path: Path, root: Path) -> Path:
+    """Create `path` (and parents up from `root`) as 0700 directories, refusing symlinks."""
+    root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        try:
+            os.mkdir(current, DIR_MODE)
+            continue
+        except FileExistsError:
+            pass
+        st = os.lstat(current)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"{current} is a symlink; refusing to follow it (remove it)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError(f"{current} exists and is not a directory")
+    return path
+
+
+class Layout:
+    """The disk layout of one SHOAL_HOME (see DESIGN.md); pure path arithmetic, no I/O."""
+
+    def __init__(self, home: str | os.PathLike[str] | None = None) -> None:
+        self.home = resolve_home(home)
+
+    @property
+    def teams_dir(self) -> Path:
+        return self.home / "teams"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.home / "sessions"
+
+    def team_dir(self, team: str) -> Path:
+        return self.teams_dir / validate_name(team, "team name")
+
+    def team_file(self, team: str) -> Path:
+        return self.team_dir(team) / "team.json"
+
+    def inboxes_dir(self, team: str) -> Path:
+        return self.team_dir(team) / "inboxes"
+
+    def inbox_dir(self, team: str, member: str) -> Path:
+        return self.inboxes_dir(team) / validate_name(member, "member name")
+
+    def status_dir(self, team: str) -> Path:
+        return self.team_dir(team) / "status"
+
+    def tasklist_dir(self, team: str) -> Path:
+        return self.team_dir(team) / "tasklist"
+
+    def scratchpad_dir(self, team: str) -> Path:
+        return self.team_dir(team) / "scratchpad"
+
+    def worktrees_dir(self, team: str) -> Path:
+        return self.team_dir(team) / "worktrees"
+
+    def session_dir(self, session: str) -> Path:
+        return self.sessions_dir / session
+
+    def ensure(self, path: Path) -> Path:
+        """Create directory `path` under the home safely (0700, no symlinks)."""
+        return ensure_dir(path, self.home)

@@ -1,0 +1,581 @@
+"""The background-task model: types, ids, status transitions, frozen states and the registry."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from shoal.core.errors import ShoalError, UsageError
+
+# --------------------------------------------------------------------------- constants
+
+PANEL_GRACE_S: Final = 30.0
+"""How long a finished agent task stays visible (and in the registry) after it ends."""
+KILLED_DISPLAY_S: Final = 3.0
+"""How long a killed non-agent task stays visible after it ends."""
+MAX_TASK_OUTPUT_BYTES: Final = 5 * 1024**3
+"""Default output cap of one task; past it the task is killed and the reason recorded."""
+OUTPUT_READ_CHUNK: Final = 8 * 1024**2
+"""The most output the poll loop reads from one task in one tick."""
+TEAMMATE_MESSAGES_UI_CAP: Final = 50
+"""Messages kept per in-process teammate for display (292 agents once reached 36.8 GB)."""
+RECENT_ACTIVITIES_CAP: Final = 5
+DREAM_TURNS_CAP: Final = 30
+MAIN_SESSION_AGENT_TYPE: Final = "main-session"
+
+JsonDict = dict[str, Any]
+
+# --------------------------------------------------------------------------- types and ids
+
+
+class TaskType(StrEnum):
+    """The kinds of background task; the value is what goes on disk (and what str() gives)."""
+
+    LOCAL_BASH = "local_bash"
+    LOCAL_AGENT = "local_agent"
+    REMOTE_AGENT = "remote_agent"
+    IN_PROCESS_TEAMMATE = "in_process_teammate"
+    LOCAL_WORKFLOW = "local_workflow"
+    MONITOR_MCP = "monitor_mcp"
+    DREAM = "dream"
+
+
+TASK_ID_PREFIXES: Final[dict[TaskType, str]] = {
+    TaskType.LOCAL_BASH: "b",
+    TaskType.LOCAL_AGENT: "a",
+    TaskType.REMOTE_AGENT: "r",
+    TaskType.IN_PROCESS_TEAMMATE: "t",
+    TaskType.LOCAL_WORKFLOW: "w",
+    TaskType.MONITOR_MCP: "m",
+    TaskType.DREAM: "d",
+}
+_TYPE_BY_PREFIX: Final = {prefix: kind for kind, prefix in TASK_ID_PREFIXES.items()}
+TASK_ID_ALPHABET: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
+TASK_ID_RANDOM_LENGTH: Final = 8
+TASK_ID_PATTERN: Final = re.compile(r"^[" + "".join(_TYPE_BY_PREFIX) + r"][0-9a-z]{8}$")
+
+AGENT_TASK_TYPES: Final = frozenset({TaskType.LOCAL_AGENT, TaskType.IN_PROCESS_TEAMMATE})
+
+
+def new_task_id(task_type: TaskType | str) -> str:
+    """A fresh task id: the type's prefix plus 8 random characters of [0-9a-z], e.g. a7k2m9x3f."""
+    prefix = TASK_ID_PREFIXES[TaskType(task_type)]
+    tail = "".join(secrets.choice(TASK_ID_ALPHABET) for _ in range(TASK_ID_RANDOM_LENGTH))
+    return prefix + tail
+
+
+def task_type_of_id(task_id: str) -> TaskType:
+    """The task type encoded in `task_id`'s prefix; a malformed id raises UsageError naming it."""
+    if not TASK_ID_PATTERN.fullmatch(task_id):
+        prefixes = ", ".join(f"{p}={t.value}" for t, p in TASK_ID_PREFIXES.items())
+        raise UsageError(
+            f"malformed task id {task_id!r}: expected a type prefix ({prefixes}) followed by "
+            f"{TASK_ID_RANDOM_LENGTH} characters of [0-9a-z], e.g. 'a7k2m9x3f'"
+        )
+    return _TYPE_BY_PREFIX[task_id[0]]
+
+
+# --------------------------------------------------------------------------- status
+
+
+class TaskStatus(StrEnum):
+    """Where a task is in its life; completed, failed and killed are terminal."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    KILLED = "killed"
+
+
+TRANSITIONS: Final[dict[TaskStatus, frozenset[TaskStatus]]] = {
+    # A task can fail to start, or be killed before it starts.
+    TaskStatus.PENDING: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.KILLED}),
+    TaskStatus.RUNNING: frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.KILLED}),
+    TaskStatus.COMPLETED: frozenset(),
+    TaskStatus.FAILED: frozenset(),
+    TaskStatus.KILLED: frozenset(),
+}
+TERMINAL_STATUSES: Final = frozenset(s for s, nexts in TRANSITIONS.items() if not nexts)
+
+
+def is_terminal_task_status(status: TaskStatus | str) -> bool:
+    """True for completed, failed and killed: states a task never leaves."""
+    return TaskStatus(status) in TERMINAL_STATUSES
+
+
+class IllegalTransition(ShoalError):
+    """A status change TRANSITIONS does not allow (e.g. anything out of a terminal state)."""
+
+    def __init__(self, task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
+        self.task_id = task_id
+        self.from_status = from_status
+        self.to_status = to_status
+        allowed = sorted(s.value for s in TRANSITIONS[from_status])
+        why = f"allowed: {', '.join(allowed)}" if allowed else f"{from_status.value} is terminal"
+        super().__init__(
+            f"task {task_id}: illegal status change {from_status.value} -> {to_status.value} "
+            f"({why})"
+        )
+
+
+def check_transition(task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
+    """Raise IllegalTransition unless `from_status -> to_status` is allowed (or a no-op)."""
+    if from_status != to_status and to_status not in TRANSITIONS[from_status]:
+        raise IllegalTransition(task_id, from_status, to_status)
+
+
+# --------------------------------------------------------------------------- nested records
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ShellResult(_Frozen):
+    """How a shell task's process ended."""
+
+    code: int
+    interrupted: bool = False
+
+
+class ToolActivity(_Frozen):
+    """One tool call an agent made, for progress display."""
+
+    tool_name: str
+    description: str = ""
+    at: float | None = None
+
+
+class AgentProgress(_Frozen):
+    """Live progress of an agent; `recent_activities` keeps the last 5."""
+
+    tool_use_count: int = 0
+    token_count: int = 0
+    last_activity: ToolActivity | None = None
+    recent_activities: tuple[ToolActivity, ...] = ()
+    summary: str | None = None
+
+    @field_validator("recent_activities")
+    @classmethod
+    def _cap_activities(cls, value: tuple[ToolActivity, ...]) -> tuple[ToolActivity, ...]:
+        return value[-RECENT_ACTIVITIES_CAP:]
+
+
+class TaskUsage(_Frozen):
+    """What an agent task cost; sent in the `<usage>` element of its notification."""
+
+    total_tokens: int = 0
+    tool_uses: int = 0
+    duration_ms: int = 0
+
+
+class TeammateIdentity(_Frozen):
+    """Who an in-process teammate is within its team."""
+
+    agent_id: str
+    agent_name: str
+    team_name: str
+    color: str | None = None
+    plan_mode_required: bool = False
+    parent_session_id: str
+
+
+class DreamTurn(_Frozen):
+    """One turn of a memory-consolidation (dream) agent."""
+
+    text: str
+    tool_use_count: int = 0
+
+
+PermissionMode = Literal["default", "plan", "accept_edits", "bypass_permissions", "bubble"]
+RemoteTaskType = Literal["remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-pr"]
+UltraplanPhase = Literal["running", "needs_input", "plan_ready"]
+
+# --------------------------------------------------------------------------- task states
+
+
+class TaskStateBase(_Frozen):
+    """Fields every task has; subclasses fix `type`. Plain data only: no live handles."""
+
+    id: str
+    type: TaskType
+    status: TaskStatus = TaskStatus.PENDING
+    description: str
+    tool_use_id: str | None = None
+    start_time: float = Field(default_factory=time.time)
+    end_time: float | None = None
+    total_paused_ms: int = 0
+    output_file: str
+    output_offset: int = Field(default=0, ge=0)
+    notified: bool = False
+    owner: str | None = None
+    """The inbox or agent that receives this task's notification."""
+    is_backgrounded: bool = True
+
+    @model_validator(mode="after")
+    def _id_matches_type(self) -> TaskStateBase:
+        # The prefix encodes the type, so a mismatch is a corrupt or hand-made record.
+        if not TASK_ID_PATTERN.fullmatch(self.id):
+            raise ValueError(f"malformed task id {self.id!r} (prefix + 8 chars of [0-9a-z])")
+        if _TYPE_BY_PREFIX[self.id[0]] != self.type:
+            raise ValueError(
+                f"task id {self.id!r} has the prefix of {_TYPE_BY_PREFIX[self.id[0]].value}, "
+                f"not of {self.type.value}"
+            )
+        return self
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the task completed, failed or was killed."""
+        return self.status in TERMINAL_STATUSES
+
+
+class LocalShellTaskState(TaskStateBase):
+    """A shell command run in the background; its output goes straight to `output_file`."""
+
+    type: Literal[TaskType.LOCAL_BASH] = TaskType.LOCAL_BASH
+    command: str
+    argv: tuple[str, ...] = ()
+    cwd: str | None = None
+    result: ShellResult | None = None
+    pid: int | None = None
+    pid_started_at: float | None = None
+    agent_id: str | None = None
+    """The agent that started the shell; its shells are killed when it exits."""
+    kind: Literal["bash", "monitor"] = "bash"
+    last_reported_total_lines: int = 0
+    completion_status_sent_in_attachment: bool = False
+    kill_reason: str | None = None
+    error: str | None = None
+    """Why the shell could not be started (a failure without an exit code)."""
+
+
+class LocalAgentTaskState(TaskStateBase):
+    """A local agent subprocess (agent_type 'main-session' marks a backgrounded main session)."""
+
+    type: Literal[TaskType.LOCAL_AGENT] = TaskType.LOCAL_AGENT
+    agent_id: str
+    prompt: str
+    agent_type: str
+    model: str | None = None
+    error: str | None = None
+    result: str | None = None
+    usage: TaskUsage | None = None
+    progress: AgentProgress | None = None
+    pending_messages: tuple[str, ...] = ()
+    retain: bool = False
+    """Held open by the UI: never evicted while set."""
+    disk_loaded: bool = False
+    evict_after: float | None = None
+    messages: tuple[JsonDict, ...] = ()
+
+
+class RemoteAgentTaskState(TaskStateBase):
+    """An agent running elsewhere, polled for completion; metadata also lives in a sidecar file."""
+
+    type: Literal[TaskType.REMOTE_AGENT] = TaskType.REMOTE_AGENT
+    remote_task_type: RemoteTaskType = "remote-agent"
+    remote_task_metadata: JsonDict | None = None
+    session_id: str | None = None
+    command: str = ""
+    title: str = ""
+    todo_list: tuple[JsonDict, ...] = ()
+    log: tuple[JsonDict, ...] = ()
+    is_long_running: bool = False
+    poll_started_at: float = Field(default_factory=time.time)
+    is_remote_review: bool = False
+    review_progress: JsonDict | None = None
+    is_ultraplan: bool = False
+    ultraplan_phase: UltraplanPhase | None = None
+    error: str | None = None
+    result: str | None = None
+
+
+class InProcessTeammateTaskState(TaskStateBase):
+    """A teammate running inside the leader process; `messages` keeps the last 50."""
+
+    type: Literal[TaskType.IN_PROCESS_TEAMMATE] = TaskType.IN_PROCESS_TEAMMATE
+    identity: TeammateIdentity
+    prompt: str
+    model: str | None = None
+    awaiting_plan_approval: bool = False
+    permission_mode: PermissionMode = "default"
+    progress: AgentProgress | None = None
+    messages: tuple[JsonDict, ...] = ()
+    pending_user_messages: tuple[str, ...] = ()
+    is_idle: bool = False
+    shutdown_requested: bool = False
+    error: str | None = None
+    result: str | None = None
+    usage: TaskUsage | None = None
+    evict_after: float | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _cap_messages(cls, value: tuple[JsonDict, ...]) -> tuple[JsonDict, ...]:
+        return value[-TEAMMATE_MESSAGES_UI_CAP:]
+
+    @property
+    def agent_id(self) -> str:
+        """The teammate's agent id, e.g. researcher@my-team."""
+        return self.identity.agent_id
+
+
+class DreamTaskState(TaskStateBase):
+    """A memory-consolidation agent made visible; `turns` keeps the last 30."""
+
+    type: Literal[TaskType.DREAM] = TaskType.DREAM
+    phase: Literal["starting", "updating"] = "starting"
+    sessions_reviewing: int = 0
+    files_touched: tuple[str, ...] = ()
+    turns: tuple[DreamTurn, ...] = ()
+    prior_mtime: float | None = None
+    """The consolidation lock's mtime before this run, restored when the dream is killed."""
+
+    @field_validator("turns")
+    @classmethod
+    def _cap_turns(cls, value: tuple[DreamTurn, ...]) -> tuple[DreamTurn, ...]:
+        return value[-DREAM_TURNS_CAP:]
+
+
+class LocalWorkflowTaskState(TaskStateBase):
+    """A workflow script run by the workflow engine."""
+
+    type: Literal[TaskType.LOCAL_WORKFLOW] = TaskType.LOCAL_WORKFLOW
+    workflow: str
+    spec_path: str | None = None
+    total_steps: int = 0
+    completed_steps: int = 0
+    current_step: str | None = None
+    error: str | None = None
+    result: str | None = None
+
+
+class MonitorMcpTaskState(TaskStateBase):
+    """A watch on an MCP server that reports its events."""
+
+    type: Literal[TaskType.MONITOR_MCP] = TaskType.MONITOR_MCP
+    server_name: str
+    target: str | None = None
+    event_count: int = 0
+    last_event_at: float | None = None
+    error: str | None = None
+
+
+AnyTaskState = (
+    LocalShellTaskState
+    | LocalAgentTaskState
+    | RemoteAgentTaskState
+    | InProcessTeammateTaskState
+    | DreamTaskState
+    | LocalWorkflowTaskState
+    | MonitorMcpTaskState
+)
+TaskState = Annotated[AnyTaskState, Field(discriminator="type")]
+"""Any task state, discriminated on `type` when validated."""
+
+TASK_STATE_ADAPTER: Final[TypeAdapter[AnyTaskState]] = TypeAdapter(TaskState)
+TASK_STATE_CLASSES: Final[dict[TaskType, type[TaskStateBase]]] = {
+    TaskType.LOCAL_BASH: LocalShellTaskState,
+    TaskType.LOCAL_AGENT: LocalAgentTaskState,
+    TaskType.REMOTE_AGENT: RemoteAgentTaskState,
+    TaskType.IN_PROCESS_TEAMMATE: InProcessTeammateTaskState,
+    TaskType.DREAM: DreamTaskState,
+    TaskType.LOCAL_WORKFLOW: LocalWorkflowTaskState,
+    TaskType.MONITOR_MCP: MonitorMcpTaskState,
+}
+
+
+def parse_task_state(data: JsonDict) -> AnyTaskState:
+    """Validate a dict (e.g. from state.json) into the task state class its `type` names."""
+    return TASK_STATE_ADAPTER.validate_python(data)
+
+
+# --------------------------------------------------------------------------- updates
+
+T = TypeVar("T", bound=TaskStateBase)
+
+_IMMUTABLE_FIELDS: Final = frozenset({"id", "type"})
+
+
+def update_task(task: T, **changes: Any) -> T:
+    """A copy of `task` with `changes`; the same object when nothing changes.
+
+    A status change must be allowed by TRANSITIONS (else IllegalTransition); moving to a terminal
+    status sets `end_time` to now unless given or already set.
+    """
+    fields = type(task).model_fields
+    for name in changes:
+        if name not in fields:
+            raise TypeError(f"{type(task).__name__} has no field {name!r}")
+        if name in _IMMUTABLE_FIELDS:
+            raise TypeError(f"task {task.id}: field {name!r} cannot change")
+    if all(getattr(task, name) == value for name, value in changes.items()):
+        return task
+    if "status" in changes:
+        new_status = TaskStatus(changes["status"])
+        check_transition(task.id, task.status, new_status)
+        if new_status in TERMINAL_STATUSES and "end_time" not in changes and task.end_time is None:
+            changes["end_time"] = time.time()
+    # model_copy(update=...) skips validation; re-validate so no change can build an invalid
+    # record (nested model instances are reused as they are, so this stays cheap).
+    return type(task).model_validate({**dict(task), **changes})
+
+
+def transition(task: T, new_status: TaskStatus | str, **changes: Any) -> T:
+    """Move `task` to `new_status` (with `changes`), or raise IllegalTransition.
+
+    Moving to the status the task already has is not an error: for a terminal task it returns
+    the same object (the first outcome reported wins, later duplicates are dropped); otherwise
+    it just applies `changes`.
+    """
+    status = TaskStatus(new_status)
+    if status == task.status:
+        return task if task.is_terminal else update_task(task, **changes)
+    check_transition(task.id, task.status, status)
+    return update_task(task, status=status, **changes)
+
+
+# --------------------------------------------------------------------------- predicates
+
+
+def is_background_task(task: TaskStateBase) -> bool:
+    """True for a pending or running task that is not in the foreground."""
+    return task.status in (TaskStatus.RUNNING, TaskStatus.PENDING) and task.is_backgrounded
+
+
+def is_panel_agent_task(task: TaskStateBase) -> bool:
+    """True for a local agent shown in the coordinator panel (not a backgrounded main session)."""
+    return isinstance(task, LocalAgentTaskState) and task.agent_type != MAIN_SESSION_AGENT_TYPE
+
+
+def should_evict(task: TaskStateBase, now: float) -> bool:
+    """True when a terminal, notified task may leave the registry at time `now`.
+
+    Agent tasks stay for the panel grace (`evict_after`, default end_time + 30 s); killed tasks
+    stay visible KILLED_DISPLAY_S after they end; a retained task is never evicted.
+    """
+    if not task.is_terminal or not task.notified or getattr(task, "retain", False):
+        return False
+    ended = task.end_time if task.end_time is not None else task.start_time
+    if task.type in AGENT_TASK_TYPES:
+        evict_after: float | None = getattr(task, "evict_after", None)
+        deadline = evict_after if evict_after is not None else ended + PANEL_GRACE_S
+        return now >= deadline
+    if task.status == TaskStatus.KILLED:
+        return now >= ended + KILLED_DISPLAY_S
+    return True
+
+
+# --------------------------------------------------------------------------- registry
+
+# UI state that survives re-registration on resume, where the task model has the field.
+RESUME_KEPT_FIELDS: Final = ("retain", "start_time", "messages", "disk_loaded", "pending_messages")
+
+
+class TaskRegistry:
+    """The in-memory task table (id -> state), safe to share between threads.
+
+    Every method holds one lock for its whole read-modify-write, so updates always apply to the
+    fresh state, never to a stale copy. Updaters run under that lock: they must not call back
+    into the registry.
+    """
+
+    def __init__(self, tasks: Iterable[AnyTaskState] = ()) -> None:
+        self._lock = threading.Lock()
+        self._tasks: dict[str, AnyTaskState] = {}
+        for task in tasks:
+            self._tasks[task.id] = task
+
+    def register_task(self, task: AnyTaskState) -> AnyTaskState:
+        """Add `task` (on resume, keeping the known UI state of its id); returns what was stored."""
+        with self._lock:
+            existing = self._tasks.get(task.id)
+            if existing is not None:
+                fields = type(task).model_fields
+                kept = {
+                    name: getattr(existing, name)
+                    for name in RESUME_KEPT_FIELDS
+                    if name in fields and name in type(existing).model_fields
+                }
+                if kept:
+                    task = type(task).model_validate({**dict(task), **kept})
+            self._tasks[task.id] = task
+            return task
+
+    def update_task_state(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
+        """Replace task `task_id` with `updater(current)`; True if it changed.
+
+        An unknown id (e.g. already evicted) is a no-op returning False. Returning the same object
+        is a no-op. The new state must keep the id and type, and its status change must be legal
+        (IllegalTransition), even if the updater bypassed `transition`.
+        """
+        with self._lock:
+            current = self._tasks.get(task_id)
+            if current is None:
+                return False
+            new = updater(current)
+            if new is current:
+                return False
+            if new.id != current.id or new.type != current.type:
+                raise TypeError(
+                    f"task {task_id}: an update cannot change id or type "
+                    f"(got {new.id} of type {new.type.value})"
+                )
+            check_transition(task_id, current.status, new.status)
+            self._tasks[task_id] = new
+            return True
+
+    def mark_notified(self, task_id: str) -> bool:
+        """Atomically set `notified`; True only for the first caller once the task is terminal."""
+        with self._lock:
+            current = self._tasks.get(task_id)
+            if current is None or not current.is_terminal or current.notified:
+                return False
+            self._tasks[task_id] = update_task(current, notified=True)
+            return True
+
+    def evict(self, now: float) -> list[AnyTaskState]:
+        """Remove every task `should_evict` allows at `now`; returns the removed states."""
+        with self._lock:
+            gone = [t for t in self._tasks.values() if should_evict(t, now)]
+            for task in gone:
+                del self._tasks[task.id]
+            return gone
+
+    def get(self, task_id: str) -> AnyTaskState | None:
+        """The current state of `task_id`, or None."""
+        with self._lock:
+            return self._tasks.get(task_id)
+
+    def remove(self, task_id: str) -> AnyTaskState | None:
+        """Drop `task_id` from the registry; returns what was removed, or None."""
+        with self._lock:
+            return self._tasks.pop(task_id, None)
+
+    def get_all_tasks(self) -> list[AnyTaskState]:
+        """A snapshot of every task, in registration order."""
+        with self._lock:
+            return list(self._tasks.values())
+
+    def get_task_by_type(self, task_type: TaskType | str) -> list[AnyTaskState]:
+        """A snapshot of the tasks of one type, in registration order."""
+        kind = TaskType(task_type)
+        with self._lock:
+            return [t for t in self._tasks.values() if t.type == kind]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tasks)
+
+    def __contains__(self, task_id: object) -> bool:
+        with self._lock:
+            return task_id in self._tasks

@@ -1,0 +1,1 @@
+"""Per-member maildir inboxes: store, schemas, watcher and router."""

@@ -1,0 +1,297 @@
+"""Reading an inbox: priority order, claim, exactly-once handling, iteration and subscriptions.
+
+Order: `shutdown_request` first, then messages from the lead, then FIFO by delivery. Handling is
+claim (new -> cur), the handler's effect, the id appended to the handled log, then ack (unlink).
+After a crash, `cur/` is handled again and ids already in the log are only acked, so an effect
+is applied once. A handler that keeps raising does not stop the reader: the message is retried,
+then moved to `bad/` with the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.core.errors import UnsafePathError
+from shoal.mailbox.schema import AnyMessage, DecodeError, decode
+from shoal.mailbox.store import Maildir
+from shoal.mailbox.watcher import Watcher, shared_watcher
+
+Handler = Callable[[AnyMessage], Any]
+
+MAX_ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.05
+# Compact the handled log once it holds this many ids (only ids still in cur/ are kept).
+COMPACT_AFTER = 10_000
+JANITOR_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A claimed message: `name` is its file in `cur/`; `redelivered` after a crash."""
+
+    name: str
+    message: AnyMessage
+    redelivered: bool = False
+
+
+def priority(message: AnyMessage, lead: str | None) -> int:
+    """0 for shutdown requests, 1 for messages from the lead, 2 for the rest."""
+    if message.kind == "shutdown_request":
+        return 0
+    if lead is not None and message.from_ == lead:
+        return 1
+    return 2
+
+
+class Inbox:
+    """The reading side of one maildir; thread-safe, one instance per reader per process."""
+
+    def __init__(
+        self,
+        maildir: Maildir,
+        *,
+        lead: str | None = None,
+        watcher: Watcher | None = None,
+        durable: bool = False,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        self.maildir = maildir
+        self.lead = lead
+        self.durable = durable
+        self.max_attempts = max_attempts
+        self._watcher = watcher
+        self._event = threading.Event()
+        self._lock = threading.RLock()
+        self._cache: dict[str, tuple[int, AnyMessage]] = {}
+        self._handled: set[str] | None = None
+        self._handled_count = 0
+        self._recovered: list[Delivery] | None = None
+        self._registered = False
+        self._last_janitor = 0.0
+        self.quarantined = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Inbox:
+        """Begin watching (idempotent). Receiving starts it on demand too."""
+        with self._lock:
+            if not self._registered:
+                watcher = self._watcher or shared_watcher()
+                self._watcher = watcher
+                watcher.register(self.maildir.path, self._event.set)
+                self._registered = True
+        return self
+
+    def close(self) -> None:
+        """Stop watching."""
+        with self._lock:
+            if self._registered and self._watcher is not None:
+                self._watcher.unregister(self.maildir.path, self._event.set)
+                self._registered = False
+
+    def __enter__(self) -> Inbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def watcher_mode(self) -> str:
+        return self._watcher.mode if self._watcher else "none"
+
+    # -- scanning ----------------------------------------------------------------------------
+
+    def _load_handled(self) -> set[str]:
+        if self._handled is None:
+            self._handled = self.maildir.handled_ids()
+            self._handled_count = len(self._handled)
+        return self._handled
+
+    def _scan(self) -> list[tuple[int, str, AnyMessage]]:
+        """Decode what is in new/ (cached), quarantining what cannot be decoded."""
+        names = self.maildir.pending()
+        live = set(names)
+        for gone in [n for n in self._cache if n not in live]:
+            del self._cache[gone]
+        for name in names:
+            if name in self._cache or name.startswith("."):
+                continue
+            try:
+                msg = decode(self.maildir.read("new", name))
+            except FileNotFoundError:
+                continue  # claimed by another reader
+            except (DecodeError, UnsafePathError, OSError) as exc:
+                reason = exc.reason if isinstance(exc, DecodeError) else str(exc)
+                self.maildir.quarantine("new", name, reason)
+                self.quarantined += 1
+                continue
+            self._cache[name] = (priority(msg, self.lead), msg)
+        return sorted((p, n, m) for n, (p, m) in self._cache.items())
+
+    def _recover(self) -> list[Delivery]:
+        """Messages left in cur/ by a crashed reader: acked if handled, else handled again."""
+        if self._recovered is None:
+            handled = self._load_handled()
+            out = []
+            for name in self.maildir.claimed():
+                try:
+                    msg = decode(self.maildir.read("cur", name))
+                except FileNotFoundError:
+                    continue
+                except (DecodeError, UnsafePathError, OSError) as exc:
+                    reason = exc.reason if isinstance(exc, DecodeError) else str(exc)
+                    self.maildir.quarantine("cur", name, reason)
+                    self.quarantined += 1
+                    continue
+                if msg.id in handled:
+                    self.maildir.ack(name)
+                else:
+                    out.append(Delivery(name, msg, redelivered=True))
+            out.sort(key=lambda d: (priority(d.message, self.lead), d.name))
+            self._recovered = out
+            self.maildir.janitor()
+        return self._recovered
+
+    def peek(self) -> list[AnyMessage]:
+        """Messages waiting in priority order, without claiming them (recovered ones first)."""
+        with self._lock:
+            recovered = [d.message for d in self._recover()]
+            return recovered + [m for _, _, m in self._scan()]
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> Delivery | None:
+        """Claim the next message by priority, waiting up to `timeout` s (None: forever).
+
+        The caller must call `ack(delivery)` once the message's effect is done (or use
+        `process`, which does that and keeps the handled log).
+        """
+        self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._event.clear()
+            with self._lock:
+                recovered = self._recover()
+                if recovered:
+                    return recovered.pop(0)
+                for _, name, msg in self._scan():
+                    del self._cache[name]
+                    if not self.maildir.claim(name):
+                        continue
+                    if msg.id in self._load_handled():
+                        self.maildir.ack(name)  # effect already applied before a crash
+                        continue
+                    return Delivery(name, msg)
+                self._maybe_janitor()
+            if deadline is None:
+                self._event.wait()
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._event.wait(remaining)
+
+    def ack(self, delivery: Delivery) -> None:
+        """Record the message as handled, then remove it from cur/."""
+        with self._lock:
+            self.maildir.mark_handled(delivery.message.id, durable=self.durable)
+            handled = self._load_handled()
+            handled.add(delivery.message.id)
+            self._handled_count += 1
+            self.maildir.ack(delivery.name)
+            if self._handled_count >= COMPACT_AFTER:
+                self._compact()
+
+    def _compact(self) -> None:
+        in_cur = set()
+        for name in self.maildir.claimed():
+            with contextlib.suppress(FileNotFoundError, DecodeError, UnsafePathError, OSError):
+                in_cur.add(decode(self.maildir.read("cur", name)).id)
+        keep = self._load_handled() & in_cur
+        self.maildir.compact_handled(keep)
+        self._handled = keep
+        self._handled_count = len(keep)
+
+    def _maybe_janitor(self) -> None:
+        now = time.monotonic()
+        if now - self._last_janitor > JANITOR_INTERVAL_S:
+            self._last_janitor = now
+            self.maildir.janitor()
+
+    def process(self, handler: Handler, timeout: float | None = None) -> Delivery | None:
+        """Receive one message and run `handler` on it exactly once in effect.
+
+        A raising handler is retried `max_attempts` times, then the message goes to `bad/`
+        with the error. Returns the delivery (handled or quarantined), or None on timeout.
+        """
+        delivery = self.receive(timeout)
+        if delivery is None:
+            return None
+        self.run_handler(handler, delivery)
+        return delivery
+
+    def run_handler(self, handler: Handler, delivery: Delivery) -> bool:
+        """Run `handler` on a claimed delivery with retries; True if handled, False if bad."""
+        error = ""
+        for attempt in range(self.max_attempts):
+            try:
+                handler(delivery.message)
+            except Exception as exc:
+                error = "".join(traceback.format_exception_only(exc)).strip()
+                time.sleep(RETRY_BACKOFF_S * (attempt + 1))
+                continue
+            self.ack(delivery)
+            return True
+        self.maildir.quarantine(
+            "cur", delivery.name, f"handler failed {self.max_attempts} times: {error}"
+        )
+        self.quarantined += 1
+        return False
+
+    def iterate(self, timeout: float | None = None) -> Iterator[AnyMessage]:
+        """Yield messages until none arrives within `timeout`; each is acked when the loop
+        body moves on to the next one (so a crash inside the body redelivers it)."""
+        while True:
+            delivery = self.receive(timeout)
+            if delivery is None:
+                return
+            yield delivery.message
+            self.ack(delivery)
+
+    def subscribe(self, callback: Handler) -> Subscription:
+        """Run `callback` for every message on a background thread until the subscription stops."""
+        sub = Subscription(self, callback)
+        sub.start()
+        return sub
+
+
+class Subscription:
+    """A background reader thread calling one callback per message."""
+
+    def __init__(self, inbox: Inbox, callback: Handler) -> None:
+        self.inbox = inbox
+        self.callback = callback
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shoal-inbox", daemon=True)
+
+    def start(self) -> None:
+        self.inbox.start()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            delivery = self.inbox.receive(timeout=0.5)
+            if delivery is not None:
+                self.inbox.run_handler(self.callback, delivery)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the message being handled (if any) is done."""
+        self._stop.set()
+        self.inbox._event.set()
+        self._thread.join(timeout)

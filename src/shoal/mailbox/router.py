@@ -1,0 +1,126 @@
+"""Sending: resolve recipients through a directory, build a validated message, deliver it.
+
+Routes: a member name, `*` (every alive member but the sender), `uds:<socket>` (a peer over a
+unix socket, uid checked with SO_PEERCRED), `bridge:<session>` (another session's lead inbox).
+The router knows no team file: a `Directory` (the team layer's) answers who is who. An unknown
+name is an error and no inbox is ever created by sending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ulid import ULID
+
+from shoal.core.clock import iso_now
+from shoal.core.errors import UsageError
+from shoal.core.names import validate_name
+from shoal.mailbox.schema import AnyMessage, build, encode
+from shoal.mailbox.store import Maildir
+
+BROADCAST = "*"
+UDS_PREFIX = "uds:"
+BRIDGE_PREFIX = "bridge:"
+
+
+class Directory(Protocol):
+    """Who the recipients are; implemented by the team layer."""
+
+    @property
+    def lead_name(self) -> str: ...
+
+    def inbox(self, name: str) -> Path: ...
+
+    def broadcast(self, sender: str) -> list[tuple[str, Path]]: ...
+
+    def bridge_inbox(self, session: str) -> Path: ...
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What `send` did: the message id and who it went to."""
+
+    id: str
+    message: AnyMessage
+    recipients: list[str] = field(default_factory=list)
+
+
+def new_message_id() -> str:
+    """A new ULID string (time-ordered, unique)."""
+    return str(ULID())
+
+
+def make_message(
+    *,
+    sender: str,
+    to: str,
+    kind: str = "text",
+    text: str | None = None,
+    summary: str | None = None,
+    data: dict[str, Any] | None = None,
+    reply_to: str | None = None,
+    message_id: str | None = None,
+) -> AnyMessage:
+    """Build and validate a message (kind-specific `data` checked here, before delivery)."""
+    fields: dict[str, Any] = {
+        "v": 1,
+        "id": message_id or new_message_id(),
+        "from": sender,
+        "to": to,
+        "kind": kind,
+        "sent_at": iso_now(),
+        "text": text,
+        "summary": summary,
+        "reply_to": reply_to,
+    }
+    if data is not None:
+        fields["data"] = data
+    return build(fields)
+
+
+def deliver_to(inbox: Path, message: AnyMessage, *, durable: bool = False) -> str:
+    """Deliver an already-built message into one inbox directory (which must exist)."""
+    return Maildir.open(inbox).deliver(encode(message), durable=durable)
+
+
+UdsSender = Callable[[str, bytes], None]
+
+
+def send(
+    directory: Directory,
+    *,
+    to: str,
+    sender: str,
+    kind: str = "text",
+    text: str | None = None,
+    summary: str | None = None,
+    data: dict[str, Any] | None = None,
+    reply_to: str | None = None,
+    durable: bool = False,
+    uds_send: UdsSender | None = None,
+) -> SendResult:
+    """Send one message; returns its id once it is durably in every recipient's `new/`."""
+    validate_name(sender, "sender name")
+    if not to:
+        raise UsageError("no recipient given")
+    message = make_message(
+        sender=sender, to=to, kind=kind, text=text, summary=summary, data=data, reply_to=reply_to
+    )
+    raw = encode(message)
+    if to == BROADCAST:
+        targets = directory.broadcast(sender)
+    elif to.startswith(UDS_PREFIX):
+        from shoal.mailbox.uds import send_uds
+
+        (uds_send or send_uds)(to[len(UDS_PREFIX) :], raw)
+        return SendResult(message.id, message, [to])
+    elif to.startswith(BRIDGE_PREFIX):
+        targets = [(to, directory.bridge_inbox(to[len(BRIDGE_PREFIX) :]))]
+    else:
+        targets = [(to, directory.inbox(to))]
+    for _, inbox in targets:
+        Maildir.open(inbox).deliver(raw, durable=durable)
+    return SendResult(message.id, message, [name for name, _ in targets])

@@ -1,0 +1,270 @@
+"""One maildir inbox on disk: delivery by O_EXCL + link, claim by rename, ack by unlink.
+
+Layout: `tmp/` (being written), `new/` (delivered), `cur/` (claimed, not yet acked), `bad/`
+(undecodable or failing messages, each beside a `.error` file saying why). A message is
+visible in `new/` only once it is whole, so every file there parses (or is quarantined).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+from shoal.core.errors import MessageTooLargeError, NotFoundError, UnsafePathError
+from shoal.core.jsonio import fsync_dir
+from shoal.core.paths import FILE_MODE, ensure_dir
+from shoal.mailbox.schema import MAX_MESSAGE_BYTES
+
+SUBDIRS = ("tmp", "new", "cur", "bad")
+HANDLED_LOG = "handled.log"
+# A tmp/ file older than this is stale even if its writer still lives (maildir's own rule).
+STALE_TMP_S = 36 * 3600.0
+# A tmp/ file whose writer is gone is stale once it is this old (covers pid reuse races).
+ORPHAN_TMP_S = 5.0
+
+_seq = itertools.count()
+_HOST = socket.gethostname().replace("/", "\\057").replace(":", "\\072") or "localhost"
+
+
+def unique_name() -> str:
+    """A maildir file name `{time_ns}.{pid}_{seq}.{host}`, unique across processes and hosts."""
+    return f"{time.time_ns()}.{os.getpid()}_{next(_seq)}.{_HOST}"
+
+
+def _writer_pid(name: str) -> int | None:
+    try:
+        return int(name.split(".", 2)[1].split("_", 1)[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Maildir:
+    """An inbox directory with its four subdirectories; all paths checked against symlinks."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path / "tmp"
+        self.new = path / "new"
+        self.cur = path / "cur"
+        self.bad = path / "bad"
+
+    @classmethod
+    def create(cls, path: Path, home: Path) -> Maildir:
+        """Create (or check) the inbox at `path` under `home`: 0700 dirs, no symlinks anywhere."""
+        for sub in SUBDIRS:
+            ensure_dir(path / sub, home)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: Path) -> Maildir:
+        """An existing inbox; refuses a symlinked inbox or subdirectory."""
+        for p in (path, *(path / s for s in SUBDIRS)):
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                raise NotFoundError(f"no inbox at {p}") from None
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafePathError(f"{p} is a symlink; refusing to use it as an inbox")
+            if not stat.S_ISDIR(st.st_mode):
+                raise UnsafePathError(f"{p} is not a directory")
+        return cls(path)
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver(self, data: bytes, *, durable: bool = False) -> str:
+        """Deliver one whole message file; returns its maildir name.
+
+        Written in `tmp/` with O_EXCL|O_NOFOLLOW, fsynced when `durable`, then hard-linked into
+        `new/` (so `new/` only ever holds complete files) and unlinked from `tmp/`.
+        """
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise MessageTooLargeError(
+                f"message is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} byte cap; "
+                "put large content in a file and send its path"
+            )
+        while True:
+            name = unique_name()
+            tmp = self.tmp / name
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+            except FileExistsError:
+                continue
+            except FileNotFoundError:
+                raise NotFoundError(f"inbox {self.path} is gone (was the team deleted?)") from None
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if durable:
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            os.close(fd)
+            try:
+                os.link(tmp, self.new / name)
+            except FileExistsError:
+                os.unlink(tmp)
+                continue
+            os.unlink(tmp)
+            if durable:
+                fsync_dir(self.new)
+            return name
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def pending(self) -> list[str]:
+        """Names in `new/`, oldest first."""
+        try:
+            names = os.listdir(self.new)
+        except FileNotFoundError:
+            return []
+        names.sort()
+        return names
+
+    def claimed(self) -> list[str]:
+        """Names in `cur/` (claimed but not acked: left over from a crash), oldest first."""
+        try:
+            names = os.listdir(self.cur)
+        except FileNotFoundError:
+            return []
+        names.sort()
+        return names
+
+    def read(self, sub: str, name: str) -> bytes:
+        """Read a message file without following a symlink (ELOOP -> UnsafePathError)."""
+        try:
+            fd = os.open(self.path / sub / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePathError(f"{self.path / sub / name} is a symlink") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePathError(f"{self.path / sub / name} is not a regular file")
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+                if sum(map(len, chunks)) > MAX_MESSAGE_BYTES:
+                    break
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def claim(self, name: str) -> bool:
+        """Move `new/name` to `cur/name`; False when someone else claimed it first."""
+        try:
+            os.rename(self.new / name, self.cur / name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def ack(self, name: str) -> None:
+        """Remove a handled message from `cur/`."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.cur / name)
+
+    def quarantine(self, sub: str, name: str, reason: str) -> None:
+        """Move `sub/name` into `bad/` with a `.error` file beside it saying why."""
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.path / sub / name, self.bad / name)
+            fd = os.open(
+                self.bad / f"{name}.error",
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                FILE_MODE,
+            )
+            try:
+                os.write(fd, reason.encode("utf-8", "replace") + b"\n")
+            finally:
+                os.close(fd)
+
+    def bad_messages(self) -> list[tuple[str, str]]:
+        """(name, reason) of every quarantined message."""
+        out = []
+        for name in sorted(os.listdir(self.bad)):
+            if name.endswith(".error"):
+                continue
+            try:
+                reason = (self.bad / f"{name}.error").read_text().strip()
+            except OSError:
+                reason = "(no reason recorded)"
+            out.append((name, reason))
+        return out
+
+    # -- exactly-once effects ----------------------------------------------------------------
+
+    @property
+    def handled_log(self) -> Path:
+        return self.path / HANDLED_LOG
+
+    def handled_ids(self) -> set[str]:
+        """Ids recorded as handled (their effect is done even if the ack was lost)."""
+        try:
+            fd = os.open(self.handled_log, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return set()
+        with os.fdopen(fd, "rb") as fh:
+            return {line.strip().decode() for line in fh if line.strip()}
+
+    def mark_handled(self, message_id: str, *, durable: bool = False) -> None:
+        """Append `message_id` to the handled log (one O_APPEND write, atomic for short lines)."""
+        fd = os.open(
+            self.handled_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE
+        )
+        try:
+            os.write(fd, message_id.encode() + b"\n")
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def compact_handled(self, keep: set[str]) -> None:
+        """Rewrite the handled log keeping only `keep` (ids whose files are still in `cur/`)."""
+        from shoal.core.jsonio import atomic_write
+
+        atomic_write(self.handled_log, b"".join(i.encode() + b"\n" for i in sorted(keep)))
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def janitor(
+        self,
+        *,
+        now: float | None = None,
+        stale_after: float = STALE_TMP_S,
+        orphan_after: float = ORPHAN_TMP_S,
+    ) -> list[str]:
+        """Remove stale `tmp/` files (dead writer, or older than `stale_after`); returns them."""
+        now = time.time() if now is None else now
+        removed = []
+        for name in os.listdir(self.tmp):
+            path = self.tmp / name
+            try:
+                age = now - os.lstat(path).st_mtime
+            except FileNotFoundError:
+                continue
+            pid = _writer_pid(name)
+            dead = pid is not None and pid != os.getpid() and not _pid_exists(pid)
+            if age > stale_after or (dead and age > orphan_after):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed.append(name)
+        return removed

@@ -1,0 +1,170 @@
+"""The one place watchdog is used: a per-process observer that wakes inbox readers.
+
+inotify drops events when its queue overflows and watchdog does not tell the handler, so every
+registered inbox is also woken by a reconcile tick (every few seconds) and right after a queue
+overflow (seen through watchdog's own log record). When no inotify instance can be had (Linux
+allows 128 per user by default) or `SHOAL_WATCHER=poll` is set (network filesystems), a
+polling observer is used instead and `mode`/`reason` say so; watching never fails to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers.api import BaseObserver, ObservedWatch
+from watchdog.observers.polling import PollingObserver
+
+RECONCILE_INTERVAL_S = 2.0
+POLL_INTERVAL_S = 0.1
+
+Wake = Callable[[], None]
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        # Only arrivals in new/ matter: a created or moved-in file. Claims (new -> cur) and
+        # acks are our own doing and need no wake-up.
+        if event.event_type not in ("created", "moved", "modified"):
+            return
+        path = event.dest_path if event.event_type == "moved" else event.src_path
+        path = os.fsdecode(path)
+        parent, _, _ = path.rpartition("/")
+        inbox, _, sub = parent.rpartition("/")
+        if sub == "new":
+            self.watcher.wake(inbox)
+
+
+class _OverflowHook(logging.Filter):
+    """Sees watchdog's "queue overflowed" log record and asks for a reconcile."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        super().__init__()
+        self.watcher = watcher
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "overflow" in record.getMessage().lower():
+            self.watcher.wake_all()
+        return True
+
+
+class Watcher:
+    """One observer for all of this process's inboxes; `register` maps an inbox to a wake-up."""
+
+    def __init__(
+        self, *, force_polling: bool | None = None, reconcile_interval: float = RECONCILE_INTERVAL_S
+    ) -> None:
+        self._lock = threading.Lock()
+        self._wakers: dict[str, list[Wake]] = {}
+        self._watches: dict[str, ObservedWatch] = {}
+        self.reconcile_interval = reconcile_interval
+        if force_polling is None:
+            force_polling = os.environ.get("SHOAL_WATCHER", "").lower() == "poll"
+        self.mode = "inotify"
+        self.reason = "inotify available"
+        self._observer: BaseObserver
+        if force_polling:
+            self._use_polling("SHOAL_WATCHER=poll asked for polling")
+        else:
+            from watchdog.observers.inotify import InotifyObserver
+
+            self._observer = InotifyObserver()
+        self._observer.daemon = True
+        self._observer.start()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="shoal-reconcile", daemon=True)
+        self._ticker.start()
+        self._hook = _OverflowHook(self)
+        logging.getLogger("watchdog.observers.inotify_c").addFilter(self._hook)
+        logging.getLogger("watchdog.observers.inotify").addFilter(self._hook)
+
+    def _use_polling(self, reason: str) -> None:
+        self.mode = "polling"
+        self.reason = reason
+        self._observer = PollingObserver(timeout=POLL_INTERVAL_S)
+
+    def register(self, inbox: Path, wake: Wake) -> None:
+        """Call `wake()` whenever a message may have arrived in `inbox/new`."""
+        key = os.fspath(inbox)
+        with self._lock:
+            self._wakers.setdefault(key, []).append(wake)
+            if key not in self._watches:
+                self._watches[key] = self._schedule(key)
+
+    def _schedule(self, key: str) -> ObservedWatch:
+        try:
+            return self._observer.schedule(_Handler(self), key, recursive=True)
+        except OSError as exc:
+            if self.mode == "polling":
+                raise
+            # No inotify instance or watch to be had: switch this process to polling, keeping
+            # what was registered so far.
+            reason = (
+                f"inotify unavailable ({exc.strerror or exc}); polling every {POLL_INTERVAL_S}s"
+            )
+            old = self._observer
+            old.stop()
+            self._use_polling(reason)
+            self._observer.daemon = True
+            self._observer.start()
+            for other in list(self._watches):
+                self._watches[other] = self._observer.schedule(
+                    _Handler(self), other, recursive=True
+                )
+            return self._observer.schedule(_Handler(self), key, recursive=True)
+
+    def unregister(self, inbox: Path, wake: Wake) -> None:
+        """Stop waking `wake` for `inbox`; the watch goes when nobody wants it."""
+        key = os.fspath(inbox)
+        with self._lock:
+            wakers = self._wakers.get(key, [])
+            if wake in wakers:
+                wakers.remove(wake)
+            if not wakers:
+                self._wakers.pop(key, None)
+                watch = self._watches.pop(key, None)
+                if watch is not None:
+                    with contextlib.suppress(KeyError, OSError):
+                        self._observer.unschedule(watch)
+
+    def wake(self, inbox: str) -> None:
+        for wake in self._wakers.get(inbox, ()):
+            wake()
+
+    def wake_all(self) -> None:
+        with self._lock:
+            wakers = [w for ws in self._wakers.values() for w in ws]
+        for wake in wakers:
+            wake()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.reconcile_interval):
+            self.wake_all()
+
+    def stop(self) -> None:
+        """Stop the observer and the reconcile tick (tests; processes just exit)."""
+        self._stop.set()
+        self._observer.stop()
+        logging.getLogger("watchdog.observers.inotify_c").removeFilter(self._hook)
+        logging.getLogger("watchdog.observers.inotify").removeFilter(self._hook)
+
+
+_shared: Watcher | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_watcher() -> Watcher:
+    """The process-wide watcher (one observer, one inotify instance per process)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Watcher()
+        return _shared

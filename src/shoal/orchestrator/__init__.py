@@ -1,0 +1,1 @@
+"""The leader: task registry, poll loop, session and control channel."""

@@ -1,0 +1,1 @@
+"""Team files, members, colours and the shared task list."""

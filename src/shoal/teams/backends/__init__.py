@@ -1,0 +1,1 @@
+"""Worker backends: process, tmux, iTerm2 and in-process."""

@@ -1,0 +1,426 @@
+"""Team files on disk: create, read, list, delete, and member join/leave/update under the lock.
+
+The team file is also the directory the mailbox router resolves recipients through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shoal.core.clock import iso_now
+from shoal.core.errors import ConflictError, CorruptFileError, NotFoundError, UnknownRecipientError
+from shoal.core.jsonio import atomic_write, dumps, lock_for, locked_update, read_bytes_nofollow
+from shoal.core.jsonio import read_model as _read_model
+from shoal.core.names import validate_name, with_slug
+from shoal.core.paths import Layout
+from shoal.mailbox.store import Maildir
+from shoal.teams.colors import pick_color
+from shoal.teams.liveness import is_alive, process_start_time
+from shoal.teams.models import LEAD_NAME, AllowedPath, Member, TeamFile, agent_id
+
+
+class MemberState(StrEnum):
+    """What a member is doing, derived from its process and its status file, never a flag alone."""
+
+    ACTIVE = "active"
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPING = "stopping"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """A member with its derived state, for display and routing."""
+
+    member: Member
+    state: MemberState
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in (MemberState.DEAD, MemberState.LEFT)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.member.model_dump(mode="json"), "state": self.state.value}
+
+
+class Teams:
+    """All teams under one SHOAL_HOME."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(self, team: str) -> TeamFile:
+        """The validated team file of `team`; NotFoundError or CorruptFileError naming the file."""
+        path = self.layout.team_file(team)
+        try:
+            return _read_model(path, TeamFile, "team file")
+        except NotFoundError:
+            raise NotFoundError(
+                f"no team {team!r} (create it with `shoal team create {team}`)"
+            ) from None
+
+    def exists(self, team: str) -> bool:
+        return self.layout.team_file(team).exists()
+
+    def names(self) -> list[str]:
+        """Names of all teams on disk, sorted."""
+        try:
+            entries = sorted(os.listdir(self.layout.teams_dir))
+        except FileNotFoundError:
+            return []
+        return [
+            e
+            for e in entries
+            if not e.startswith(".") and (self.layout.teams_dir / e / "team.json").exists()
+        ]
+
+    def all(self) -> list[TeamFile | CorruptFileError]:
+        """Every team file; a corrupt one is returned as its error so a listing still shows it."""
+        out: list[TeamFile | CorruptFileError] = []
+        for name in self.names():
+            try:
+                out.append(self.read(name))
+            except CorruptFileError as exc:
+                out.append(exc)
+            except NotFoundError:
+                continue  # deleted while listing
+        return out
+
+    def members(self, team: str) -> list[MemberView]:
+        """Members with their derived state, in join order."""
+        tf = self.read(team)
+        return [MemberView(m, self.member_state(team, m)) for m in tf.members]
+
+    def member_state(self, team: str, member: Member) -> MemberState:
+        """Liveness from pid + start time, refined by the member's own status file."""
+        if not member.is_active:
+            return MemberState.LEFT
+        if not is_alive(member.pid, member.pid_started_at):
+            return MemberState.DEAD
+        status = self.read_status(team, member.name)
+        state = status.get("state") if status else None
+        if state in (MemberState.IDLE, MemberState.BUSY, MemberState.STOPPING):
+            return MemberState(state)
+        return MemberState.ACTIVE
+
+    def read_status(self, team: str, member: str) -> dict[str, Any] | None:
+        """The member's `status/{member}.json`, or None when absent or unreadable."""
+        path = self.layout.status_dir(team) / f"{validate_name(member, 'member name')}.json"
+        try:
+            data = orjson.loads(read_bytes_nofollow(path))
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_status(self, team: str, member: str, status: dict[str, Any]) -> None:
+        """Replace the member's status file (only the member itself writes it)."""
+        directory = self.layout.ensure(self.layout.status_dir(team))
+        atomic_write(
+            directory / f"{validate_name(member, 'member name')}.json",
+            dumps({"v": 1, **status, "updated_at": iso_now()}),
+        )
+
+    # -- creating and deleting ---------------------------------------------------------------
+
+    def create(
+        self,
+        team: str,
+        description: str = "",
+        *,
+        unique: bool = False,
+        lead_session_id: str | None = None,
+    ) -> TeamFile:
+        """Create a team with its lead; a taken name is refused, or slug-suffixed with `unique`."""
+        validate_name(team, "team name")
+        self.layout.ensure(self.layout.teams_dir)
+        name = team
+        for _ in range(20):
+            created = self._try_create(name, description, lead_session_id)
+            if created is not None:
+                return created
+            if not unique:
+                raise ConflictError(
+                    f"team {team!r} already exists; pick another name, delete it with "
+                    f"`shoal team delete {team}`, or pass --unique (e.g. {with_slug(team)!r})"
+                )
+            name = with_slug(team)
+        raise ConflictError(f"could not find a free name for team {team!r}")
+
+    def _try_create(
+        self, team: str, description: str, lead_session_id: str | None
+    ) -> TeamFile | None:
+        path = self.layout.team_file(team)
+        self.layout.ensure(path.parent)
+        with lock_for(path):
+            if path.exists() or path.is_symlink():
+                return None
+            now = iso_now()
+            lead = Member(
+                agent_id=agent_id(LEAD_NAME, team),
+                name=LEAD_NAME,
+                agent_type="team-lead",
+                color=pick_color(()),
+                joined_at=now,
+                cwd=os.getcwd(),
+            )
+            tf = TeamFile(
+                name=team,
+                description=description,
+                created_at=now,
+                lead_agent_id=lead.agent_id,
+                lead_session_id=lead_session_id,
+                members=(lead,),
+            )
+            for sub in ("inboxes", "status", "tasklist", "scratchpad"):
+                self.layout.ensure(self.layout.team_dir(team) / sub)
+            Maildir.create(self.layout.inbox_dir(team, LEAD_NAME), self.layout.home)
+            atomic_write(path, dumps(tf, pretty=True), durable=True)
+            return tf
+
+    def delete(
+        self,
+        team: str,
+        *,
+        force: bool = False,
+        stop_member: Callable[[str, Member], None] | None = None,
+    ) -> TeamFile:
+        """Delete a team; refused while non-lead members are alive unless `force`.
+
+        With `force`, `stop_member(team, member)` is called for each alive member first (the
+        shutdown handshake lives above this layer); by default the member's process is
+        terminated.
+        """
+        tf = self.read(team)
+        alive = [v.member for v in self.members(team) if v.alive and v.member.name != LEAD_NAME]
+        if alive and not force:
+            names = ", ".join(m.name for m in alive)
+            raise ConflictError(
+                f"team {team!r} still has active members ({names}); stop them first or pass --force"
+            )
+        for member in alive:
+            (stop_member or _terminate_member)(team, member)
+        for member in tf.members:
+            if member.worktree_path:
+                _remove_worktree(Path(member.worktree_path))
+        path = self.layout.team_file(team)
+        graveyard = self.layout.teams_dir / f".deleted-{team}-{secrets.token_hex(4)}"
+        with lock_for(path):
+            if not path.exists():
+                raise NotFoundError(f"no team {team!r}")
+            os.rename(self.layout.team_dir(team), graveyard)
+        shutil.rmtree(graveyard, ignore_errors=True)
+        return tf
+
+    # -- members -----------------------------------------------------------------------------
+
+    def update(self, team: str, fn: Callable[[TeamFile], TeamFile]) -> TeamFile:
+        """Read-modify-write the team file under its lock."""
+        path = self.layout.team_file(team)
+        if not path.exists():
+            self.read(team)  # raises the friendly NotFoundError
+        return locked_update(path, TeamFile, fn, what="team file")
+
+    def join(
+        self,
+        team: str,
+        name: str,
+        *,
+        pid: int | None = None,
+        pid_started_at: float | None = None,
+        agent_type: str = "worker",
+        model: str | None = None,
+        prompt: str | None = None,
+        backend: str | None = None,
+        pane_id: str | None = None,
+        cwd: str | None = None,
+        plan_mode_required: bool = False,
+        worktree_path: str | None = None,
+    ) -> Member:
+        """Add `name` to `team` (or re-join a departed or dead member of that name).
+
+        Refused when a live member already has the name. The member's inbox is created here.
+        """
+        validate_name(name, "member name")
+        if pid is not None and pid_started_at is None:
+            pid_started_at = process_start_time(pid)
+            if pid_started_at is None:
+                raise NotFoundError(f"no process with pid {pid}; cannot join {name!r} with it")
+        result: list[Member] = []
+
+        def add(tf: TeamFile) -> TeamFile:
+            existing = tf.member(name)
+            if (
+                existing is not None
+                and existing.is_active
+                and is_alive(existing.pid, existing.pid_started_at)
+                and (existing.pid, existing.pid_started_at) != (pid, pid_started_at)
+            ):
+                raise ConflictError(
+                    f"member {name!r} is already active in team {team!r} (pid {existing.pid}); "
+                    "pick another name"
+                )
+            color = (
+                existing.color
+                if existing is not None and existing.color
+                else pick_color(m.color for m in tf.members if m.is_active and m.name != name)
+            )
+            member = Member(
+                agent_id=agent_id(name, team),
+                name=name,
+                agent_type=agent_type,
+                model=model,
+                prompt=prompt,
+                color=color,
+                plan_mode_required=plan_mode_required,
+                joined_at=iso_now(),
+                backend=backend,
+                pane_id=pane_id,
+                pid=pid,
+                pid_started_at=pid_started_at,
+                cwd=cwd or os.getcwd(),
+                worktree_path=worktree_path,
+                is_active=True,
+            )
+            result.append(member)
+            return tf.with_member(member)
+
+        Maildir.create(self.layout.inbox_dir(team, name), self.layout.home)
+        self.update(team, add)
+        return result[0]
+
+    def leave(self, team: str, name: str) -> Member:
+        """Mark `name` as departed (kept in the file for history; its inbox stays readable)."""
+        result: list[Member] = []
+
+        def drop(tf: TeamFile) -> TeamFile:
+            existing = tf.member(name)
+            if existing is None:
+                raise NotFoundError(f"no member {name!r} in team {team!r}")
+            if existing.name == LEAD_NAME:
+                raise ConflictError(f"the lead cannot leave team {team!r}; delete the team instead")
+            member = existing.model_copy(
+                update={"is_active": False, "pid": None, "pid_started_at": None}
+            )
+            result.append(member)
+            return tf.with_member(member)
+
+        self.update(team, drop)
+        return result[0]
+
+    def update_member(self, team: str, name: str, **changes: Any) -> Member:
+        """Change fields of one member under the lock (validated like the rest of the file)."""
+        result: list[Member] = []
+
+        def change(tf: TeamFile) -> TeamFile:
+            existing = tf.member(name)
+            if existing is None:
+                raise NotFoundError(f"no member {name!r} in team {team!r}")
+            member = Member.model_validate({**existing.model_dump(), **changes})
+            result.append(member)
+            return tf if member == existing else tf.with_member(member)
+
+        self.update(team, change)
+        return result[0]
+
+    def add_allowed_path(self, team: str, path: str, added_by: str) -> TeamFile:
+        """Allow every member of `team` to write under `path`."""
+        entry = AllowedPath(path=os.path.abspath(path), added_by=added_by, added_at=iso_now())
+
+        def add(tf: TeamFile) -> TeamFile:
+            if any(p.path == entry.path for p in tf.team_allowed_paths):
+                return tf
+            return tf.model_copy(update={"team_allowed_paths": (*tf.team_allowed_paths, entry)})
+
+        return self.update(team, add)
+
+    def directory(self, team: str) -> TeamDirectory:
+        """The recipient directory of `team`, as the mailbox router wants it."""
+        return TeamDirectory(self, team)
+
+
+class TeamDirectory:
+    """Resolves recipients of one team for the mailbox router (see shoal.mailbox.router)."""
+
+    def __init__(self, teams: Teams, team: str) -> None:
+        self.teams = teams
+        self.team = team
+        self.layout = teams.layout
+
+    @property
+    def lead_name(self) -> str:
+        return LEAD_NAME
+
+    def inbox(self, name: str) -> Path:
+        """The inbox of member `name`; UnknownRecipientError when there is no such member."""
+        validate_name(name, "recipient name")
+        tf = self.teams.read(self.team)
+        if tf.member(name) is None:
+            known = ", ".join(m.name for m in tf.members)
+            raise UnknownRecipientError(
+                f"no member {name!r} in team {self.team!r} (members: {known}); nothing was sent"
+            )
+        return self.layout.inbox_dir(self.team, name)
+
+    def broadcast(self, sender: str) -> list[tuple[str, Path]]:
+        """Every alive member but the sender."""
+        return [
+            (v.member.name, self.layout.inbox_dir(self.team, v.member.name))
+            for v in self.teams.members(self.team)
+            if v.alive and v.member.name != sender
+        ]
+
+    def bridge_inbox(self, session: str) -> Path:
+        """The lead inbox of the team whose leader runs session `session`."""
+        for tf in self.teams.all():
+            if isinstance(tf, TeamFile) and tf.lead_session_id == session:
+                return self.layout.inbox_dir(tf.name, LEAD_NAME)
+        raise UnknownRecipientError(f"no running leader session {session!r}; nothing was sent")
+
+
+def _terminate_member(team: str, member: Member) -> None:
+    """Stop a member's process: SIGTERM, a short grace, then SIGKILL (only the same process)."""
+    import psutil  # local: only team deletion kills
+
+    if member.pid is None or not is_alive(member.pid, member.pid_started_at):
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc = psutil.Process(member.pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _remove_worktree(path: Path) -> None:
+    """Remove a member's git worktree (`git worktree remove --force`), ignoring a missing one."""
+    if not path.exists():
+        return
+    subprocess.run(
+        ["git", "-C", str(path), "worktree", "remove", "--force", str(path)],
+        capture_output=True,
+        check=False,
+    )
+
+
+def iter_teams(teams: Teams) -> Iterator[TeamFile]:
+    """Valid team files only."""
+    for tf in teams.all():
+        if isinstance(tf, TeamFile):
+            yield tf

@@ -1,0 +1,1 @@
+"""Terminal views of a swarm."""

@@ -1,0 +1,1 @@
+"""Task kinds and the worker entry point."""
