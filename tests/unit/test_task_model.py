@@ -424,7 +424,8 @@ def test_update_task_state_replaces_and_reports_change() -> None:
     registry = TaskRegistry([task])
     assert registry.update_task_state(task.id, lambda t: transition(t, "running", pid=5)) is True
     stored = registry.get(task.id)
-    assert stored is not None and stored.status is TaskStatus.RUNNING and stored.pid == 5  # type: ignore[union-attr]
+    assert isinstance(stored, LocalShellTaskState)
+    assert stored.status is TaskStatus.RUNNING and stored.pid == 5
     assert registry.update_task_state(task.id, lambda t: transition(t, "running")) is False
 
 
@@ -525,8 +526,8 @@ def test_mark_notified_with_real_threads() -> None:
         assert not thread.is_alive()
     counts = Counter(task_id for slot in wins for task_id in slot)
     assert counts == Counter({t.id: 1 for t in terminal})
-    assert all(registry.get(t.id).notified for t in terminal)  # type: ignore[union-attr]
-    assert not any(registry.get(t.id).notified for t in live)  # type: ignore[union-attr]
+    notified = {t.id for t in registry.get_all_tasks() if t.notified}
+    assert notified == {t.id for t in terminal}
 
 
 def test_concurrent_updates_apply_to_fresh_state() -> None:

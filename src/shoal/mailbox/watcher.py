@@ -76,7 +76,10 @@ class Watcher:
         else:
             from watchdog.observers.inotify import InotifyObserver
 
-            self._observer = InotifyObserver()
+            try:
+                self._observer = InotifyObserver()
+            except OSError as exc:
+                self._use_polling(self._unavailable(exc))
         self._observer.daemon = True
         self._observer.start()
         self._stop = threading.Event()
@@ -85,6 +88,10 @@ class Watcher:
         self._hook = _OverflowHook(self)
         logging.getLogger("watchdog.observers.inotify_c").addFilter(self._hook)
         logging.getLogger("watchdog.observers.inotify").addFilter(self._hook)
+
+    @staticmethod
+    def _unavailable(exc: OSError) -> str:
+        return f"inotify unavailable ({exc.strerror or exc}); polling every {POLL_INTERVAL_S}s"
 
     def _use_polling(self, reason: str) -> None:
         self.mode = "polling"

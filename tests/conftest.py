@@ -1,0 +1,81 @@
+"""Shared fixtures: an isolated SHOAL_HOME per test, a CLI runner in a real process, polling waits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.core.paths import Layout
+from shoal.teams.store import Teams
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh SHOAL_HOME for this test (exported, so child processes use it too)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("SHOAL_HOME", str(path))
+    monkeypatch.delenv("SHOAL_TEAM", raising=False)
+    monkeypatch.delenv("SHOAL_WATCHER", raising=False)
+    return path
+
+
+@pytest.fixture
+def layout(home: Path) -> Layout:
+    return Layout(home)
+
+
+@pytest.fixture
+def teams(layout: Layout) -> Teams:
+    return Teams(layout)
+
+
+def wait_until(cond: Callable[[], object], timeout: float = 15.0, interval: float = 0.01) -> None:
+    """Poll `cond` until it is truthy; fail the test with a clear message on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s: {cond}")
+
+
+class Cli:
+    """Runs `python -m shoal ...` as a real process with the test's SHOAL_HOME."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def __call__(self, *args: str, input: str | None = None, timeout: float = 60,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        full_env = {**os.environ, "SHOAL_HOME": str(self.home), **(env or {})}
+        return subprocess.run([sys.executable, "-m", "shoal", *args], capture_output=True,
+                              text=True, input=input, timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def cli(home: Path) -> Cli:
+    return Cli(home)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Start long-sleeping child processes (stand-ins for members); all killed at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
