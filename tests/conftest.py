@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated SHOAL_HOME per test, a CLI runner in a real process, polling waits."""
+"""Shared fixtures: a SHOAL_HOME per test, a CLI runner in a real process, polling waits."""
 
 from __future__ import annotations
 
@@ -52,11 +52,22 @@ class Cli:
     def __init__(self, home: Path) -> None:
         self.home = home
 
-    def __call__(self, *args: str, input: str | None = None, timeout: float = 60,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self,
+        *args: str,
+        input: str | None = None,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         full_env = {**os.environ, "SHOAL_HOME": str(self.home), **(env or {})}
-        return subprocess.run([sys.executable, "-m", "shoal", *args], capture_output=True,
-                              text=True, input=input, timeout=timeout, env=full_env)
+        return subprocess.run(
+            [sys.executable, "-m", "shoal", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=timeout,
+            env=full_env,
+        )
 
 
 @pytest.fixture

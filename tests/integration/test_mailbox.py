@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.conftest import wait_until
 
 from shoal.core.errors import (
     MessageTooLargeError,
@@ -28,7 +29,6 @@ from shoal.mailbox.uds import PeerError, UdsListener, send_uds
 from shoal.mailbox.watcher import Watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
-from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -186,7 +186,9 @@ def test_symlinked_inbox_dir_is_refused(
     assert all(os.listdir(elsewhere / sub) == [] for sub in ("tmp", "new", "cur", "bad"))
 
 
-def test_symlinked_subdir_is_refused(teams: Teams, layout: Layout, team: str, tmp_path: Path) -> None:
+def test_symlinked_subdir_is_refused(
+    teams: Teams, layout: Layout, team: str, tmp_path: Path
+) -> None:
     inbox = layout.inbox_dir(team, "carol")
     os.rmdir(inbox / "new")
     os.symlink(tmp_path, inbox / "new")
@@ -215,7 +217,7 @@ def test_handler_exceptions_retry_then_bad_and_the_reader_goes_on(
     finally:
         sub.stop()
     assert calls.count("poison") == box.max_attempts
-    (name, reason), = box.maildir.bad_messages()
+    ((name, reason),) = box.maildir.bad_messages()
     assert "cannot digest" in reason
 
 

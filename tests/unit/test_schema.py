@@ -45,8 +45,18 @@ def test_round_trip_per_kind(kind: str) -> None:
     assert on_disk["v"] == 1
     assert on_disk["from"] == "team-lead"
     assert on_disk["kind"] == kind
-    assert set(on_disk) == {"v", "id", "from", "to", "kind", "sent_at", "text", "summary",
-                            "data", "reply_to"}
+    assert set(on_disk) == {
+        "v",
+        "id",
+        "from",
+        "to",
+        "kind",
+        "sent_at",
+        "text",
+        "summary",
+        "data",
+        "reply_to",
+    }
     assert decode(raw) == msg
 
 
@@ -88,8 +98,12 @@ def test_decode_failures_are_one_error_type() -> None:
 
 
 def test_decode_gives_the_kind_model() -> None:
-    msg = make_message(sender="team-lead", to="b", kind="shutdown_request",
-                       data={"request_id": "r9", "reason": "done"})
+    msg = make_message(
+        sender="team-lead",
+        to="b",
+        kind="shutdown_request",
+        data={"request_id": "r9", "reason": "done"},
+    )
     back = decode(encode(msg))
     assert isinstance(back, ShutdownRequestMessage)
     assert back.data.request_id == "r9"

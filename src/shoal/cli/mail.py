@@ -53,12 +53,16 @@ def send(
 ) -> None:
     """Send TEXT to TO (a member, '*' for all alive members, uds:PATH or bridge:SESSION).
 
+    TEXT '-' reads the text from standard input.
+
     Prints the message id once the message is in every recipient's inbox.
     """
     env = get_env(click.get_current_context())
     data = parse_json_arg(data_json, "--data") if data_json is not None else None
     if data is not None and not isinstance(data, dict):
         raise UsageError("--data must be a JSON object")
+    if text == "-":
+        text = sys.stdin.read()
     if text is None and data is None:
         raise UsageError("nothing to send: give TEXT or --data")
     team = env.team()

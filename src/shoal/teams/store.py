@@ -5,7 +5,6 @@ The team file is also the directory the mailbox router resolves recipients throu
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
@@ -24,9 +23,9 @@ from shoal.core.jsonio import atomic_write, dumps, lock_for, locked_update, read
 from shoal.core.jsonio import read_model as _read_model
 from shoal.core.names import validate_name, with_slug
 from shoal.core.paths import Layout
+from shoal.core.procs import is_alive, process_start_time, terminate
 from shoal.mailbox.store import Maildir
 from shoal.teams.colors import pick_color
-from shoal.teams.liveness import is_alive, process_start_time
 from shoal.teams.models import LEAD_NAME, AllowedPath, Member, TeamFile, agent_id
 
 
@@ -394,18 +393,8 @@ class TeamDirectory:
 
 def _terminate_member(team: str, member: Member) -> None:
     """Stop a member's process: SIGTERM, a short grace, then SIGKILL (only the same process)."""
-    import psutil  # local: only team deletion kills
-
-    if member.pid is None or not is_alive(member.pid, member.pid_started_at):
-        return
-    with contextlib.suppress(psutil.NoSuchProcess):
-        proc = psutil.Process(member.pid)
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except psutil.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    if member.pid is not None:
+        terminate(member.pid, member.pid_started_at)
 
 
 def _remove_worktree(path: Path) -> None:

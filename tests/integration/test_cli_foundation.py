@@ -1,0 +1,160 @@
+"""The CLI of teams and mailboxes, run as real processes: output shapes, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import Cli, wait_until
+
+from shoal import __version__
+
+
+def test_version_and_module_entry(cli: Cli) -> None:
+    out = cli("--version")
+    assert out.returncode == 0 and __version__ in out.stdout
+    helped = cli("--help")
+    assert helped.returncode == 0 and "team" in helped.stdout and "send" in helped.stdout
+
+
+def test_team_lifecycle_json(cli: Cli, home: Path) -> None:
+    created = cli("team", "create", "alpha", "--description", "our team", "--json")
+    assert created.returncode == 0, created.stderr
+    data = json.loads(created.stdout)
+    assert data["name"] == "alpha" and data["v"] == 1
+    assert data["lead_agent_id"] == "team-lead@alpha"
+    listed = json.loads(cli("team", "list", "--json").stdout)
+    assert [t["name"] for t in listed] == ["alpha"]
+    assert listed[0]["description"] == "our team"
+    shown = json.loads(cli("team", "show", "alpha", "--json").stdout)
+    assert shown["members"][0]["name"] == "team-lead"
+    assert shown["members"][0]["state"] in {"dead", "active"}
+    deleted = cli("team", "delete", "alpha", "--json")
+    assert deleted.returncode == 0 and json.loads(deleted.stdout) == {"deleted": "alpha"}
+    assert json.loads(cli("team", "list", "--json").stdout) == []
+
+
+def test_home_option_overrides_environment(cli: Cli, tmp_path: Path) -> None:
+    other = tmp_path / "other-home"
+    assert cli("--home", str(other), "team", "create", "beta").returncode == 0
+    assert cli("team", "create", "gamma", "--home", str(other)).returncode == 0
+    assert (other / "teams" / "beta" / "team.json").exists()
+    assert (other / "teams" / "gamma" / "team.json").exists()
+    assert json.loads(cli("team", "list", "--json").stdout) == []
+
+
+def test_taken_and_invalid_names(cli: Cli, home: Path) -> None:
+    assert cli("team", "create", "alpha").returncode == 0
+    taken = cli("team", "create", "alpha")
+    assert taken.returncode == 1
+    assert "already exists" in taken.stderr and "--unique" in taken.stderr
+    unique = cli("team", "create", "alpha", "--unique", "--json")
+    assert json.loads(unique.stdout)["name"].startswith("alpha-")
+    for bad in ("../x", "Team", "a b", "", "x" * 49):
+        out = cli("team", "create", bad)
+        assert out.returncode == 2, bad
+        assert out.stderr.startswith("shoal: error: invalid team name")
+        assert "Traceback" not in out.stderr
+    assert sorted(os.listdir(home / "teams")) == sorted(
+        ["alpha", json.loads(unique.stdout)["name"]]
+    )
+
+
+def test_join_send_inbox_round_trip(cli: Cli) -> None:
+    cli("team", "create", "alpha")
+    member = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        joined = cli("team", "join", "alpha", "bob", "--pid", str(member.pid), "--json")
+        assert joined.returncode == 0, joined.stderr
+        assert json.loads(joined.stdout)["agent_id"] == "bob@alpha"
+        sent = cli("send", "bob", "hello bob", "--team", "alpha")
+        assert sent.returncode == 0, sent.stderr
+        msg_id = sent.stdout.strip()
+        assert len(msg_id) == 26
+        sent2 = cli(
+            "send", "bob", "--kind", "shutdown_request", "--data", '{"request_id": "r1"}', "--json"
+        )
+        assert json.loads(sent2.stdout)["recipients"] == ["bob"]
+        peeked = json.loads(cli("inbox", "bob", "--peek", "--json").stdout)
+        assert [m["kind"] for m in peeked] == ["shutdown_request", "text"]
+        assert peeked[1]["id"] == msg_id and peeked[1]["from"] == "team-lead"
+        taken = json.loads(cli("inbox", "bob", "--json").stdout)
+        assert [m["kind"] for m in taken] == ["shutdown_request", "text"]
+        assert json.loads(cli("inbox", "bob", "--json").stdout) == []
+        left = cli("team", "leave", "alpha", "bob")
+        assert left.returncode == 0
+    finally:
+        member.kill()
+        member.wait()
+
+
+def test_send_errors(cli: Cli, home: Path) -> None:
+    cli("team", "create", "alpha")
+    unknown = cli("send", "mallory", "hi")
+    assert unknown.returncode == 1 and "mallory" in unknown.stderr
+    assert not (home / "teams" / "alpha" / "inboxes" / "mallory").exists()
+    bad_json = cli("send", "team-lead", "--data", "{nope")
+    assert bad_json.returncode == 2 and "--data is not valid JSON" in bad_json.stderr
+    wrong = cli("send", "team-lead", "--kind", "shutdown_response", "--data", '{"approve": 1}')
+    assert wrong.returncode == 2 and "shutdown_response" in wrong.stderr
+    empty = cli("send", "team-lead")
+    assert empty.returncode == 2
+    huge = cli("send", "team-lead", "-", input="x" * (1024 * 1024 + 10))
+    assert huge.returncode == 2 and "cap" in huge.stderr
+    cli("team", "create", "beta")
+    ambiguous = cli("send", "team-lead", "hi")
+    assert ambiguous.returncode == 2 and "--team" in ambiguous.stderr
+
+
+def test_team_delete_refused_while_members_are_active(cli: Cli) -> None:
+    cli("team", "create", "alpha")
+    member = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        cli("team", "join", "alpha", "bob", "--pid", str(member.pid))
+        refused = cli("team", "delete", "alpha")
+        assert refused.returncode == 1 and "bob" in refused.stderr
+        forced = cli("team", "delete", "alpha", "--force")
+        assert forced.returncode == 0, forced.stderr
+        member.wait(timeout=10)
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
+
+
+def test_corrupt_team_file_is_named(cli: Cli, home: Path) -> None:
+    cli("team", "create", "alpha")
+    path = home / "teams" / "alpha" / "team.json"
+    path.write_text("{ broken")
+    out = cli("team", "show", "alpha")
+    assert out.returncode == 1 and str(path) in out.stderr
+    assert path.read_text() == "{ broken"
+    listed = cli("team", "list")
+    assert listed.returncode == 0 and "CORRUPT" in listed.stdout
+
+
+def test_inbox_follow_prints_as_messages_arrive(cli: Cli, home: Path) -> None:
+    cli("team", "create", "alpha")
+    cli("team", "join", "alpha", "bob", "--pid", str(os.getpid()))
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "inbox", "bob", "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SHOAL_HOME": str(home)},
+    )
+    try:
+        ids = [cli("send", "bob", f"m{i}").stdout.strip() for i in range(3)]
+        assert follower.stdout is not None
+        lines = [json.loads(follower.stdout.readline()) for _ in range(3)]
+        assert [m["id"] for m in lines] == ids
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=10) == 130
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    wait_until(lambda: not os.listdir(home / "teams/alpha/inboxes/bob/cur"))
