@@ -217,7 +217,7 @@ def test_handler_exceptions_retry_then_bad_and_the_reader_goes_on(
     finally:
         sub.stop()
     assert calls.count("poison") == box.max_attempts
-    ((name, reason),) = box.maildir.bad_messages()
+    ((_name, reason),) = box.maildir.bad_messages()
     assert "cannot digest" in reason
 
 

@@ -39,7 +39,10 @@ class Env:
         if len(names) == 1:
             return names[0]
         if not names:
-            raise UsageError("no team exists yet; create one with `shoal team create NAME`")
+            raise UsageError(
+                "no team exists yet; start a leader with `shoal up` "
+                "(or create a team with `shoal team create NAME`)"
+            )
         raise UsageError(f"several teams exist ({', '.join(names)}); pass --team NAME")
 
 

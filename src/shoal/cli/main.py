@@ -40,11 +40,15 @@ def cli(ctx: click.Context) -> None:
 
 
 def _register() -> None:
-    from shoal.cli import mail, team
+    from shoal.cli import leader, mail, tasks, team
 
     cli.add_command(team.team)
     cli.add_command(mail.send)
     cli.add_command(mail.inbox)
+    cli.add_command(leader.up)
+    cli.add_command(leader.down)
+    for command in (tasks.sh, tasks.ps, tasks.logs, tasks.stop, tasks.wait, tasks.events):
+        cli.add_command(command)
 
 
 _register()

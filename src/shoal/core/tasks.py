@@ -255,6 +255,7 @@ class LocalShellTaskState(TaskStateBase):
     completion_status_sent_in_attachment: bool = False
     kill_reason: str | None = None
     error: str | None = None
+    stall_notified: bool = False
     """Why the shell could not be started (a failure without an exit code)."""
 
 

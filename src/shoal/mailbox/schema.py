@@ -37,7 +37,7 @@ class TaskAssignmentData(_Data):
 
 class TaskNotificationData(_Data):
     task_id: str
-    status: Literal["completed", "failed", "killed"]
+    status: Literal["running", "completed", "failed", "killed"]
     task_type: str | None = None
     summary: str | None = None
     output_file: str | None = None

@@ -20,6 +20,11 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserver
 
+# watchdog logs its own hiccups (e.g. an emitter stopping mid-read) as warnings; they are not
+# the user's business, and the overflow hook below sees them through a filter anyway.
+logging.getLogger("watchdog").addHandler(logging.NullHandler())
+logging.getLogger("watchdog").propagate = False
+
 RECONCILE_INTERVAL_S = 2.0
 POLL_INTERVAL_S = 0.1
 

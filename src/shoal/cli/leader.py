@@ -1,0 +1,183 @@
+"""`shoal up` and `shoal down`: run a team's leader, and stop it with all it owns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+
+from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.core.errors import ShoalError
+from shoal.core.paths import Layout
+from shoal.core.procs import terminate
+
+
+def _event_line(event: dict[str, Any]) -> str | None:
+    stamp = datetime.fromtimestamp(event.get("ts", time.time())).strftime("%H:%M:%S")
+    sub = event.get("subtype")
+    if sub == "task_started":
+        return f"{stamp} started   {event['task_id']}  {event.get('description', '')}"
+    if sub == "task_terminated":
+        return f"{stamp} {event['status']:<9} {event['task_id']}  {event.get('summary', '')}"
+    if sub == "task_stalled":
+        return f"{stamp} waiting?  {event['task_id']}  last line: {event.get('prompt', '')}"
+    if sub == "note":
+        return f"{stamp} note      {event.get('text', '')}"
+    if event.get("type") == "message":
+        msg = event.get("message", {})
+        return (
+            f"{stamp} message   from {msg.get('from')} [{msg.get('kind')}] {msg.get('text') or ''}"
+        )
+    return None
+
+
+def _default_team(layout: Layout, explicit: str | None) -> str:
+    from shoal.teams.store import Teams
+
+    env = get_env(click.get_current_context())
+    if explicit:
+        return explicit
+    try:
+        return env.team()
+    except ShoalError:
+        if not Teams(layout).names():
+            return "default"
+        raise
+
+
+@click.command()
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Run at most this many tasks at once (0: no limit).",
+)
+@click.option("--detach", "-d", is_flag=True, help="Run the leader in the background.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not print task events.")
+@common_options
+def up(jobs: int, detach: bool, quiet: bool) -> None:
+    """Start the team's leader (creating the team if needed; default team 'default').
+
+    The leader owns the team's background tasks. Run again after a crash, it resumes the last
+    session: tasks still running are adopted, tasks that ended get their recorded exit code.
+    """
+    env = get_env(click.get_current_context())
+    layout = env.layout
+    team = _default_team(layout, env.team_arg)
+    if detach:
+        _detach(layout, team, jobs)
+        return
+    from shoal.orchestrator.cleanup import CleanupRegistry
+    from shoal.orchestrator.leader import Leader
+
+    def show(event: dict[str, Any]) -> None:
+        line = _event_line(event)
+        if line and not quiet:
+            click.echo(line)
+
+    leader = Leader(layout, team, jobs=jobs, on_event=show)
+    cleanup = CleanupRegistry()
+    cleanup.install_signals(lambda _sig: leader.request_stop())
+    leader.start()
+    cleanup.register("leader", leader.shutdown)
+    click.echo(
+        f"leader of team {team} running (session {leader.session.id}, pid {os.getpid()});"
+        " stop it with `shoal down`",
+        err=True,
+    )
+    for note in leader.notes:
+        click.echo(f"note: {note}", err=True)
+    try:
+        leader.run()
+    finally:
+        cleanup.run_all()
+
+
+def _detach(layout: Layout, team: str, jobs: int) -> None:
+    from shoal.orchestrator.leader import leader_alive
+
+    running = leader_alive(layout, team)
+    if running is not None:
+        raise ShoalError(f"a leader already runs for team {team!r} (pid {running[0]})")
+    logs = layout.ensure(layout.home / "logs")
+    log_path = logs / f"leader-{team}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal",
+                "--home",
+                str(layout.home),
+                "up",
+                "--team",
+                team,
+                "--jobs",
+                str(jobs),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alive = leader_alive(layout, team)
+        if alive is not None and alive[0] == proc.pid:
+            click.echo(
+                f"leader of team {team} running in the background (pid {proc.pid}); log: {log_path}"
+            )
+            return
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            raise ShoalError(
+                f"the leader exited at start (code {proc.returncode}): " + " | ".join(tail)
+            )
+        time.sleep(0.02)
+    terminate(proc.pid)
+    raise ShoalError(f"the leader did not become ready within 60s; see {log_path}")
+
+
+@click.command()
+@click.option(
+    "--timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the leader before killing it.",
+)
+@json_option
+@common_options
+def down(timeout: float, as_json: bool) -> None:
+    """Stop the team's leader and everything it owns; no process is left behind."""
+    from shoal.orchestrator.down import bring_down
+
+    env = get_env(click.get_current_context())
+    report = bring_down(env.layout, env.team(), timeout=timeout)
+    for warning in report.warnings:
+        click.echo(f"shoal: warning: {warning}", err=True)
+    if as_json:
+        print_json(
+            {
+                "team": report.team,
+                "leader_pid": report.leader_pid,
+                "killed_orphans": report.killed_orphans,
+            }
+        )
+        return
+    if report.leader_pid is None and not report.killed_orphans:
+        click.echo(f"no leader was running for team {report.team}")
+    if report.leader_pid is not None:
+        click.echo(f"stopped the leader of team {report.team} (pid {report.leader_pid})")
+    if report.killed_orphans:
+        click.echo(
+            f"killed {len(report.killed_orphans)} task(s) left by a crashed leader: "
+            + " ".join(report.killed_orphans)
+        )

@@ -1,0 +1,296 @@
+"""`shoal sh`, `ps`, `logs`, `stop`, `wait` and `events`: background tasks of a team's leader.
+
+`sh` and `stop` change state, so they go through the leader; the rest read the session files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import click
+import orjson
+
+from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.core.errors import EXIT_FAILED, NotFoundError, ShoalError, UsageError
+from shoal.core.paths import Layout
+from shoal.core.tasks import is_terminal_task_status
+from shoal.orchestrator.session import Session, current_session
+
+POLL_S = 0.05
+
+
+def _session(layout: Layout, team: str) -> Session:
+    session = current_session(layout, team)
+    if session is None:
+        raise NotFoundError(
+            f"team {team!r} has no session yet; start its leader with `shoal up --team {team}`"
+        )
+    return session
+
+
+def _tasks(session: Session, *, include_history: bool) -> dict[str, dict[str, Any]]:
+    """Tasks by id: the registry snapshot, plus evicted ones when asked."""
+    out: dict[str, dict[str, Any]] = {}
+    if include_history:
+        out.update(session.history())
+    if session.state_file.exists():
+        state = session.read_state()
+        out.update({k: v.model_dump(mode="json") for k, v in state.tasks.items()})
+    return out
+
+
+def _find(session: Session, task_id: str) -> dict[str, Any]:
+    task = _tasks(session, include_history=True).get(task_id)
+    if task is None:
+        raise NotFoundError(f"no task {task_id!r} in session {session.id} (see `shoal ps --all`)")
+    return task
+
+
+def _age(task: dict[str, Any]) -> str:
+    end = task.get("end_time") or time.time()
+    secs = max(0.0, end - task.get("start_time", end))
+    if secs < 60:
+        return f"{secs:.1f}s"
+    if secs < 3600:
+        return f"{secs / 60:.1f}m"
+    return f"{secs / 3600:.1f}h"
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--description", "-d", default=None, help="What the task does (default: the command)."
+)
+@click.option(
+    "--agent",
+    default=None,
+    metavar="NAME",
+    help="Member that owns the task: it is notified, and the task dies with it.",
+)
+@click.option(
+    "--cwd",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Working directory (default: the current one).",
+)
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
+@click.option("--monitor", is_flag=True, help="A long-running monitor (exempt from stall checks).")
+@click.option(
+    "--foreground", "-f", is_flag=True, help="Stream the output and exit with the task's exit code."
+)
+@json_option
+@common_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def sh(
+    description: str | None,
+    agent: str | None,
+    cwd: str | None,
+    env_pairs: tuple[str, ...],
+    monitor: bool,
+    foreground: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND as a background task; prints its id.
+
+    One argument is a shell command line (`shoal sh -- 'make && make test'`); several are run
+    as they are (`shoal sh -- pytest -x tests/`).
+    """
+    from shoal.orchestrator.control import call
+
+    env = get_env(click.get_current_context())
+    extra: dict[str, str] = {}
+    for pair in env_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, not {pair!r}")
+        extra[key] = value
+    team = env.team()
+    task = call(
+        env.layout,
+        team,
+        "sh",
+        {
+            "command": list(command),
+            "description": description,
+            "agent": agent,
+            "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
+            "env": extra or None,
+            "kind": "monitor" if monitor else "bash",
+            "background": not foreground,
+        },
+    )
+    if not foreground:
+        if as_json:
+            print_json(task)
+        else:
+            click.echo(task["id"])
+        return
+    session = _session(env.layout, team)
+    final = _follow(session, task["id"], stream=True)
+    code = (final.get("result") or {}).get("code", 1)
+    sys.exit(code if final["status"] != "killed" else 130)
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Include finished tasks already evicted.")
+@json_option
+@common_options
+def ps(show_all: bool, as_json: bool) -> None:
+    """List the team's tasks."""
+    env = get_env(click.get_current_context())
+    session = current_session(env.layout, env.team())
+    tasks = _tasks(session, include_history=show_all) if session else {}
+    rows = sorted(tasks.values(), key=lambda t: t.get("start_time", 0))
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        click.echo("no tasks" + ("" if show_all else " (finished ones: `shoal ps --all`)"))
+        return
+    click.echo(f"{'ID':<10} {'TYPE':<10} {'STATUS':<12} {'AGE':>7}  DESCRIPTION")
+    for t in rows:
+        status = t["status"]
+        code = (t.get("result") or {}).get("code")
+        if status == "failed" and code is not None:
+            status = f"failed({code})"
+        click.echo(
+            f"{t['id']:<10} {t['type'].replace('local_', ''):<10} {status:<12} "
+            f"{_age(t):>7}  {t.get('description', '')}"
+        )
+
+
+def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
+    """Print the task's output (following it while it runs when `stream`); the final record."""
+    task = _find(session, task_id)
+    path = task["output_file"]
+    offset = 0
+    out = sys.stdout.buffer
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
+            try:
+                os.lseek(fd, offset, os.SEEK_SET)
+                while chunk := os.read(fd, 1 << 16):
+                    out.write(chunk)
+                    offset += len(chunk)
+            finally:
+                os.close(fd)
+            out.flush()
+        if not stream or is_terminal_task_status(task["status"]):
+            return task
+        time.sleep(POLL_S)
+        task = _find(session, task_id)
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing output until the task ends.")
+@common_options
+def logs(task_id: str, follow: bool) -> None:
+    """Print the output of task TASK_ID."""
+    env = get_env(click.get_current_context())
+    session = _session(env.layout, env.team())
+    _follow(session, task_id, stream=follow)
+
+
+@click.command()
+@click.argument("task_id")
+@json_option
+@common_options
+def stop(task_id: str, as_json: bool) -> None:
+    """Stop running task TASK_ID (TERM to its process group, then KILL)."""
+    from shoal.orchestrator.control import call
+
+    env = get_env(click.get_current_context())
+    task = call(env.layout, env.team(), "stop", {"task_id": task_id})
+    if as_json:
+        print_json(task)
+    else:
+        click.echo(f"stopped {task['id']}")
+
+
+@click.command()
+@click.argument("task_ids", nargs=-1)
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@json_option
+@common_options
+def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+    """Wait for tasks to finish (default: every unfinished task).
+
+    Exit code 0 when all completed, 1 when any failed or was killed (or on timeout).
+    """
+    from shoal.orchestrator.leader import leader_alive
+
+    env = get_env(click.get_current_context())
+    team = env.team()
+    session = _session(env.layout, team)
+    tasks = _tasks(session, include_history=True)
+    ids = list(task_ids) or [
+        k for k, t in tasks.items() if not is_terminal_task_status(t["status"])
+    ]
+    for task_id in ids:
+        if task_id not in tasks:
+            raise NotFoundError(f"no task {task_id!r} in session {session.id}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    done: dict[str, dict[str, Any]] = {}
+    while True:
+        tasks = _tasks(session, include_history=True)
+        for task_id in ids:
+            t = tasks.get(task_id)
+            if task_id not in done and t is not None and is_terminal_task_status(t["status"]):
+                done[task_id] = t
+                if not as_json:
+                    click.echo(f"{task_id} {t['status']}")
+        if len(done) == len(ids):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise ShoalError(
+                f"timed out after {timeout:g}s waiting for "
+                + " ".join(i for i in ids if i not in done)
+            )
+        if leader_alive(env.layout, team) is None:
+            raise ShoalError(
+                f"the leader of team {team!r} is not running; "
+                "start it with `shoal up` to finish these tasks"
+            )
+        time.sleep(POLL_S)
+    if as_json:
+        print_json([done[i] for i in ids])
+    if any(t["status"] != "completed" for t in done.values()):
+        sys.exit(EXIT_FAILED)
+
+
+@click.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@common_options
+def events(follow: bool) -> None:
+    """Print the session's event stream (one JSON object per line)."""
+    env = get_env(click.get_current_context())
+    session = _session(env.layout, env.team())
+    path = session.events_file
+    offset = 0
+    out = sys.stdout.buffer
+    pending = b""
+    while True:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            data = b""
+        offset += len(data)
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                out.write(orjson.dumps(orjson.loads(line), option=orjson.OPT_APPEND_NEWLINE))
+        out.flush()
+        if not follow:
+            return
+        time.sleep(0.1)

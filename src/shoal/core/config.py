@@ -1,0 +1,37 @@
+"""Tunable limits, from the environment (SHOAL_*) with the defaults of DESIGN.md."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from shoal.core.errors import UsageError
+from shoal.core.tasks import MAX_TASK_OUTPUT_BYTES
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"${name} must be a number, not {raw!r}") from None
+    if value < 0:
+        raise UsageError(f"${name} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Intervals and caps of the leader and its shell tasks."""
+
+    poll_interval: float = field(default_factory=lambda: _env_float("SHOAL_POLL_INTERVAL", 1.0))
+    stall_check_interval: float = field(
+        default_factory=lambda: _env_float("SHOAL_STALL_CHECK_INTERVAL", 5.0)
+    )
+    stall_after: float = field(default_factory=lambda: _env_float("SHOAL_STALL_AFTER", 45.0))
+    kill_grace: float = field(default_factory=lambda: _env_float("SHOAL_KILL_GRACE", 5.0))
+    output_cap: int = field(
+        default_factory=lambda: int(_env_float("SHOAL_OUTPUT_CAP", MAX_TASK_OUTPUT_BYTES))
+    )

@@ -1,0 +1,711 @@
+"""The leader: owns a team's task registry and runs its supervisor loop.
+
+The loop is a `tick()` of small named steps in a fixed order — reap, read output, watch for
+stalls and the output cap, clean up orphans, notify, evict, start pending, persist — each a
+method a test can call. Between ticks it sleeps in a selector on pidfds of running tasks and a
+wake-up pipe, so a task ending or a control request is handled at once, and an idle leader
+costs nothing but one tick a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import selectors
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ulid import ULID
+
+from shoal.core.config import Limits
+from shoal.core.errors import ConflictError, CorruptFileError, NotFoundError, ShoalError
+from shoal.core.notify import (
+    stall_notification_xml,
+    summary_for,
+    task_notification_for,
+    task_started_event,
+    task_terminated_event,
+)
+from shoal.core.output import output_size, read_output_delta, tail
+from shoal.core.paths import Layout
+from shoal.core.procs import current_identity, is_alive
+from shoal.core.tasks import (
+    AnyTaskState,
+    LocalShellTaskState,
+    ShellResult,
+    TaskRegistry,
+    TaskStatus,
+    TaskType,
+    new_task_id,
+    transition,
+    update_task,
+)
+from shoal.mailbox.inbox import Inbox
+from shoal.mailbox.router import deliver_to, make_message
+from shoal.mailbox.schema import AnyMessage, ControlMessage
+from shoal.mailbox.store import Maildir
+from shoal.orchestrator.session import LeaderInfo, Session, SessionState
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import MemberState, Teams
+from shoal.workers import shell
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+class TaskError(ShoalError):
+    """A task request was refused (unknown task, already finished)."""
+
+
+def notification_id(task_id: str, end_time: float | None) -> str:
+    """A message id fixed by the task, so a notification re-sent after a crash is deduplicated."""
+    millis = int((end_time or 0) * 1000)
+    tail_bytes = hashlib.sha256(task_id.encode()).digest()[:10]
+    return str(ULID.from_bytes(millis.to_bytes(6, "big") + tail_bytes))
+
+
+class Leader:
+    """The supervisor of one team's background tasks (one per team, one per process)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        team: str,
+        *,
+        limits: Limits | None = None,
+        jobs: int = 0,
+        on_event: EventSink | None = None,
+    ) -> None:
+        self.layout = layout
+        self.team = team
+        self.teams = Teams(layout)
+        self.limits = limits or Limits()
+        self.jobs = jobs
+        self.on_event = on_event
+        self.registry = TaskRegistry()
+        self.procs: dict[str, shell.ShellProcess] = {}
+        self.queue: deque[str] = deque()
+        self._env: dict[str, dict[str, str] | None] = {}
+        self.lock = threading.RLock()
+        self.session: Session
+        self.created_at = time.time()
+        self._dirty = True
+        self._stopping = False
+        self._last_growth: dict[str, tuple[int, float]] = {}
+        self._last_stall_check = 0.0
+        self._announced: set[str] = set()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pidfds: dict[str, int] = {}
+        self._inbox: Inbox | None = None
+        self._subscription: Any = None
+        self.notes: list[str] = []
+
+    # -- start and resume ----------------------------------------------------------------------
+
+    def start(self) -> Leader:
+        """Become the team's leader: resume its last session or begin a new one."""
+        if not self.teams.exists(self.team):
+            self.teams.create(self.team)
+        tf = self.teams.read(self.team)
+        lead = tf.member(LEAD_NAME)
+        me, my_start = current_identity()
+        if (
+            lead is not None
+            and lead.pid not in (None, me)
+            and is_alive(lead.pid, lead.pid_started_at)
+        ):
+            raise ConflictError(
+                f"a leader already runs for team {self.team!r} (pid {lead.pid}); "
+                f"stop it with `shoal down --team {self.team}`"
+            )
+        session_id = tf.lead_session_id
+        resumed = False
+        if session_id and Session(self.layout, session_id).state_file.exists():
+            self.session = Session(self.layout, session_id).ensure()
+            try:
+                state = self.session.read_state()
+            except CorruptFileError as exc:
+                aside = self.session.set_aside()
+                self.note(f"{exc}; moved it to {aside} and started a new session")
+                self.session = Session(self.layout, _new_session_id()).ensure()
+            else:
+                self._resume(state)
+                resumed = True
+        else:
+            self.session = Session(self.layout, _new_session_id()).ensure()
+        self.teams.update(
+            self.team, lambda t: t.model_copy(update={"lead_session_id": self.session.id})
+        )
+        self.teams.update_member(
+            self.team, LEAD_NAME, pid=me, pid_started_at=my_start, backend="leader", cwd=os.getcwd()
+        )
+        self.persist(force=True)
+        self.emit(
+            {
+                "type": "system",
+                "subtype": "leader_started",
+                "team": self.team,
+                "pid": me,
+                "resumed": resumed,
+            }
+        )
+        maildir = Maildir.create(self.layout.inbox_dir(self.team, LEAD_NAME), self.layout.home)
+        self._inbox = Inbox(maildir, lead=LEAD_NAME)
+        self._subscription = self._inbox.subscribe(self._on_message)
+        return self
+
+    def _resume(self, state: SessionState) -> None:
+        """Adopt what still runs; give tasks that ended meanwhile their recorded result."""
+        terminated = {
+            e.get("task_id") for e in self.session.events() if e.get("subtype") == "task_terminated"
+        }
+        self._announced = {t for t in terminated if isinstance(t, str)}
+        self.created_at = state.created_at
+        for task in state.tasks.values():
+            self.registry.register_task(task)
+            if task.is_terminal or not isinstance(task, LocalShellTaskState):
+                continue
+            if task.status == TaskStatus.PENDING:
+                self.queue.append(task.id)
+                continue
+            proc = shell.adopt(task.pid, task.pid_started_at) if task.pid else None
+            if proc is not None:
+                self._watch(task.id, proc)
+                self.note(f"adopted {task.id} (pid {task.pid}): {task.command}")
+            else:
+                self._finish_shell(task.id, None, ended_unattended=True)
+
+    def note(self, text: str) -> None:
+        """A line for the person running the leader (also an event)."""
+        self.notes.append(text)
+        self.emit({"type": "system", "subtype": "note", "text": text})
+
+    # -- events and persistence ----------------------------------------------------------------
+
+    def emit(self, event: dict[str, Any]) -> None:
+        record = self.session.emit(event)
+        if self.on_event is not None:
+            self.on_event(record)
+
+    def persist(self, *, force: bool = False) -> None:
+        """Write state.json if anything changed since the last write."""
+        if not (self._dirty or force):
+            return
+        me, started = current_identity()
+        tasks = {t.id: t for t in self.registry.get_all_tasks()}
+        state = SessionState(
+            session_id=self.session.id,
+            team=self.team,
+            created_at=self.created_at,
+            updated_at=time.time(),
+            leader=None
+            if self._stopping and not self.procs
+            else LeaderInfo(pid=me, started_at=started, jobs=self.jobs),
+            tasks=tasks,
+        )
+        self.session.write_state(state)
+        self._dirty = False
+
+    def _update(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
+        changed = self.registry.update_task_state(task_id, updater)
+        self._dirty = self._dirty or changed
+        return changed
+
+    def _set(self, task_id: str, **changes: Any) -> bool:
+        """Change fields of a task (same values: no change, no write)."""
+        return self._update(task_id, lambda t: update_task(t, **changes))
+
+    def _move(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
+        """Move a task through the transition table."""
+        return self._update(task_id, lambda t: transition(t, status, **changes))
+
+    # -- submitting and stopping ----------------------------------------------------------------
+
+    def submit_shell(
+        self,
+        command: list[str],
+        *,
+        description: str | None = None,
+        agent: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        kind: str = "bash",
+        background: bool = True,
+        tool_use_id: str | None = None,
+    ) -> LocalShellTaskState:
+        """Register a shell task and start it now (or when a job slot frees)."""
+        if not command or not command[0]:
+            raise TaskError("no command given (usage: shoal sh -- CMD ARGS...)")
+        if cwd is not None and not os.path.isdir(cwd):
+            raise TaskError(f"working directory {cwd!r} does not exist")
+        owner = LEAD_NAME
+        if agent:
+            name = agent.split("@", 1)[0]
+            if self.teams.read(self.team).member(name) is None:
+                raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
+            owner = name
+        display, argv = shell.argv_for(command)
+        task_id = new_task_id(TaskType.LOCAL_BASH)
+        task = LocalShellTaskState(
+            id=task_id,
+            description=description or display,
+            command=display,
+            argv=tuple(argv),
+            cwd=cwd or os.getcwd(),
+            output_file=str(self.session.output_file(task_id)),
+            owner=owner,
+            agent_id=owner if agent else None,
+            kind=kind,
+            is_backgrounded=background,
+            tool_use_id=tool_use_id,
+        )
+        with self.lock:
+            self.registry.register_task(task)
+            self._env[task_id] = env
+            self.queue.append(task_id)
+            self._dirty = True
+            self.start_pending()
+            self.persist()
+            current = self.registry.get(task_id)
+        self.wake()
+        assert isinstance(current, LocalShellTaskState)
+        return current
+
+    def start_pending(self) -> None:
+        """Start queued tasks while job slots are free (`jobs` 0 means no limit)."""
+        while self.queue and (self.jobs <= 0 or len(self.procs) < self.jobs):
+            task_id = self.queue.popleft()
+            task = self.registry.get(task_id)
+            if not isinstance(task, LocalShellTaskState) or task.status != TaskStatus.PENDING:
+                continue
+            env = self._env.pop(task_id, None)
+            try:
+                proc = shell.start(
+                    list(task.argv),
+                    Path(task.output_file),
+                    cwd=task.cwd,
+                    env={**os.environ, **env} if env else None,
+                    root=self.layout.home,
+                )
+            except (ShoalError, OSError) as exc:
+                message = str(exc)
+                self._move(task_id, TaskStatus.FAILED, error=message, result=ShellResult(code=-1))
+                self.emit(task_started_event(self.registry.get(task_id)))  # type: ignore[arg-type]
+                continue
+            self._move(
+                task_id,
+                TaskStatus.RUNNING,
+                pid=proc.pid,
+                pid_started_at=proc.started_at,
+                start_time=time.time(),
+            )
+            self._watch(task_id, proc)
+            self.emit(task_started_event(self.registry.get(task_id)))  # type: ignore[arg-type]
+
+    def stop_task(self, task_id: str, reason: str = "stopped on request") -> AnyTaskState:
+        """Stop a running task: kill it and mark it notified, with no exit-137 failure noise."""
+        with self.lock:
+            task = self.registry.get(task_id)
+            if task is None:
+                if task_id in self.session.history():
+                    raise TaskError(f"task {task_id} already finished")
+                raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
+            if task.is_terminal:
+                raise TaskError(f"task {task_id} already finished ({task.status.value})")
+            proc = self.procs.get(task_id)
+            self._update(task_id, lambda t: update_task(t, kill_reason=reason))
+        if proc is not None:
+            shell.kill(proc, self.limits.kill_grace)
+        with self.lock:
+            self._finish_shell(task_id, proc, killed=True)
+            self.persist()
+            final = self.registry.get(task_id)
+        self.wake()
+        assert final is not None
+        return final
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Make the loop run its steps now (from any thread)."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _watch(self, task_id: str, proc: shell.ShellProcess) -> None:
+        self.procs[task_id] = proc
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except OSError:
+            return  # already gone: the next reap finds it
+        self._pidfds[task_id] = fd
+        self._selector.register(fd, selectors.EVENT_READ, task_id)
+
+    def _unwatch(self, task_id: str) -> None:
+        self.procs.pop(task_id, None)
+        fd = self._pidfds.pop(task_id, None)
+        if fd is not None:
+            self._selector.unregister(fd)
+            os.close(fd)
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Run ticks until `stop` is set or `request_stop` is called."""
+        stop = stop or threading.Event()
+        self._stop_event = stop
+        next_tick = 0.0
+        while not stop.is_set() and not self._stopping:
+            now = time.monotonic()
+            timeout = max(0.0, next_tick - now)
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 4096):
+                            pass
+            with self.lock:
+                if time.monotonic() >= next_tick:
+                    self.tick()
+                    next_tick = time.monotonic() + self.limits.poll_interval
+                else:
+                    self.quick_tick()
+
+    def request_stop(self) -> None:
+        self._stopping = True
+        self.wake()
+
+    def quick_tick(self) -> None:
+        """The steps that must not wait for the next full tick: reap, notify, start, persist."""
+        self.reap()
+        self.notify()
+        self.evict(time.time())
+        self.start_pending()
+        self.persist()
+
+    def tick(self) -> None:
+        """One full supervisor pass."""
+        now = time.time()
+        self.reap()
+        self.read_output()
+        self.check_stalls(now)
+        self.cleanup_orphans()
+        self.notify()
+        self.evict(now)
+        self.start_pending()
+        self.persist()
+
+    def reap(self) -> None:
+        """Finish tasks whose process has ended, with the exit code they recorded."""
+        for task_id, proc in list(self.procs.items()):
+            if not proc.poll():
+                self._finish_shell(task_id, proc)
+
+    def _finish_shell(
+        self,
+        task_id: str,
+        proc: shell.ShellProcess | None,
+        *,
+        killed: bool = False,
+        ended_unattended: bool = False,
+    ) -> None:
+        task = self.registry.get(task_id)
+        self._unwatch(task_id)
+        if not isinstance(task, LocalShellTaskState) or task.is_terminal:
+            return
+        code = shell.recorded_exit(task.output_file)
+        if code is None and proc is not None:
+            status = proc.returncode()
+            if status is not None:
+                code = status if status >= 0 else 128 - status
+        self._read_delta(task)
+        if killed or task.kill_reason:
+            result = ShellResult(code=code if code is not None else 137, interrupted=True)
+            self._update(task_id, lambda t: transition(t, TaskStatus.KILLED, result=result))
+            if not task.kill_reason or task.kill_reason == "stopped on request":
+                # A kill the user asked for is not news: no notification, no 137 "failure".
+                self.registry.mark_notified(task_id)
+                self.emit(task_terminated_event(self.registry.get(task_id)))  # type: ignore[arg-type]
+                self._announced.add(task_id)
+            return
+        if code is None:
+            error = (
+                "ended while no leader was running and recorded no exit code"
+                if ended_unattended
+                else "ended without recording an exit code (killed?)"
+            )
+            self._update(
+                task_id,
+                lambda t: transition(
+                    t, TaskStatus.FAILED, result=ShellResult(code=-1), error=error
+                ),
+            )
+        elif code == 0:
+            self._update(
+                task_id, lambda t: transition(t, TaskStatus.COMPLETED, result=ShellResult(code=0))
+            )
+        else:
+            self._update(
+                task_id, lambda t: transition(t, TaskStatus.FAILED, result=ShellResult(code=code))
+            )
+
+    def _read_delta(self, task: LocalShellTaskState) -> int:
+        """Advance the task's reported offset over new output (8 MiB a read); returns growth."""
+        data, offset = read_output_delta(task.output_file, task.output_offset)
+        if not data:
+            return 0
+        lines = data.count(b"\n")
+        self._update(
+            task.id,
+            lambda t: update_task(
+                t,
+                output_offset=offset,
+                last_reported_total_lines=t.last_reported_total_lines + lines,
+            ),
+        )
+        return len(data)
+
+    def read_output(self) -> None:
+        """Read each running task's output delta; kill a task past the output cap."""
+        for task_id in list(self.procs):
+            task = self.registry.get(task_id)
+            if not isinstance(task, LocalShellTaskState):
+                continue
+            self._read_delta(task)
+            size = output_size(task.output_file)
+            if size > self.limits.output_cap:
+                reason = (
+                    f"output reached {size} bytes, over the cap of {self.limits.output_cap} bytes"
+                )
+                self._set(task_id, kill_reason=reason)
+                proc = self.procs.get(task_id)
+                if proc is not None:
+                    shell.kill(proc, self.limits.kill_grace)
+                self._finish_shell(task_id, proc, killed=True)
+                self.note(f"killed {task_id}: {reason}")
+
+    def check_stalls(self, now: float) -> None:
+        """Every stall interval: a task silent for `stall_after` at a prompt is reported once."""
+        if now - self._last_stall_check < self.limits.stall_check_interval:
+            return
+        self._last_stall_check = now
+        for task_id in list(self.procs):
+            task = self.registry.get(task_id)
+            if not isinstance(task, LocalShellTaskState) or task.kind == "monitor":
+                continue
+            size = output_size(task.output_file)
+            last_size, since = self._last_growth.get(task_id, (-1, now))
+            if size != last_size:
+                self._last_growth[task_id] = (size, now)
+                continue
+            if task.stall_notified or now - since < self.limits.stall_after:
+                continue
+            prompt = shell.looks_like_prompt(task.output_file)
+            if prompt is None:
+                continue
+            self._update(task_id, lambda t: update_task(t, stall_notified=True))
+            text = stall_notification_xml(task, tail(task.output_file, 1024))
+            self.emit(
+                {
+                    "type": "system",
+                    "subtype": "task_stalled",
+                    "task_id": task_id,
+                    "prompt": prompt,
+                    "notification": text,
+                }
+            )
+            self._deliver(task, text, status="running", msg_id=None)
+
+    def cleanup_orphans(self) -> None:
+        """Kill shell tasks whose owning agent has exited or left the team."""
+        owned = [
+            t
+            for t in self.registry.get_all_tasks()
+            if isinstance(t, LocalShellTaskState) and t.agent_id and not t.is_terminal
+        ]
+        if not owned:
+            return
+        states = {v.member.name: v.state for v in self.teams.members(self.team)}
+        for task in owned:
+            if states.get(task.agent_id or "") in (MemberState.DEAD, MemberState.LEFT, None):
+                reason = f"its agent {task.agent_id} exited"
+                self._set(task.id, kill_reason=reason)
+                proc = self.procs.get(task.id)
+                if proc is not None:
+                    shell.kill(proc, self.limits.kill_grace)
+                self._finish_shell(task.id, proc, killed=True)
+
+    def notify(self) -> None:
+        """Send each terminal task's notification exactly once."""
+        for task in self.registry.get_all_tasks():
+            if not task.is_terminal or task.notified:
+                continue
+            if not self.registry.mark_notified(task.id):
+                continue
+            self._dirty = True
+            final = self.registry.get(task.id)
+            assert final is not None
+            summary = summary_for(final)
+            if task.id not in self._announced:
+                self.emit(task_terminated_event(final, summary))
+                self._announced.add(task.id)
+            text = task_notification_for(final, summary)
+            self._deliver(
+                final,
+                text,
+                status=final.status.value,
+                msg_id=notification_id(final.id, final.end_time),
+            )
+            self.emit(
+                {
+                    "type": "system",
+                    "subtype": "task_notification",
+                    "task_id": final.id,
+                    "owner": final.owner,
+                    "status": final.status.value,
+                    "notification": text,
+                }
+            )
+
+    def _deliver(self, task: AnyTaskState, text: str, *, status: str, msg_id: str | None) -> None:
+        owner = task.owner
+        if not owner or owner == LEAD_NAME:
+            return  # the lead reads notifications from the event stream
+        try:
+            inbox = self.teams.directory(self.team).inbox(owner)
+            msg = make_message(
+                sender=LEAD_NAME,
+                to=owner,
+                kind="task_notification",
+                text=text,
+                summary=text.split("<summary>")[-1].split("</summary>")[0],
+                data={
+                    "task_id": task.id,
+                    "status": status,
+                    "task_type": task.type.value,
+                    "output_file": task.output_file,
+                },
+                message_id=msg_id,
+            )
+            deliver_to(inbox, msg)
+        except ShoalError as exc:
+            self.note(f"could not notify {owner} about {task.id}: {exc}")
+
+    def evict(self, now: float) -> None:
+        """Drop terminal, notified tasks (after their grace) into history."""
+        for task in self.registry.evict(now):
+            self.session.record_history(task)
+            self._last_growth.pop(task.id, None)
+            self._dirty = True
+
+    # -- control requests ------------------------------------------------------------------------
+
+    def _on_message(self, msg: AnyMessage) -> None:
+        if not isinstance(msg, ControlMessage):
+            self.emit({"type": "message", "message": msg.model_dump(mode="json", by_alias=True)})
+            return
+        request_id = msg.data.request_id
+        reply: dict[str, Any]
+        try:
+            result = self.handle_control(msg.data.op, msg.data.args)
+            reply = {"request_id": request_id, "ok": True, "result": result}
+        except ShoalError as exc:
+            reply = {
+                "request_id": request_id,
+                "ok": False,
+                "error": str(exc),
+                "code": exc.exit_code,
+            }
+        except Exception as exc:  # a bug must not kill the leader; the client hears of it
+            reply = {
+                "request_id": request_id,
+                "ok": False,
+                "error": f"internal error: {exc!r}",
+                "code": 1,
+            }
+        self._reply(msg, reply)
+
+    def _reply(self, msg: AnyMessage, reply: dict[str, Any]) -> None:
+        from shoal.orchestrator.control import reply_inbox_path
+
+        if not msg.reply_to:
+            return
+        path = reply_inbox_path(self.layout, self.team, msg.reply_to)
+        if path is None or not path.is_dir():
+            return  # the client gave up waiting
+        with contextlib.suppress(ShoalError, OSError):
+            deliver_to(
+                path,
+                make_message(sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=reply),
+            )
+
+    def handle_control(self, op: str, args: dict[str, Any]) -> Any:
+        """Carry out one control request; returns JSON-able data or raises ShoalError."""
+        if op == "ping":
+            return {"session_id": self.session.id, "pid": os.getpid()}
+        if op == "sh":
+            task = self.submit_shell(
+                list(args.get("command") or []),
+                description=args.get("description"),
+                agent=args.get("agent"),
+                cwd=args.get("cwd"),
+                env=args.get("env"),
+                kind=args.get("kind", "bash"),
+                background=bool(args.get("background", True)),
+            )
+            return task.model_dump(mode="json")
+        if op == "stop":
+            return self.stop_task(str(args.get("task_id"))).model_dump(mode="json")
+        if op == "down":
+            self.request_stop()
+            return {"stopping": True, "running": len(self.procs)}
+        raise TaskError(f"unknown control operation {op!r}")
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every task this leader owns, notify, persist and step down as lead."""
+        self._stopping = True
+        if self._subscription is not None:
+            self._subscription.stop()
+        with self.lock:
+            for task_id in list(self.procs):
+                with contextlib.suppress(ShoalError):
+                    self.stop_task(task_id, reason="stopped on request")
+            for task_id in list(self.queue):
+                self._update(
+                    task_id,
+                    lambda t: transition(t, TaskStatus.KILLED, kill_reason="leader shut down"),
+                )
+            self.queue.clear()
+            self.notify()
+            self.persist(force=True)
+        if self._inbox is not None:
+            self._inbox.close()
+        with contextlib.suppress(ShoalError):
+            me, _ = current_identity()
+            lead = self.teams.read(self.team).member(LEAD_NAME)
+            if lead is not None and lead.pid == me:
+                self.teams.update_member(self.team, LEAD_NAME, pid=None, pid_started_at=None)
+        self.emit({"type": "system", "subtype": "leader_stopped", "team": self.team})
+        self._selector.close()
+        for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _new_session_id() -> str:
+    return str(ULID()).lower()
+
+
+def leader_alive(layout: Layout, team: str) -> tuple[int, float] | None:
+    """(pid, start time) of the team's running leader, or None."""
+    try:
+        lead = Teams(layout).read(team).member(LEAD_NAME)
+    except NotFoundError:
+        return None
+    if lead is None or lead.pid is None or not is_alive(lead.pid, lead.pid_started_at):
+        return None
+    return lead.pid, lead.pid_started_at or 0.0
