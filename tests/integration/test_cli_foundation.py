@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import Cli, wait_until
-
 from shoal import __version__
+from tests.conftest import Cli, wait_until
 
 
 def test_version_and_module_entry(cli: Cli) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from tests.conftest import wait_until
 
 from shoal.core.errors import (
     MessageTooLargeError,
@@ -29,6 +28,7 @@ from shoal.mailbox.uds import PeerError, UdsListener, send_uds
 from shoal.mailbox.watcher import Watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
+from tests.conftest import wait_until
 
 
 @pytest.fixture

@@ -166,9 +166,7 @@ class Processes:
             zygote.close()
         for proc in self.popens:
             if proc.poll() is None:
-                # A stopped process must be continued to die promptly of SIGKILL? No: SIGKILL
-                # ends stopped processes too; SIGCONT only keeps the teardown order obvious.
-                proc.kill()
+                proc.kill()  # SIGKILL ends a SIGSTOPped process too
             proc.wait()
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None:

@@ -1,0 +1,244 @@
+"""The mailbox under kill -9 and SIGSTOP: nothing accepted is lost, nothing is handled twice.
+
+Real processes throughout: senders and receivers are forked from a pre-imported fork server
+(`crash_children.py zygote`) so that hundreds of them can be started and killed in seconds;
+the frozen receiver is a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from shoal.core.paths import Layout
+from shoal.mailbox.router import send
+from shoal.mailbox.schema import decode
+from shoal.mailbox.store import Maildir
+from shoal.teams.store import Teams
+from tests.reliability.crashkit import Child, Processes, process_state, read_lines, wait_until
+
+pytestmark = pytest.mark.reliability
+
+SENDER_SLOTS = 4
+SENDER_KILLS = 240
+SENT_SIZES = {0, 10, 100, 1_000, 10_000, 300_000}  # text lengths crash_children.sender uses
+RECEIVED_MESSAGES = 300
+OVERFLOW_INBOXES = 20
+
+
+def _new_seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "big")
+    print(f"random seed {seed}")  # shown with a failure, to replay the kill schedule
+    return seed
+
+
+def _writer_pid(name: str) -> int:
+    return int(name.split(".", 2)[1].split("_", 1)[0])
+
+
+def test_senders_killed_mid_send_leave_only_whole_messages(
+    bob_team: Teams, home: Path, procs: Processes, tmp_path: Path
+) -> None:
+    """4 senders at a time, each SIGKILLed 5-50 ms after it starts, 240 kills in all.
+
+    Every send that returned (its id is in the sender's log) is in new/ exactly once; every
+    file in new/ decodes (no partial message is ever visible); ids in new/ that no log names
+    are allowed (killed after the link, before the log line); and the janitor clears tmp/ of
+    every file the dead writers left behind.
+    """
+    rng = random.Random(_new_seed())
+    inbox = Maildir.open(bob_team.layout.inbox_dir("t", "bob"))
+    logs = tmp_path / "sent"
+    logs.mkdir()
+    zygote = procs.zygote()
+
+    running: list[tuple[float, Child]] = []
+    spawned = kills = 0
+    while kills < SENDER_KILLS:
+        while len(running) < SENDER_SLOTS and spawned < SENDER_KILLS:
+            log = logs / f"{spawned}.log"
+            child = zygote.spawn("sender", home, "t", "bob", log, rng.randrange(2**32))
+            spawned += 1
+            running.append((time.monotonic() + rng.uniform(0.005, 0.05), child))
+        running.sort(key=lambda entry: entry[0])
+        kill_at, child = running.pop(0)
+        # This delay is where the kill lands (the point of the test), not a wait for a state.
+        time.sleep(max(0.0, kill_at - time.monotonic()))
+        assert not child.wait(0), f"sender {child.pid} exited by itself:\n{child.error()}"
+        child.kill()
+        child.close()
+        kills += 1
+
+    logged = [line for log in logs.iterdir() for line in read_lines(log)]
+    assert len(logged) > SENDER_KILLS, "the senders barely sent anything before being killed"
+    assert len(set(logged)) == len(logged), "a send returned the same id twice"
+
+    ids_in_new: Counter[str] = Counter()
+    for name in inbox.pending():
+        message = decode(inbox.read("new", name))  # a partial file would fail here
+        assert message.text is not None and set(message.text) <= {"x"}, name
+        assert len(message.text) in SENT_SIZES, f"{name} holds a truncated text"
+        ids_in_new[message.id] += 1
+    twice = {i: n for i, n in ids_in_new.items() if n > 1}
+    assert not twice, f"ids delivered more than once: {twice}"
+    lost = set(logged) - set(ids_in_new)
+    assert not lost, f"{len(lost)} sends returned but are not in new/: {sorted(lost)[:5]}"
+
+    left_in_tmp = os.listdir(inbox.tmp)
+    removed = inbox.janitor(orphan_after=0)
+    assert sorted(removed) == sorted(left_in_tmp)
+    assert os.listdir(inbox.tmp) == [], "the janitor left dead writers' files in tmp/"
+    print(
+        f"{kills} kills, {len(logged)} logged sends, {len(ids_in_new)} messages in new/, "
+        f"{len(removed)} orphaned tmp files removed"
+    )
+
+
+@pytest.mark.parametrize("mode", ["claim", "handled", "random"])
+def test_receiver_killed_between_claim_and_ack(
+    mode: str, bob_team: Teams, home: Path, procs: Processes, tmp_path: Path
+) -> None:
+    """300 messages; the receiver is SIGKILLed and restarted until every message is handled.
+
+    The effect of a message is its id appended to an effects file, then the message is acked
+    (`Inbox.run_handler`: handled-log append, then unlink from cur/). Kill points:
+
+    - claim: the receiver kills itself on its k-th message (k random in 1..12) right after the
+      claim (new -> cur), before the effect. Asserted: every id's effect exactly once.
+    - handled: it kills itself inside `Inbox.ack` on its k-th message, after the handled-log
+      append and before the unlink. Asserted: every id's effect exactly once (the restart
+      must ack it from the log without running the handler again).
+    - random: the test SIGKILLs it 5-40 ms after each start. A kill between the effect write
+      and the handled-log append can legitimately apply an effect twice (the two are separate
+      writes; no library can make them one step for an arbitrary effect), so here only
+      "at least once, nothing lost, at most one extra effect per kill" is asserted.
+
+    In every mode new/, cur/ and bad/ end empty.
+    """
+    rng = random.Random(_new_seed())
+    directory = bob_team.directory("t")
+    sent = [
+        send(directory, to="bob", sender="team-lead", text=f"m{i}").id
+        for i in range(RECEIVED_MESSAGES)
+    ]
+    effects = tmp_path / "effects"
+    zygote = procs.zygote()
+
+    runs = kills = 0
+    while True:
+        runs += 1
+        assert runs <= 1000, "the receiver makes no progress across restarts"
+        done = tmp_path / f"done-{runs}"
+        kill_at = rng.randint(1, 12)
+        child = zygote.spawn("receiver", home, "t", "bob", effects, mode, kill_at, done)
+        if mode == "random":
+            # The random wait is where the kill lands, the point of this mode.
+            if not child.wait(rng.uniform(0.005, 0.04)):
+                child.kill()
+                kills += 1
+        else:
+            assert child.wait(60), f"receiver {child.pid} neither finished nor killed itself"
+        child.close()
+        assert not child.error(), child.error()
+        if done.exists():
+            break
+    if mode != "random":
+        kills = runs - 1
+
+    counts = Counter(read_lines(effects))
+    assert set(counts) - set(sent) == set(), "effects of messages never sent"
+    lost = set(sent) - set(counts)
+    assert not lost, f"{len(lost)} messages never handled (kills: {kills})"
+    extra = {i: n for i, n in counts.items() if n > 1}
+    if mode == "random":
+        assert sum(n - 1 for n in extra.values()) <= kills
+    else:
+        assert not extra, f"effects applied twice after {kills} kills: {extra}"
+        assert kills >= 10, f"only {kills} kills happened; the test did not exercise crashes"
+
+    box = Maildir.open(bob_team.layout.inbox_dir("t", "bob"))
+    assert box.pending() == []
+    assert box.claimed() == []
+    assert os.listdir(box.bad) == []
+    print(f"{mode}: {runs} runs, {kills} kills, {sum(n - 1 for n in extra.values())} repeats")
+
+
+def test_receiver_frozen_through_inotify_overflow_gets_everything(
+    home: Path, procs: Processes, tmp_path: Path
+) -> None:
+    """A receiver is SIGSTOPped while more messages arrive than its inotify queue can hold.
+
+    One receiver process watches 20 inboxes through its one inotify instance (one kernel
+    queue of `fs.inotify.max_queued_events` events). While it is stopped the test delivers
+    max_queued_events + 2000 messages across those inboxes, so the kernel must drop events
+    (the receiver records watchdog's overflow report and the test asserts it came). After
+    SIGCONT every message is handled, none twice, and every inbox ends empty.
+
+    The messages are spread over 20 inboxes rather than sent to one because draining a
+    single inbox with a backlog of n costs O(n^2) in `Inbox.receive` (it lists, decodes-cache
+    and sorts all of new/ for every message): ~18k messages in one inbox take minutes.
+    """
+    layout = Layout(home)
+    teams = Teams(layout)
+    teams.create("t")
+    members = [f"m{i:02d}" for i in range(OVERFLOW_INBOXES)]
+    for name in members:
+        teams.join("t", name, pid=os.getpid())
+    queue = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    total = queue + 2000
+
+    effects = tmp_path / "effects"
+    watching = tmp_path / "watching"
+    overflow = tmp_path / "overflow"
+    receiver = procs.start(
+        "overflow_receiver", home, "t", ",".join(members), effects, watching, overflow
+    )
+    wait_until(
+        lambda: watching.exists() or receiver.poll() is not None, 60, what="receiver to watch"
+    )
+    assert receiver.poll() is None, procs.stderr_of(receiver)
+
+    directory = teams.directory("t")
+    warm_up = {send(directory, to=name, sender="team-lead", text="warm-up").id for name in members}
+    wait_until(lambda: set(read_lines(effects)) == warm_up, 60, what="warm-up messages")
+
+    receiver.send_signal(signal.SIGSTOP)
+    wait_until(lambda: process_state(receiver.pid) == "T", 10, what="receiver to stop")
+    sent = [
+        send(directory, to=members[i % len(members)], sender="team-lead", text=f"n{i}").id
+        for i in range(total)
+    ]
+    assert len(read_lines(effects)) == len(warm_up), "a stopped receiver handled messages"
+    receiver.send_signal(signal.SIGCONT)
+
+    expected = len(warm_up) + total
+    started = time.monotonic()
+    wait_until(
+        lambda: len(read_lines(effects)) >= expected or receiver.poll() is not None,
+        240,
+        interval=0.2,
+        what=f"{expected} effects",
+    )
+    assert receiver.poll() is None, procs.stderr_of(receiver)
+    drained = time.monotonic() - started
+
+    boxes = [Maildir.open(layout.inbox_dir("t", name)) for name in members]
+    wait_until(
+        lambda: all(not b.pending() and not b.claimed() for b in boxes), 30, what="empty inboxes"
+    )
+    counts = Counter(read_lines(effects))
+    assert set(counts) == warm_up | set(sent)
+    twice = {i: n for i, n in counts.items() if n > 1}
+    assert not twice, f"handled more than once: {twice}"
+    assert all(os.listdir(b.bad) == [] for b in boxes)
+    assert overflow.exists(), (
+        f"the inotify queue ({queue} events) never overflowed, so this test proved nothing; "
+        "send more messages"
+    )
+    print(f"{total} messages drained in {drained:.1f}s after SIGCONT")
