@@ -91,12 +91,14 @@ def test_senders_killed_mid_send_leave_only_whole_messages(
     assert not lost, f"{len(lost)} sends returned but are not in new/: {sorted(lost)[:5]}"
 
     left_in_tmp = os.listdir(inbox.tmp)
+    assert left_in_tmp, "no kill landed inside a delivery; the test exercised nothing"
     removed = inbox.janitor(orphan_after=0)
     assert sorted(removed) == sorted(left_in_tmp)
     assert os.listdir(inbox.tmp) == [], "the janitor left dead writers' files in tmp/"
+    linked = set(removed) & set(inbox.pending())  # killed between the link and the unlink
     print(
         f"{kills} kills, {len(logged)} logged sends, {len(ids_in_new)} messages in new/, "
-        f"{len(removed)} orphaned tmp files removed"
+        f"{len(removed)} orphaned tmp files removed ({len(linked)} already linked into new/)"
     )
 
 
@@ -156,11 +158,11 @@ def test_receiver_killed_between_claim_and_ack(
     lost = set(sent) - set(counts)
     assert not lost, f"{len(lost)} messages never handled (kills: {kills})"
     extra = {i: n for i, n in counts.items() if n > 1}
+    assert kills >= 10, f"only {kills} kills happened; the test did not exercise crashes"
     if mode == "random":
         assert sum(n - 1 for n in extra.values()) <= kills
     else:
         assert not extra, f"effects applied twice after {kills} kills: {extra}"
-        assert kills >= 10, f"only {kills} kills happened; the test did not exercise crashes"
 
     box = Maildir.open(bob_team.layout.inbox_dir("t", "bob"))
     # The handler never runs for a message already recorded as handled: even the repeats of
@@ -178,14 +180,18 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
     """A receiver is SIGSTOPped while more messages arrive than its inotify queue can hold.
 
     One receiver process watches 20 inboxes through its one inotify instance (one kernel
-    queue of `fs.inotify.max_queued_events` events). While it is stopped the test delivers
-    max_queued_events + 2000 messages across those inboxes, so the kernel must drop events
-    (the receiver records watchdog's overflow report and the test asserts it came). After
-    SIGCONT every message is handled, none twice, and every inbox ends empty.
+    queue of `fs.inotify.max_queued_events` events) and handles each with
+    `Inbox.process()` without a timeout, so only its watcher can wake it. It proves it is
+    watching by handling a warm-up message per inbox; then it is stopped. The test delivers
+    max_queued_events + 2000 messages across 19 inboxes (each delivery is at least one event,
+    so the queue overflows; the receiver records watchdog's overflow report and the test
+    asserts it came), then 200 more to the 20th inbox, whose events are therefore all
+    dropped: only the overflow handling or the reconcile scan can find them. After SIGCONT
+    every message is handled, none twice, and every inbox ends empty.
 
-    The messages are spread over 20 inboxes rather than sent to one because draining a
-    single inbox with a backlog of n costs O(n^2) in `Inbox.receive` (it lists, decodes-cache
-    and sorts all of new/ for every message): ~18k messages in one inbox take minutes.
+    The flood is spread over 19 inboxes rather than sent to one because draining a single
+    inbox with a backlog of n costs O(n^2) in `Inbox.receive` (every call lists, sorts and
+    re-walks all of new/): ~18k messages in one inbox take about four minutes.
     """
     layout = Layout(home)
     teams = Teams(layout)
@@ -193,8 +199,9 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
     members = [f"m{i:02d}" for i in range(OVERFLOW_INBOXES)]
     for name in members:
         teams.join("t", name, pid=os.getpid())
+    flooded, late = members[:-1], members[-1]
     queue = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
-    total = queue + 2000
+    flood = queue + 2000
 
     effects = tmp_path / "effects"
     watching = tmp_path / "watching"
@@ -214,13 +221,14 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
     receiver.send_signal(signal.SIGSTOP)
     wait_until(lambda: process_state(receiver.pid) == "T", 10, what="receiver to stop")
     sent = [
-        send(directory, to=members[i % len(members)], sender="team-lead", text=f"n{i}").id
-        for i in range(total)
+        send(directory, to=flooded[i % len(flooded)], sender="team-lead", text=f"n{i}").id
+        for i in range(flood)
     ]
+    sent += [send(directory, to=late, sender="team-lead", text=f"late{i}").id for i in range(200)]
     assert len(read_lines(effects)) == len(warm_up), "a stopped receiver handled messages"
     receiver.send_signal(signal.SIGCONT)
 
-    expected = len(warm_up) + total
+    expected = len(warm_up) + len(sent)
     started = time.monotonic()
     wait_until(
         lambda: len(read_lines(effects)) >= expected or receiver.poll() is not None,
@@ -244,4 +252,4 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
         f"the inotify queue ({queue} events) never overflowed, so this test proved nothing; "
         "send more messages"
     )
-    print(f"{total} messages drained in {drained:.1f}s after SIGCONT")
+    print(f"{len(sent)} messages drained in {drained:.1f}s after SIGCONT")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import click
 import orjson
@@ -78,17 +78,25 @@ def _age(task: dict[str, Any]) -> str:
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
 @click.option("--monitor", is_flag=True, help="A long-running monitor (exempt from stall checks).")
 @click.option(
+    "--batch",
+    type=click.File("r"),
+    default=None,
+    metavar="FILE",
+    help="Start one task per line of FILE ('-': standard input); blank and # lines skipped.",
+)
+@click.option(
     "--foreground", "-f", is_flag=True, help="Stream the output and exit with the task's exit code."
 )
 @json_option
 @common_options
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def sh(
     description: str | None,
     agent: str | None,
     cwd: str | None,
     env_pairs: tuple[str, ...],
     monitor: bool,
+    batch: TextIO | None,
     foreground: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -96,7 +104,8 @@ def sh(
     """Run COMMAND as a background task; prints its id.
 
     One argument is a shell command line (`shoal sh -- 'make && make test'`); several are run
-    as they are (`shoal sh -- pytest -x tests/`).
+    as they are (`shoal sh -- pytest -x tests/`). With --batch, every line of FILE is a
+    command line and the ids are printed one per line, in order.
     """
     from shoal.orchestrator.control import call
 
@@ -107,21 +116,31 @@ def sh(
         if not sep or not key:
             raise UsageError(f"--env takes KEY=VALUE, not {pair!r}")
         extra[key] = value
+    if batch is not None and (command or foreground):
+        raise UsageError("--batch takes its commands from FILE: give no COMMAND, no --foreground")
+    if batch is None and not command:
+        raise UsageError("no command given (usage: shoal sh -- CMD ARGS...)")
+    spec = {
+        "description": description,
+        "agent": agent,
+        "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
+        "env": extra or None,
+        "kind": "monitor" if monitor else "bash",
+        "background": not foreground,
+    }
     team = env.team()
-    task = call(
-        env.layout,
-        team,
-        "sh",
-        {
-            "command": list(command),
-            "description": description,
-            "agent": agent,
-            "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
-            "env": extra or None,
-            "kind": "monitor" if monitor else "bash",
-            "background": not foreground,
-        },
-    )
+    if batch is not None:
+        lines = [ln.strip() for ln in batch.read().splitlines()]
+        specs = [{**spec, "command": [ln]} for ln in lines if ln and not ln.startswith("#")]
+        if not specs:
+            raise UsageError("--batch: no commands in the file")
+        started = call(env.layout, team, "sh", {"batch": specs})
+        if as_json:
+            print_json(started)
+        else:
+            click.echo("\n".join(t["id"] for t in started))
+        return
+    task = call(env.layout, team, "sh", {**spec, "command": list(command)})
     if not foreground:
         if as_json:
             print_json(task)

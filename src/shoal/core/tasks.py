@@ -256,6 +256,7 @@ class LocalShellTaskState(TaskStateBase):
     kill_reason: str | None = None
     error: str | None = None
     stall_notified: bool = False
+    env: dict[str, str] | None = None
     """Why the shell could not be started (a failure without an exit code)."""
 
 
@@ -493,8 +494,16 @@ class TaskRegistry:
     def __init__(self, tasks: Iterable[AnyTaskState] = ()) -> None:
         self._lock = threading.Lock()
         self._tasks: dict[str, AnyTaskState] = {}
+        # Ids of terminal tasks still here: notification and eviction look only at these, so a
+        # registry with many live tasks costs nothing per pass.
+        self._terminal: dict[str, None] = {}
         for task in tasks:
-            self._tasks[task.id] = task
+            self._store(task)
+
+    def _store(self, task: AnyTaskState) -> None:
+        self._tasks[task.id] = task
+        if task.is_terminal:
+            self._terminal[task.id] = None
 
     def register_task(self, task: AnyTaskState) -> AnyTaskState:
         """Add `task` (on resume, keeping the known UI state of its id); returns what was stored."""
@@ -509,7 +518,7 @@ class TaskRegistry:
                 }
                 if kept:
                     task = type(task).model_validate({**dict(task), **kept})
-            self._tasks[task.id] = task
+            self._store(task)
             return task
 
     def update_task_state(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
@@ -532,7 +541,7 @@ class TaskRegistry:
                     f"(got {new.id} of type {new.type.value})"
                 )
             check_transition(task_id, current.status, new.status)
-            self._tasks[task_id] = new
+            self._store(new)
             return True
 
     def mark_notified(self, task_id: str) -> bool:
@@ -541,16 +550,22 @@ class TaskRegistry:
             current = self._tasks.get(task_id)
             if current is None or not current.is_terminal or current.notified:
                 return False
-            self._tasks[task_id] = update_task(current, notified=True)
+            self._store(update_task(current, notified=True))
             return True
 
     def evict(self, now: float) -> list[AnyTaskState]:
         """Remove every task `should_evict` allows at `now`; returns the removed states."""
         with self._lock:
-            gone = [t for t in self._tasks.values() if should_evict(t, now)]
+            gone = [t for i in self._terminal if should_evict(t := self._tasks[i], now)]
             for task in gone:
                 del self._tasks[task.id]
+                del self._terminal[task.id]
             return gone
+
+    def terminal_tasks(self) -> list[AnyTaskState]:
+        """A snapshot of the terminal tasks still in the registry."""
+        with self._lock:
+            return [self._tasks[i] for i in self._terminal]
 
     def get(self, task_id: str) -> AnyTaskState | None:
         """The current state of `task_id`, or None."""
@@ -560,6 +575,7 @@ class TaskRegistry:
     def remove(self, task_id: str) -> AnyTaskState | None:
         """Drop `task_id` from the registry; returns what was removed, or None."""
         with self._lock:
+            self._terminal.pop(task_id, None)
             return self._tasks.pop(task_id, None)
 
     def get_all_tasks(self) -> list[AnyTaskState]:

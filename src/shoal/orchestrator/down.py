@@ -60,13 +60,13 @@ def kill_orphans(layout: Layout, team: str, report: DownReport) -> list[str]:
     killed: list[str] = []
     tasks = dict(state.tasks)
     for task_id, task in state.tasks.items():
-        if not isinstance(task, LocalShellTaskState) or task.is_terminal or not task.pid:
+        if not isinstance(task, LocalShellTaskState) or task.is_terminal:
             continue
-        if is_alive(task.pid, task.pid_started_at):
-            proc = shell.ShellProcess(task.pid, task.pid_started_at or 0.0, None)
+        started, proc = shell.locate(task.pid, task.pid_started_at, task.output_file)
+        if proc is not None:
             shell.kill(proc, ORPHAN_KILL_GRACE_S)
             killed.append(task_id)
-        if task.status == TaskStatus.RUNNING:
+        if started or task.status == TaskStatus.PENDING:
             tasks[task_id] = transition(
                 task, TaskStatus.KILLED, kill_reason="stopped by shoal down", notified=True
             )

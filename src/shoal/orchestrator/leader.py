@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from ulid import ULID
 
 from shoal.core.config import Limits
@@ -49,12 +50,15 @@ from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.session import LeaderInfo, Session, SessionState
+from shoal.orchestrator.session import Session, SessionState
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
 from shoal.workers import shell
 
 EventSink = Callable[[dict[str, Any]], None]
+
+# state.json is rewritten at most this often by the loop (requests from users force a write).
+PERSIST_INTERVAL_S = 0.2
 
 
 class TaskError(ShoalError):
@@ -89,7 +93,6 @@ class Leader:
         self.registry = TaskRegistry()
         self.procs: dict[str, shell.ShellProcess] = {}
         self.queue: deque[str] = deque()
-        self._env: dict[str, dict[str, str] | None] = {}
         self.lock = threading.RLock()
         self.session: Session
         self.created_at = time.time()
@@ -102,6 +105,9 @@ class Leader:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._pidfds: dict[str, int] = {}
+        self._task_json: dict[str, tuple[AnyTaskState, orjson.Fragment]] = {}
+        self._last_persist = 0.0
+        self._identity = current_identity()
         self._inbox: Inbox | None = None
         self._subscription: Any = None
         self.notes: list[str] = []
@@ -114,7 +120,7 @@ class Leader:
             self.teams.create(self.team)
         tf = self.teams.read(self.team)
         lead = tf.member(LEAD_NAME)
-        me, my_start = current_identity()
+        me, my_start = self._identity
         if (
             lead is not None
             and lead.pid not in (None, me)
@@ -171,13 +177,21 @@ class Leader:
             self.registry.register_task(task)
             if task.is_terminal or not isinstance(task, LocalShellTaskState):
                 continue
-            if task.status == TaskStatus.PENDING:
+            started, proc = shell.locate(task.pid, task.pid_started_at, task.output_file)
+            if not started:
                 self.queue.append(task.id)
                 continue
-            proc = shell.adopt(task.pid, task.pid_started_at) if task.pid else None
+            if task.status == TaskStatus.PENDING:
+                pid = proc.pid if proc else shell.recorded_pid(task.output_file)
+                self._move(
+                    task.id,
+                    TaskStatus.RUNNING,
+                    pid=pid,
+                    pid_started_at=proc.started_at if proc else None,
+                )
             if proc is not None:
                 self._watch(task.id, proc)
-                self.note(f"adopted {task.id} (pid {task.pid}): {task.command}")
+                self.note(f"adopted {task.id} (pid {proc.pid}): {task.command}")
             else:
                 self._finish_shell(task.id, None, ended_unattended=True)
 
@@ -194,22 +208,47 @@ class Leader:
             self.on_event(record)
 
     def persist(self, *, force: bool = False) -> None:
-        """Write state.json if anything changed since the last write."""
+        """Write state.json if anything changed, at most every PERSIST_INTERVAL_S unless forced.
+
+        The throttle is safe because what a crash must not lose is on disk per task anyway
+        (output file, the wrapper's pid and exit files). Each task's JSON is kept between
+        writes and re-encoded only when the (immutable) task object changed.
+        """
         if not (self._dirty or force):
             return
-        me, started = current_identity()
-        tasks = {t.id: t for t in self.registry.get_all_tasks()}
-        state = SessionState(
-            session_id=self.session.id,
-            team=self.team,
-            created_at=self.created_at,
-            updated_at=time.time(),
-            leader=None
+        now = time.monotonic()
+        if not force and now - self._last_persist < PERSIST_INTERVAL_S:
+            return
+        self._last_persist = now
+        fragments: dict[str, orjson.Fragment] = {}
+        cache = self._task_json
+        for task in self.registry.get_all_tasks():
+            hit = cache.get(task.id)
+            if hit is None or hit[0] is not task:
+                hit = (task, orjson.Fragment(orjson.dumps(task.model_dump(mode="json"))))
+                cache[task.id] = hit
+            fragments[task.id] = hit[1]
+        for gone in [k for k in cache if k not in fragments]:
+            del cache[gone]
+        me, started = self._identity
+        leader = (
+            None
             if self._stopping and not self.procs
-            else LeaderInfo(pid=me, started_at=started, jobs=self.jobs),
-            tasks=tasks,
+            else {"pid": me, "started_at": started, "jobs": self.jobs}
         )
-        self.session.write_state(state)
+        self.session.write_state_bytes(
+            orjson.dumps(
+                {
+                    "v": 1,
+                    "session_id": self.session.id,
+                    "team": self.team,
+                    "created_at": self.created_at,
+                    "updated_at": time.time(),
+                    "leader": leader,
+                    "tasks": fragments,
+                }
+            )
+        )
         self._dirty = False
 
     def _update(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
@@ -227,7 +266,7 @@ class Leader:
 
     # -- submitting and stopping ----------------------------------------------------------------
 
-    def submit_shell(
+    def make_shell_task(
         self,
         command: list[str],
         *,
@@ -239,11 +278,13 @@ class Leader:
         background: bool = True,
         tool_use_id: str | None = None,
     ) -> LocalShellTaskState:
-        """Register a shell task and start it now (or when a job slot frees)."""
-        if not command or not command[0]:
+        """Build (and check) a new pending shell task; nothing is registered yet."""
+        if not command or not all(isinstance(a, str) for a in command) or not command[0]:
             raise TaskError("no command given (usage: shoal sh -- CMD ARGS...)")
         if cwd is not None and not os.path.isdir(cwd):
             raise TaskError(f"working directory {cwd!r} does not exist")
+        if kind not in ("bash", "monitor"):
+            raise TaskError(f"unknown shell task kind {kind!r} (bash or monitor)")
         owner = LEAD_NAME
         if agent:
             name = agent.split("@", 1)[0]
@@ -252,12 +293,13 @@ class Leader:
             owner = name
         display, argv = shell.argv_for(command)
         task_id = new_task_id(TaskType.LOCAL_BASH)
-        task = LocalShellTaskState(
+        return LocalShellTaskState(
             id=task_id,
             description=description or display,
             command=display,
             argv=tuple(argv),
             cwd=cwd or os.getcwd(),
+            env=env or None,
             output_file=str(self.session.output_file(task_id)),
             owner=owner,
             agent_id=owner if agent else None,
@@ -265,17 +307,23 @@ class Leader:
             is_backgrounded=background,
             tool_use_id=tool_use_id,
         )
+
+    def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
+        """Register tasks and start them now (or as job slots free); one state write."""
         with self.lock:
-            self.registry.register_task(task)
-            self._env[task_id] = env
-            self.queue.append(task_id)
+            for task in tasks:
+                self.registry.register_task(task)
+                self.queue.append(task.id)
             self._dirty = True
             self.start_pending()
-            self.persist()
-            current = self.registry.get(task_id)
+            self.persist(force=True)
+            current = [self.registry.get(t.id) for t in tasks]
         self.wake()
-        assert isinstance(current, LocalShellTaskState)
-        return current
+        return [t for t in current if isinstance(t, LocalShellTaskState)]
+
+    def submit_shell(self, command: list[str], **options: Any) -> LocalShellTaskState:
+        """Register one shell task and start it (see `make_shell_task` for the options)."""
+        return self.submit([self.make_shell_task(command, **options)])[0]
 
     def start_pending(self) -> None:
         """Start queued tasks while job slots are free (`jobs` 0 means no limit)."""
@@ -284,7 +332,7 @@ class Leader:
             task = self.registry.get(task_id)
             if not isinstance(task, LocalShellTaskState) or task.status != TaskStatus.PENDING:
                 continue
-            env = self._env.pop(task_id, None)
+            env = task.env
             try:
                 proc = shell.start(
                     list(task.argv),
@@ -324,7 +372,7 @@ class Leader:
             shell.kill(proc, self.limits.kill_grace)
         with self.lock:
             self._finish_shell(task_id, proc, killed=True)
-            self.persist()
+            self.persist(force=True)
             final = self.registry.get(task_id)
         self.wake()
         assert final is not None
@@ -360,7 +408,10 @@ class Leader:
         next_tick = 0.0
         while not stop.is_set() and not self._stopping:
             now = time.monotonic()
-            timeout = max(0.0, next_tick - now)
+            due = next_tick
+            if self._dirty:
+                due = min(due, self._last_persist + PERSIST_INTERVAL_S)
+            timeout = max(0.0, due - now)
             for key, _ in self._selector.select(timeout):
                 if key.data is None:
                     with contextlib.suppress(BlockingIOError):
@@ -539,10 +590,8 @@ class Leader:
 
     def notify(self) -> None:
         """Send each terminal task's notification exactly once."""
-        for task in self.registry.get_all_tasks():
-            if not task.is_terminal or task.notified:
-                continue
-            if not self.registry.mark_notified(task.id):
+        for task in self.registry.terminal_tasks():
+            if task.notified or not self.registry.mark_notified(task.id):
                 continue
             self._dirty = True
             final = self.registry.get(task.id)
@@ -641,21 +690,32 @@ class Leader:
                 make_message(sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=reply),
             )
 
+    def _task_from_spec(self, spec: dict[str, Any]) -> LocalShellTaskState:
+        return self.make_shell_task(
+            list(spec.get("command") or []),
+            description=spec.get("description"),
+            agent=spec.get("agent"),
+            cwd=spec.get("cwd"),
+            env=spec.get("env"),
+            kind=spec.get("kind", "bash"),
+            background=bool(spec.get("background", True)),
+        )
+
     def handle_control(self, op: str, args: dict[str, Any]) -> Any:
         """Carry out one control request; returns JSON-able data or raises ShoalError."""
         if op == "ping":
             return {"session_id": self.session.id, "pid": os.getpid()}
         if op == "sh":
-            task = self.submit_shell(
-                list(args.get("command") or []),
-                description=args.get("description"),
-                agent=args.get("agent"),
-                cwd=args.get("cwd"),
-                env=args.get("env"),
-                kind=args.get("kind", "bash"),
-                background=bool(args.get("background", True)),
-            )
-            return task.model_dump(mode="json")
+            specs = args.get("batch")
+            if specs is None:
+                specs = [args]
+            if not isinstance(specs, list) or not all(isinstance(x, dict) for x in specs):
+                raise TaskError("'batch' must be a list of task specs")
+            tasks = [self._task_from_spec(spec) for spec in specs]  # all checked before any runs
+            started = self.submit(tasks)
+            if args.get("batch") is None:
+                return started[0].model_dump(mode="json")
+            return [t.model_dump(mode="json") for t in started]
         if op == "stop":
             return self.stop_task(str(args.get("task_id"))).model_dump(mode="json")
         if op == "down":

@@ -96,7 +96,11 @@ class Session:
 
     def write_state(self, state: SessionState) -> None:
         """Replace state.json atomically."""
-        atomic_write(self.state_file, orjson.dumps(state.model_dump(mode="json")))
+        self.write_state_bytes(orjson.dumps(state.model_dump(mode="json")))
+
+    def write_state_bytes(self, raw: bytes) -> None:
+        """Replace state.json atomically with already-encoded state."""
+        atomic_write(self.state_file, raw)
 
     def set_aside(self) -> Path:
         """Move a corrupt state.json out of the way (kept for inspection); returns where."""

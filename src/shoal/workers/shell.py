@@ -14,16 +14,27 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.core.output import create_output_file, tail_lines
 from shoal.core.procs import is_alive, process_start_time, terminate
 
-# "$0" is the exit file; the command follows as "$@". printf and the redirection are builtins,
-# so recording the code costs no extra process.
-_WRAPPER = 'trap : TERM INT HUP; "$@"; c=$?; printf "%s\\n" "$c" > "$0"; exit "$c"'
+# The wrapper: "$1" is the exit file, "$2" the working directory, then either a command line
+# to eval (mode "-c") or an argv to run; "$0" names it in error messages. It records its pid
+# first (so a leader that dies right after spawning can still find the task), and its exit
+# status from an EXIT trap; a TERM, INT or HUP makes it exit 128+N through that trap too
+# (after a foreground child has ended). All of it is builtins, so the wrapper costs no extra
+# process: a command line runs in it directly.
+_WRAPPER = (
+    '__shoal_exit=$1; printf "%s\\n" "$$" > "${1%.exit}.pid"; '
+    'trap \'printf "%s\\n" "$?" > "$__shoal_exit"\' EXIT; '
+    "trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP; "
+    'cd -- "$2" || exit 126; shift 2; '
+    'if [ "$1" = -c ]; then eval "$2"; else "$@"; fi'
+)
+_NAME = "shoal"
+_SH = "/bin/sh"
 
 # Shell exit code for "command not found" / "not executable".
 EXIT_NOT_FOUND = 127
@@ -43,9 +54,10 @@ def exit_file_for(output_file: str | Path) -> Path:
 
 
 def argv_for(command: list[str]) -> tuple[str, list[str]]:
-    """(display string, argv): one argument is a shell command line, several are an argv."""
+    """(display string, argv): one argument is a shell command line (argv ["-c", line]),
+    several are an argv run as it is."""
     if len(command) == 1:
-        return command[0], ["/bin/sh", "-c", command[0]]
+        return command[0], ["-c", command[0]]
     return shlex.join(command), list(command)
 
 
@@ -55,17 +67,29 @@ class ShellProcess:
 
     pid: int
     started_at: float
-    popen: subprocess.Popen[bytes] | None  # None when adopted after a leader restart
+    child: bool  # False when adopted after a leader restart (then it is not ours to reap)
+    status: int | None = None  # exit code (128+N for signal N) once reaped
 
     def poll(self) -> bool:
         """True while the task's process runs (reaping it when it is our child)."""
-        if self.popen is not None:
-            return self.popen.poll() is None
+        if self.status is not None:
+            return False
+        if self.child:
+            try:
+                pid, wait_status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.child = False
+                return is_alive(self.pid, self.started_at)
+            if pid == 0:
+                return True
+            code = os.waitstatus_to_exitcode(wait_status)
+            self.status = code if code >= 0 else 128 - code
+            return False
         return is_alive(self.pid, self.started_at)
 
     def returncode(self) -> int | None:
-        """The wait status of our own child (negative for a signal), else None."""
-        return None if self.popen is None else self.popen.returncode
+        """The exit code of our own child once reaped (128+N after signal N), else None."""
+        return self.status
 
 
 def start(
@@ -78,36 +102,83 @@ def start(
 ) -> ShellProcess:
     """Start `argv` in its own session with stdout+stderr into a new `output_file`.
 
-    The output file is created O_EXCL|O_NOFOLLOW (a planted file or symlink is refused). A
-    command that cannot be executed still starts: the wrapper's shell reports the error into
-    the output and records exit code 127 or 126.
+    The output file is created O_EXCL|O_NOFOLLOW (a planted file or symlink is refused). The
+    process is made with posix_spawn (vfork-fast even from a large, threaded leader). A command
+    that cannot be executed still starts: the wrapper's shell reports the error into the output
+    and records exit code 127 or 126.
     """
     fd = create_output_file(output_file, root)
     exit_file = exit_file_for(output_file)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(exit_file)
+    for stale in (exit_file, pid_file_for(output_file)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
     try:
-        popen = subprocess.Popen(
-            ["/bin/sh", "-c", _WRAPPER, os.fspath(exit_file), *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=fd,
-            stderr=fd,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
+        pid = os.posix_spawn(
+            _SH,
+            [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv],
+            os.environ if env is None else env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
         )
     finally:
         os.close(fd)
-    started = process_start_time(popen.pid)
-    return ShellProcess(popen.pid, started if started is not None else 0.0, popen)
+    started = process_start_time(pid)
+    return ShellProcess(pid, started if started is not None else 0.0, child=True)
 
 
-def adopt(pid: int, started_at: float | None) -> ShellProcess | None:
-    """A handle on a task process left running by a previous leader, if it is still the same."""
+def pid_file_for(output_file: str | Path) -> Path:
+    """Where the wrapper records its pid (the task's process group id)."""
+    path = Path(output_file)
+    return path.with_name(path.stem + ".pid")
+
+
+def recorded_pid(output_file: str | Path) -> int | None:
+    """The pid the wrapper recorded at start, or None."""
+    try:
+        return int(pid_file_for(output_file).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def adopt(pid: int, started_at: float | None, output_file: str | Path) -> ShellProcess | None:
+    """A handle on a task process left running by a previous leader, if it is still the same.
+
+    Without a recorded start time, the process must carry this task's exit-file path in its
+    command line, so a reused pid is never adopted.
+    """
     if not is_alive(pid, started_at):
         return None
-    return ShellProcess(pid, started_at or 0.0, None)
+    if started_at is None:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            return None
+        if os.fsencode(exit_file_for(output_file)) not in cmdline.split(b"\0"):
+            return None
+        started_at = process_start_time(pid)
+    return ShellProcess(pid, started_at or 0.0, child=False)
+
+
+def locate(
+    pid: int | None, started_at: float | None, output_file: str | Path
+) -> tuple[bool, ShellProcess | None]:
+    """(was it started?, a handle if it still runs) for a task a previous leader knew.
+
+    A task counts as started when a pid was recorded or its output file exists (the leader
+    creates it right before spawning and may have died before writing its state).
+    """
+    if pid is None:
+        if not os.path.lexists(output_file):
+            return False, None
+        pid, started_at = recorded_pid(output_file), None
+        if pid is None:
+            return True, None
+    return True, adopt(pid, started_at, output_file)
 
 
 def recorded_exit(output_file: str | Path) -> int | None:
@@ -125,9 +196,7 @@ def recorded_exit(output_file: str | Path) -> int | None:
 def kill(proc: ShellProcess, grace: float) -> None:
     """TERM the task's process group, wait up to `grace`, then KILL; no such process is fine."""
     terminate(proc.pid, proc.started_at or None, grace=grace, group=True)
-    if proc.popen is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=1)
+    proc.poll()  # reap our child now, so no zombie lingers
 
 
 def kill_group_now(pid: int) -> None:
