@@ -34,7 +34,7 @@ from shoal.core.notify import (
 )
 from shoal.core.output import output_size, read_output_delta, tail
 from shoal.core.paths import Layout
-from shoal.core.procs import current_identity, is_alive
+from shoal.core.procs import current_identity, is_alive, process_start_time
 from shoal.core.tasks import (
     AnyTaskState,
     LocalShellTaskState,
@@ -440,6 +440,7 @@ class Leader:
         """One full supervisor pass."""
         now = time.time()
         self.reap()
+        self.record_start_times()
         self.read_output()
         self.check_stalls(now)
         self.cleanup_orphans()
@@ -453,6 +454,14 @@ class Leader:
         for task_id, proc in list(self.procs.items()):
             if not proc.poll():
                 self._finish_shell(task_id, proc)
+
+    def record_start_times(self) -> None:
+        """Note the start time of tasks started since the last tick (pid reuse protection)."""
+        for task_id, proc in self.procs.items():
+            if proc.started_at is None:
+                proc.started_at = process_start_time(proc.pid)
+                if proc.started_at is not None:
+                    self._set(task_id, pid_started_at=proc.started_at)
 
     def _finish_shell(
         self,
@@ -751,6 +760,7 @@ class Leader:
                 self.teams.update_member(self.team, LEAD_NAME, pid=None, pid_started_at=None)
         self.emit({"type": "system", "subtype": "leader_stopped", "team": self.team})
         self._selector.close()
+        self.session.close()
         for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):
             with contextlib.suppress(OSError):
                 os.close(fd)

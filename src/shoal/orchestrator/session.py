@@ -54,6 +54,7 @@ class Session:
         self.layout = layout
         self.id = session_id
         self.dir = layout.session_dir(session_id)
+        self._fds: dict[Path, int] = {}
 
     @property
     def state_file(self) -> Path:
@@ -111,11 +112,19 @@ class Session:
     # -- append-only logs ----------------------------------------------------------------------
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
-        try:
-            os.write(fd, orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
-        finally:
-            os.close(fd)
+        """One O_APPEND write of one JSON line (the fd stays open for the next record)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = self._fds[path] = os.open(path, flags, FILE_MODE)
+        os.write(fd, orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+
+    def close(self) -> None:
+        """Close the append-only logs this object holds open."""
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
 
     def emit(self, event: dict[str, Any]) -> dict[str, Any]:
         """Append an event record (with `session_id` and `ts`) to events.jsonl."""

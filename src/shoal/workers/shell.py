@@ -66,7 +66,7 @@ class ShellProcess:
     """A live handle on a started shell task (kept in memory only, never persisted)."""
 
     pid: int
-    started_at: float
+    started_at: float | None  # None for a fresh child until the leader reads it
     child: bool  # False when adopted after a leader restart (then it is not ours to reap)
     status: int | None = None  # exit code (128+N for signal N) once reaped
 
@@ -126,8 +126,9 @@ def start(
         )
     finally:
         os.close(fd)
-    started = process_start_time(pid)
-    return ShellProcess(pid, started if started is not None else 0.0, child=True)
+    # The start time is read later (see Leader.record_start_times): reading /proc/{pid}/stat
+    # now would wait for the child's exec and double the cost of a start.
+    return ShellProcess(pid, None, child=True)
 
 
 def pid_file_for(output_file: str | Path) -> Path:
@@ -161,7 +162,7 @@ def adopt(pid: int, started_at: float | None, output_file: str | Path) -> ShellP
         if os.fsencode(exit_file_for(output_file)) not in cmdline.split(b"\0"):
             return None
         started_at = process_start_time(pid)
-    return ShellProcess(pid, started_at or 0.0, child=False)
+    return ShellProcess(pid, started_at, child=False)
 
 
 def locate(
@@ -195,7 +196,7 @@ def recorded_exit(output_file: str | Path) -> int | None:
 
 def kill(proc: ShellProcess, grace: float) -> None:
     """TERM the task's process group, wait up to `grace`, then KILL; no such process is fine."""
-    terminate(proc.pid, proc.started_at or None, grace=grace, group=True)
+    terminate(proc.pid, proc.started_at, grace=grace, group=True)
     proc.poll()  # reap our child now, so no zombie lingers
 
 
