@@ -10,9 +10,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
+
+# The machine is shared and noisy: timing is never part of a property.
+settings.register_profile(
+    "shoal", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("shoal")
 
 
 @pytest.fixture

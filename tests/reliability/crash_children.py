@@ -53,16 +53,24 @@ def sender(home: str, team: str, to: str, log_path: str, seed: str) -> None:
 
 
 def receiver(
-    home: str, team: str, member: str, effects: str, mode: str, kill_at: str, done: str
+    home: str,
+    team: str,
+    member: str,
+    effects: str,
+    mode: str,
+    kill_at: str,
+    started: str,
+    done: str,
 ) -> None:
     """Handle everything in the inbox; in `claim`/`handled` mode kill -9 self on message `kill_at`.
 
     claim:   SIGKILL right after the claim (new -> cur), before the effect.
     handled: SIGKILL inside `Inbox.ack`, after the handled-log append, before the unlink.
     random:  no self-kill (the test kills this process at random moments).
-    Writes `done` and exits once the inbox is empty.
+    Writes `started` once it watches the inbox, `done` and exits once the inbox is empty.
     """
-    box = Inbox(Maildir.open(Layout(home).inbox_dir(team, member)), lead="team-lead")
+    box = Inbox(Maildir.open(Layout(home).inbox_dir(team, member)), lead="team-lead").start()
+    _touch(started)
     out = os.open(effects, APPEND, 0o600)
     stop_at = int(kill_at)
     handled = 0

@@ -38,8 +38,9 @@ def _new_seed() -> int:
     return seed
 
 
-def _writer_pid(name: str) -> int:
-    return int(name.split(".", 2)[1].split("_", 1)[0])
+def _some(counts: dict[str, int]) -> dict[str, int]:
+    """A few entries of a large mapping, for a readable failure message."""
+    return dict(list(counts.items())[:5])
 
 
 def test_senders_killed_mid_send_leave_only_whole_messages(
@@ -86,7 +87,7 @@ def test_senders_killed_mid_send_leave_only_whole_messages(
         assert len(message.text) in SENT_SIZES, f"{name} holds a truncated text"
         ids_in_new[message.id] += 1
     twice = {i: n for i, n in ids_in_new.items() if n > 1}
-    assert not twice, f"ids delivered more than once: {twice}"
+    assert not twice, f"{len(twice)} ids delivered more than once: {_some(twice)}"
     lost = set(logged) - set(ids_in_new)
     assert not lost, f"{len(lost)} sends returned but are not in new/: {sorted(lost)[:5]}"
 
@@ -116,7 +117,7 @@ def test_receiver_killed_between_claim_and_ack(
     - handled: it kills itself inside `Inbox.ack` on its k-th message, after the handled-log
       append and before the unlink. Asserted: every id's effect exactly once (the restart
       must ack it from the log without running the handler again).
-    - random: the test SIGKILLs it 3-25 ms after each start. A kill between the effect write
+    - random: the test SIGKILLs it 0-20 ms after each start. A kill between the effect write
       and the handled-log append can legitimately apply an effect twice (the two are separate
       writes; no library can make them one step for an arbitrary effect), so here only
       "at least once, nothing lost, at most one extra effect per kill" is asserted.
@@ -136,12 +137,18 @@ def test_receiver_killed_between_claim_and_ack(
     while True:
         runs += 1
         assert runs <= 1000, "the receiver makes no progress across restarts"
-        done = tmp_path / f"done-{runs}"
+        started, done = tmp_path / f"started-{runs}", tmp_path / f"done-{runs}"
         kill_at = rng.randint(1, 12)
-        child = zygote.spawn("receiver", home, "t", "bob", effects, mode, kill_at, done)
+        child = zygote.spawn("receiver", home, "t", "bob", effects, mode, kill_at, started, done)
         if mode == "random":
+            wait_until(
+                lambda s=started, c=child: s.exists() or c.wait(0),
+                30,
+                0.002,
+                what="receiver to start",
+            )
             # The random wait is where the kill lands, the point of this mode.
-            if not child.wait(rng.uniform(0.003, 0.025)):
+            if not child.wait(rng.uniform(0.0, 0.02)):
                 child.kill()
                 kills += 1
         else:
@@ -162,7 +169,7 @@ def test_receiver_killed_between_claim_and_ack(
     if mode == "random":
         assert sum(n - 1 for n in extra.values()) <= kills
     else:
-        assert not extra, f"effects applied twice after {kills} kills: {extra}"
+        assert not extra, f"{len(extra)} effects applied twice after {kills} kills: {_some(extra)}"
 
     box = Maildir.open(bob_team.layout.inbox_dir("t", "bob"))
     # The handler never runs for a message already recorded as handled: even the repeats of
@@ -232,7 +239,7 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
     started = time.monotonic()
     wait_until(
         lambda: len(read_lines(effects)) >= expected or receiver.poll() is not None,
-        240,
+        180,
         interval=0.2,
         what=f"{expected} effects",
     )
@@ -246,7 +253,7 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
     counts = Counter(read_lines(effects))
     assert set(counts) == warm_up | set(sent)
     twice = {i: n for i, n in counts.items() if n > 1}
-    assert not twice, f"handled more than once: {twice}"
+    assert not twice, f"{len(twice)} handled more than once: {_some(twice)}"
     assert all(os.listdir(b.bad) == [] for b in boxes)
     assert overflow.exists(), (
         f"the inotify queue ({queue} events) never overflowed, so this test proved nothing; "
