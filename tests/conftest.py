@@ -16,9 +16,7 @@ from shoal.core.paths import Layout
 from shoal.teams.store import Teams
 
 # The machine is shared and noisy: timing is never part of a property.
-settings.register_profile(
-    "shoal", deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("shoal", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shoal")
 
 
@@ -97,3 +95,21 @@ def sleeper() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def group_gone(pgid: int) -> bool:
+    """True once no live process is left in process group `pgid` (zombies awaiting init's
+    reaping do not count)."""
+    import psutil
+
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return True

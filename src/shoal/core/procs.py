@@ -10,6 +10,8 @@ import psutil
 
 # psutil's create_time is a float derived from jiffies; allow for rounding between reads.
 START_TIME_TOLERANCE_S = 0.05
+# How long to wait for a SIGKILLed process to disappear.
+KILL_WAIT_S = 2.0
 
 
 def process_start_time(pid: int) -> float | None:
@@ -80,4 +82,8 @@ def terminate(
         _signal(pid, signal.SIGKILL, group)
     if group:
         _signal(pid, signal.SIGKILL, group=True)  # children that ignored SIGTERM
+    # SIGKILL is delivered asynchronously: wait (briefly) until the process is really gone.
+    deadline = time.monotonic() + KILL_WAIT_S
+    while is_alive(pid, started_at) and time.monotonic() < deadline:
+        time.sleep(0.005)
     return True

@@ -197,7 +197,7 @@ def recorded_exit(output_file: str | Path) -> int | None:
 def kill(proc: ShellProcess, grace: float) -> None:
     """TERM the task's process group, wait up to `grace`, then KILL; no such process is fine."""
     terminate(proc.pid, proc.started_at, grace=grace, group=True)
-    proc.poll()  # reap our child now, so no zombie lingers
+    proc.poll()  # reap our child now (it is gone or a zombie), so no zombie lingers
 
 
 def kill_group_now(pid: int) -> None:

@@ -1,0 +1,209 @@
+"""Shell tasks at the library level: the recording wrapper, kills, adoption, planted symlinks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from shoal.core.errors import UnsafePathError
+from shoal.core.paths import Layout
+from shoal.core.procs import is_alive
+from shoal.core.tasks import LocalShellTaskState, TaskStatus
+from shoal.orchestrator.leader import Leader
+from shoal.workers import shell
+from tests.conftest import group_gone, wait_until
+
+
+def run(argv: list[str], tmp_path: Path, name: str = "t") -> tuple[int | None, str]:
+    out = tmp_path / f"{name}.output"
+    proc = shell.start(argv, out, cwd=str(tmp_path))
+    wait_until(lambda: not proc.poll())
+    assert proc.returncode() == shell.recorded_exit(out)
+    return shell.recorded_exit(out), out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "text"),
+    [
+        (["-c", "echo hi; echo err >&2"], 0, "hi\nerr\n"),
+        (["-c", "exit 7"], 7, ""),
+        (["sh", "-c", "exit 5"], 5, ""),
+        (["printf", "%s|", "a b", "c"], 0, "a b|c|"),
+        (["no-such-command-here"], 127, "not found"),
+        (["-c", "kill -TERM $$"], 143, ""),
+    ],
+)
+def test_exit_codes_are_recorded(tmp_path: Path, argv: list[str], code: int, text: str) -> None:
+    got_code, output = run(argv, tmp_path)
+    assert got_code == code
+    assert text in output
+
+
+def test_working_directory_and_missing_one(tmp_path: Path) -> None:
+    assert run(["-c", "pwd"], tmp_path)[1].strip() == str(tmp_path)
+    out = tmp_path / "cd.output"
+    proc = shell.start(["-c", "true"], out, cwd=str(tmp_path / "gone"))
+    wait_until(lambda: not proc.poll())
+    assert shell.recorded_exit(out) == 126
+    assert "can't cd" in out.read_text() or "No such file" in out.read_text()
+
+
+def test_a_planted_symlink_at_the_output_path_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_text("precious\n")
+    out = tmp_path / "x.output"
+    os.symlink(target, out)
+    with pytest.raises(UnsafePathError):
+        shell.start(["-c", "echo overwritten"], out)
+    assert target.read_text() == "precious\n"
+
+
+def test_kill_takes_the_whole_group_and_records_it(tmp_path: Path) -> None:
+    out = tmp_path / "k.output"
+    proc = shell.start(["-c", "sleep 300 & sleep 300; wait"], out)
+    wait_until(lambda: shell.recorded_pid(out) is not None)
+    shell.kill(proc, grace=5)
+    assert not proc.poll()
+    assert proc.returncode() == 143
+    wait_until(lambda: group_gone(proc.pid))
+
+
+def test_kill_escalates_when_term_is_ignored(tmp_path: Path) -> None:
+    out = tmp_path / "i.output"
+    proc = shell.start(["-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"], out)
+    wait_until(lambda: "ready" in out.read_text())
+    shell.kill(proc, grace=0.3)
+    assert not proc.poll()
+    wait_until(lambda: group_gone(proc.pid))
+
+
+def test_locate_adopts_only_the_same_process(tmp_path: Path) -> None:
+    out = tmp_path / "a.output"
+    proc = shell.start(["-c", "sleep 300"], out)
+    try:
+        wait_until(lambda: shell.recorded_pid(out) == proc.pid)
+        started, found = shell.locate(None, None, out)  # state lost: found through the pid file
+        assert started and found is not None and found.pid == proc.pid
+        other = tmp_path / "b.output"
+        other.write_text("")
+        (tmp_path / "b.pid").write_text(f"{proc.pid}\n")  # someone else's pid
+        started, found = shell.locate(None, None, other)
+        assert started and found is None
+        assert shell.locate(None, None, tmp_path / "never.output") == (False, None)
+    finally:
+        shell.kill(proc, grace=1)
+
+
+def test_prompt_detection(tmp_path: Path) -> None:
+    out = tmp_path / "p.output"
+    for line, expected in [
+        ("Overwrite config.yaml? (y/n) ", True),
+        ("Press Enter to continue", True),
+        ("Are you sure you want to delete it?", True),
+        ("Do you want to proceed?", True),
+        ("compiling 3 of 9", False),
+        ("", False),
+    ]:
+        out.write_text(f"some output\n{line}")
+        assert (shell.looks_like_prompt(out) is not None) is expected, line
+
+
+def test_leader_reports_a_planted_symlink(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    leader = Leader(Layout(home), "s").start()
+    try:
+        fixed = "bplanted1"
+        monkeypatch.setattr("shoal.orchestrator.leader.new_task_id", lambda _t: fixed)
+        target = home / "target"
+        target.write_text("precious\n")
+        os.symlink(target, leader.session.output_file(fixed))
+        task = leader.submit_shell(["echo overwritten"])
+        assert task.status is TaskStatus.FAILED
+        assert isinstance(task, LocalShellTaskState) and "symlink" in (task.error or "")
+        assert target.read_text() == "precious\n"
+    finally:
+        leader.shutdown()
+
+
+def test_leader_steps_without_sleeping(home: Path) -> None:
+    leader = Leader(Layout(home), "s", jobs=1).start()
+    try:
+        first = leader.submit_shell(["exit 0"])
+        second = leader.submit_shell(["exit 4"])
+        assert leader.registry.get(second.id).status is TaskStatus.PENDING  # type: ignore[union-attr]
+        wait_until(lambda: not leader.procs[first.id].poll())
+        leader.quick_tick()  # reap first, notify, start second
+        assert leader.registry.get(second.id).status is TaskStatus.RUNNING  # type: ignore[union-attr]
+        wait_until(lambda: not leader.procs[second.id].poll())
+        leader.tick()
+        assert leader.session.history()[second.id]["result"]["code"] == 4
+        assert leader.session.history()[first.id]["status"] == "completed"
+    finally:
+        leader.shutdown()
+
+
+def test_leader_stops_its_tasks_on_sigterm(home: Path) -> None:
+    env = {**os.environ, "SHOAL_HOME": str(home)}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "up", "--team", "g"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        from shoal.orchestrator.leader import leader_alive
+
+        wait_until(lambda: leader_alive(Layout(home), "g") is not None, timeout=30)
+        out = subprocess.run(
+            [sys.executable, "-m", "shoal", "sh", "--team", "g", "--json", "--", "sleep 300"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
+        import json
+
+        task_id = json.loads(out.stdout)["id"]
+        up.send_signal(signal.SIGHUP)
+        assert up.wait(30) == 0
+        from shoal.orchestrator.session import current_session
+
+        session = current_session(Layout(home), "g")
+        assert session is not None
+        record = session.read_state().tasks[task_id]
+        assert record.status is TaskStatus.KILLED
+        assert not is_alive(record.pid, None)  # type: ignore[attr-defined]
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_state_machine_survives_concurrent_stop_and_exit(home: Path) -> None:
+    leader = Leader(Layout(home), "s").start()
+    stop = threading.Event()
+    loop = threading.Thread(target=leader.run, args=(stop,))
+    loop.start()
+    try:
+        tasks = [leader.submit_shell(["sleep 0.05"]) for _ in range(10)]
+        for t in tasks:
+            try:
+                leader.stop_task(t.id)
+            except Exception as exc:  # finished first: that is the other legal outcome
+                assert "already finished" in str(exc)
+        wait_until(
+            lambda: all(
+                (leader.registry.get(t.id) is None or leader.registry.get(t.id).is_terminal)  # type: ignore[union-attr]
+                for t in tasks
+            )
+        )
+    finally:
+        stop.set()
+        leader.wake()
+        loop.join(10)
+        leader.shutdown()
