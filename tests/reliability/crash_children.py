@@ -28,6 +28,8 @@ from shoal.teams.models import TeamFile
 from shoal.teams.store import Teams
 
 APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+# Text lengths a sender picks from: mostly small, some large so a kill can land mid-write.
+TEXT_SIZES = (0, 10, 100, 1_000, 10_000, 300_000)
 
 
 def _append_line(fd: int, line: str) -> None:
@@ -46,8 +48,7 @@ def sender(home: str, team: str, to: str, log_path: str, seed: str) -> None:
     rng = random.Random(int(seed))
     log = os.open(log_path, APPEND, 0o600)
     while True:
-        # Mostly small messages, some large ones so a kill can land inside a long write.
-        size = rng.choice((0, 10, 100, 1_000, 10_000, 300_000))
+        size = rng.choice(TEXT_SIZES)
         result = send(directory, to=to, sender="team-lead", text="x" * size)
         _append_line(log, result.id)
 
@@ -77,6 +78,7 @@ def receiver(
 
     def effect(message: AnyMessage) -> None:
         _append_line(out, message.id)
+        os.fsync(out)  # a durable effect, as a real handler would make it before the ack
 
     if mode == "handled":
         real_mark = box.maildir.mark_handled

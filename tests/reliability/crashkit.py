@@ -125,6 +125,7 @@ class Processes:
         self.logs = tmp / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.popens: list[subprocess.Popen[bytes]] = []
+        self.stderr_files: dict[int, Path] = {}
         self.zygotes: list[Zygote] = []
 
     def start(self, role: str, *args: object) -> subprocess.Popen[bytes]:
@@ -138,12 +139,12 @@ class Processes:
                 stderr=err,
             )
         self.popens.append(proc)
+        self.stderr_files[proc.pid] = stderr
         return proc
 
     def stderr_of(self, proc: subprocess.Popen[bytes]) -> str:
-        index = self.popens.index(proc)
-        matches = list(self.logs.glob(f"*-{index}.stderr"))
-        return matches[0].read_text() if matches else ""
+        """What a process started with `start` wrote to stderr so far."""
+        return self.stderr_files[proc.pid].read_text()
 
     def zygote(self) -> Zygote:
         """Start a fork server (its children are killed with it)."""

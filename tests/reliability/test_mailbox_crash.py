@@ -21,21 +21,29 @@ from shoal.mailbox.router import send
 from shoal.mailbox.schema import decode
 from shoal.mailbox.store import Maildir
 from shoal.teams.store import Teams
+from tests.reliability.crash_children import TEXT_SIZES
 from tests.reliability.crashkit import Child, Processes, process_state, read_lines, wait_until
 
 pytestmark = pytest.mark.reliability
 
 SENDER_SLOTS = 4
 SENDER_KILLS = 240
-SENT_SIZES = {0, 10, 100, 1_000, 10_000, 300_000}  # text lengths crash_children.sender uses
 RECEIVED_MESSAGES = 300
 OVERFLOW_INBOXES = 20
 
 
 def _new_seed() -> int:
     seed = int.from_bytes(os.urandom(4), "big")
-    print(f"random seed {seed}")  # shown with a failure, to replay the kill schedule
+    print(f"random seed {seed}")  # shown with a failure: it replays the test's random choices
     return seed
+
+
+def _count_lines(path: Path) -> int:
+    """Lines in an effects file (every line is a 26-character ULID and a newline)."""
+    try:
+        return os.stat(path).st_size // 27
+    except FileNotFoundError:
+        return 0
 
 
 def _some(counts: dict[str, int]) -> dict[str, int]:
@@ -84,7 +92,7 @@ def test_senders_killed_mid_send_leave_only_whole_messages(
     for name in inbox.pending():
         message = decode(inbox.read("new", name))  # a partial file would fail here
         assert message.text is not None and set(message.text) <= {"x"}, name
-        assert len(message.text) in SENT_SIZES, f"{name} holds a truncated text"
+        assert len(message.text) in TEXT_SIZES, f"{name} holds a truncated text"
         ids_in_new[message.id] += 1
     twice = {i: n for i, n in ids_in_new.items() if n > 1}
     assert not twice, f"{len(twice)} ids delivered more than once: {_some(twice)}"
@@ -117,12 +125,14 @@ def test_receiver_killed_between_claim_and_ack(
     - handled: it kills itself inside `Inbox.ack` on its k-th message, after the handled-log
       append and before the unlink. Asserted: every id's effect exactly once (the restart
       must ack it from the log without running the handler again).
-    - random: the test SIGKILLs it 0-50 ms after each start. A kill between the effect write
-      and the handled-log append can legitimately apply an effect twice (the two are separate
-      writes; no library can make them one step for an arbitrary effect), so here only
-      "at least once, nothing lost, at most one extra effect per kill" is asserted.
+    - random: the test SIGKILLs it at random points (see the loop). A kill between the
+      effect and the handled-log append can legitimately apply an effect twice (they are
+      separate writes; no library can make them one step for an arbitrary effect), so here
+      only "at least once, nothing lost, at most one extra effect per kill" is asserted.
 
-    In every mode new/, cur/ and bad/ end empty.
+    In every mode the handled log ends holding each id exactly once (the handler never runs
+    for a message already recorded as handled), and new/, cur/ and bad/ end empty. The
+    effect is an O_APPEND write plus fsync of the effects file.
     """
     rng = random.Random(_new_seed())
     directory = bob_team.directory("t")
@@ -141,14 +151,24 @@ def test_receiver_killed_between_claim_and_ack(
         kill_at = rng.randint(1, 12)
         child = zygote.spawn("receiver", home, "t", "bob", effects, mode, kill_at, started, done)
         if mode == "random":
+            # Where the kill lands is the point of this mode: a quarter of the kills within
+            # 20 ms of the start (recovery, first scan), the rest after a random number of
+            # effects, polled finely enough to land anywhere in the claim/effect/ack cycle.
+            target = _count_lines(effects) + rng.randint(1, 15)
             wait_until(
-                lambda s=started, c=child: s.exists() or c.wait(0),
-                30,
-                0.002,
-                what="receiver to start",
+                lambda s=started, c=child: s.exists() or c.wait(0), 30, 0.002, what="a start"
             )
-            # The random wait is where the kill lands, the point of this mode.
-            if not child.wait(rng.uniform(0.0, 0.05)):
+            if rng.random() < 0.25:
+                child.wait(rng.uniform(0.0, 0.02))
+            else:
+                wait_until(
+                    lambda t=target, c=child: _count_lines(effects) >= t or c.wait(0),
+                    30,
+                    0.0005,
+                    what=f"{target} effects",
+                )
+                child.wait(rng.uniform(0.0, 0.001))  # jitter: anywhere in the next cycle
+            if not child.wait(0):
                 child.kill()
                 kills += 1
         else:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-import click
+from shoal.ui.pill_fast import run_if_pill
 
-from shoal import __version__
-from shoal.cli.common import Env, common_options
-from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
+# tmux runs `shoal pill` every few seconds: answer it before click and pydantic are imported
+# (the console script imports this module, so a check inside main() would come too late).
+run_if_pill(sys.argv)
+
+from typing import Any  # noqa: E402
+
+import click  # noqa: E402
+
+from shoal import __version__  # noqa: E402
+from shoal.cli.common import Env, common_options  # noqa: E402
+from shoal.core.errors import EXIT_INTERRUPTED, ShoalError  # noqa: E402
 
 
 class ShoalGroup(click.Group):

@@ -10,6 +10,7 @@ then moved to `bad/` with the error.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import threading
 import time
 import traceback
@@ -69,10 +70,13 @@ class Inbox:
         self._event = threading.Event()
         self._lock = threading.RLock()
         self._cache: dict[str, tuple[int, AnyMessage]] = {}
+        self._heap: list[tuple[int, str]] = []
+        self._scanned = False
         self._handled: set[str] | None = None
         self._handled_count = 0
         self._recovered: list[Delivery] | None = None
         self._registered = False
+        self._extra_wakers: list[Callable[[], None]] = []
         self._last_janitor = 0.0
         self.quarantined = 0
 
@@ -88,11 +92,22 @@ class Inbox:
                 self._registered = True
         return self
 
+    def add_waker(self, wake: Callable[[], None]) -> None:
+        """Also call `wake()` whenever a message may have arrived (e.g. to wake an event loop:
+        `lambda: loop.call_soon_threadsafe(event.set)`)."""
+        self.start()
+        assert self._watcher is not None
+        self._watcher.register(self.maildir.path, wake)
+        self._extra_wakers.append(wake)
+
     def close(self) -> None:
         """Stop watching."""
         with self._lock:
             if self._registered and self._watcher is not None:
                 self._watcher.unregister(self.maildir.path, self._event.set)
+                for wake in self._extra_wakers:
+                    self._watcher.unregister(self.maildir.path, wake)
+                self._extra_wakers.clear()
                 self._registered = False
 
     def __enter__(self) -> Inbox:
@@ -113,8 +128,9 @@ class Inbox:
             self._handled_count = len(self._handled)
         return self._handled
 
-    def _scan(self) -> list[tuple[int, str, AnyMessage]]:
-        """Decode what is in new/ (cached), quarantining what cannot be decoded."""
+    def _scan(self) -> None:
+        """Decode what is new in new/ (decoded messages are cached), quarantining what cannot
+        be decoded. Names that left new/ leave the cache; heap entries of them are skipped."""
         names = self.maildir.pending()
         live = set(names)
         for gone in [n for n in self._cache if n not in live]:
@@ -131,7 +147,14 @@ class Inbox:
                 self.maildir.quarantine("new", name, reason)
                 self.quarantined += 1
                 continue
-            self._cache[name] = (priority(msg, self.lead), msg)
+            prio = priority(msg, self.lead)
+            self._cache[name] = (prio, msg)
+            heapq.heappush(self._heap, (prio, name))
+        if len(self._heap) > 2 * len(self._cache) + 64:
+            self._heap = [(p, n) for n, (p, _) in self._cache.items()]
+            heapq.heapify(self._heap)
+
+    def _ordered(self) -> list[tuple[int, str, AnyMessage]]:
         return sorted((p, n, m) for n, (p, m) in self._cache.items())
 
     def _recover(self) -> list[Delivery]:
@@ -162,32 +185,38 @@ class Inbox:
         """Messages waiting in priority order, without claiming them (recovered ones first)."""
         with self._lock:
             recovered = [d.message for d in self._recover()]
-            return recovered + [m for _, _, m in self._scan()]
+            self._scan()
+            return recovered + [m for _, _, m in self._ordered()]
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive(self, timeout: float | None = None) -> Delivery | None:
+    def receive(
+        self, timeout: float | None = None, where: Callable[[AnyMessage], bool] | None = None
+    ) -> Delivery | None:
         """Claim the next message by priority, waiting up to `timeout` s (None: forever).
 
-        The caller must call `ack(delivery)` once the message's effect is done (or use
-        `process`, which does that and keeps the handled log).
+        With `where`, only messages it accepts are claimed (others stay waiting). The caller
+        must call `ack(delivery)` once the message's effect is done (or use `process`, which
+        does that and keeps the handled log).
         """
         self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            woke = self._event.is_set()
             self._event.clear()
             with self._lock:
                 recovered = self._recover()
-                if recovered:
-                    return recovered.pop(0)
-                for _, name, msg in self._scan():
-                    del self._cache[name]
-                    if not self.maildir.claim(name):
-                        continue
-                    if msg.id in self._load_handled():
-                        self.maildir.ack(name)  # effect already applied before a crash
-                        continue
-                    return Delivery(name, msg)
+                for i, delivery in enumerate(recovered):
+                    if where is None or where(delivery.message):
+                        return recovered.pop(i)
+                # Look at new/ only when woken (or on first use): a backlog drains without
+                # listing the directory for every message.
+                if woke or not self._scanned or not self._cache:
+                    self._scan()
+                    self._scanned = True
+                got = self._claim_next(where)
+                if got is not None:
+                    return got
                 self._maybe_janitor()
             if deadline is None:
                 self._event.wait()
@@ -196,6 +225,29 @@ class Inbox:
                 if remaining <= 0:
                     return None
                 self._event.wait(remaining)
+
+    def _claim_next(self, where: Callable[[AnyMessage], bool] | None) -> Delivery | None:
+        """Claim the best cached message (accepted by `where`); None when there is none."""
+        if where is None:
+            candidates: Iterator[tuple[str, AnyMessage]] = self._pop_heap()
+        else:
+            candidates = ((n, m) for _, n, m in self._ordered() if where(m))
+        for name, msg in candidates:
+            self._cache.pop(name, None)
+            if not self.maildir.claim(name):
+                continue
+            if msg.id in self._load_handled():
+                self.maildir.ack(name)  # effect already applied before a crash
+                continue
+            return Delivery(name, msg)
+        return None
+
+    def _pop_heap(self) -> Iterator[tuple[str, AnyMessage]]:
+        while self._heap:
+            _, name = heapq.heappop(self._heap)
+            entry = self._cache.get(name)
+            if entry is not None:
+                yield name, entry[1]
 
     def ack(self, delivery: Delivery) -> None:
         """Record the message as handled, then remove it from cur/."""

@@ -70,6 +70,7 @@ class Watcher:
         self._lock = threading.Lock()
         self._wakers: dict[str, list[Wake]] = {}
         self._watches: dict[str, ObservedWatch] = {}
+        self._roots: set[str] = set()
         self.reconcile_interval = reconcile_interval
         if force_polling is None:
             force_polling = os.environ.get("SHOAL_WATCHER", "").lower() == "poll"
@@ -103,12 +104,24 @@ class Watcher:
         self.reason = reason
         self._observer = PollingObserver(timeout=POLL_INTERVAL_S)
 
+    def watch_root(self, root: Path) -> None:
+        """Watch a whole inbox root (a team's `inboxes/`) with one recursive schedule, so the
+        many inboxes of in-process teammates below it cost no schedule (and thread) each."""
+        key = os.fspath(root)
+        with self._lock:
+            if key not in self._watches:
+                self._watches[key] = self._schedule(key)
+                self._roots.add(key)
+
+    def _covered(self, key: str) -> bool:
+        return any(key.startswith(root + os.sep) for root in self._roots)
+
     def register(self, inbox: Path, wake: Wake) -> None:
         """Call `wake()` whenever a message may have arrived in `inbox/new`."""
         key = os.fspath(inbox)
         with self._lock:
             self._wakers.setdefault(key, []).append(wake)
-            if key not in self._watches:
+            if key not in self._watches and not self._covered(key):
                 self._watches[key] = self._schedule(key)
 
     def _schedule(self, key: str) -> ObservedWatch:
@@ -142,7 +155,7 @@ class Watcher:
                 wakers.remove(wake)
             if not wakers:
                 self._wakers.pop(key, None)
-                watch = self._watches.pop(key, None)
+                watch = None if key in self._roots else self._watches.pop(key, None)
                 if watch is not None:
                     with contextlib.suppress(KeyError, OSError):
                         self._observer.unschedule(watch)

@@ -1,0 +1,147 @@
+"""`shoal pill` without click or pydantic: tmux runs it every few seconds, so it must start fast.
+
+Only the standard library, orjson and `shoal.ui.pill` are imported. The team file and
+`state.json` are read as plain dicts; the label comes from the same `pill_for` every view uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shoal.core.names import NAME_PATTERN
+from shoal.core.paths import resolve_home
+from shoal.ui.pill import pill_for
+
+_OPTIONS = ("--home", "--team")
+
+
+class PillError(Exception):
+    """A one-line error for stderr, with the CLI's exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def parse_pill_argv(argv: Sequence[str]) -> dict[str, str] | None:
+    """{home?, team?} when `argv` (without the program) is `[opts] pill [opts]`; else None.
+
+    Options are `--home DIR`, `--team NAME` (or `--opt=value`), before or after `pill`. Anything
+    else (`--help`, `--json`, a typo) returns None so click answers it properly.
+    """
+    opts: dict[str, str] = {}
+    seen_pill = False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "pill" and not seen_pill:
+            seen_pill = True
+            i += 1
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in _OPTIONS:
+            return None
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            i += 1
+        opts[name[2:]] = value
+        i += 1
+    return opts if seen_pill else None
+
+
+def _is_shoal_program(argv0: str) -> bool:
+    """True when the running program is shoal's own entry point (console script or -m shoal)."""
+    parts = Path(argv0).parts
+    return bool(parts) and (parts[-1] == "shoal" or parts[-2:] == ("shoal", "__main__.py"))
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when the file does not exist; PillError when corrupt."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PillError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise PillError(f"corrupt {what} {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise PillError(f"corrupt {what} {path}: not a JSON object")
+    return data
+
+
+def _team(home: Path, explicit: str | None) -> str:
+    name = explicit or os.environ.get("SHOAL_TEAM")
+    if name:
+        if not NAME_PATTERN.fullmatch(name):
+            raise PillError(f"invalid team name {name!r}; names match ^[a-z][a-z0-9_-]{{0,47}}$", 2)
+        return name
+    try:
+        entries = sorted(os.listdir(home / "teams"))
+    except FileNotFoundError:
+        entries = []
+    names = [
+        e for e in entries if not e.startswith(".") and (home / "teams" / e / "team.json").exists()
+    ]
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise PillError("no team exists yet; start a leader with `shoal up`", 2)
+    raise PillError(f"several teams exist ({', '.join(names)}); pass --team NAME", 2)
+
+
+def pill_text(home: str | os.PathLike[str] | None = None, team: str | None = None) -> str:
+    """The pill label of `team`'s current session under `home` ("" when nothing runs)."""
+    root = resolve_home(home)
+    name = _team(root, team)
+    team_file = root / "teams" / name / "team.json"
+    tf = _read_json(team_file, "team file")
+    if tf is None:
+        raise PillError(f"no team {name!r} (create it with `shoal team create {name}`)")
+    session = tf.get("lead_session_id")
+    if not isinstance(session, str) or not session or "/" in session or session.startswith("."):
+        return ""
+    state = _read_json(root / "sessions" / session / "state.json", "session state")
+    tasks = state.get("tasks") if state else None
+    if not isinstance(tasks, dict):
+        return ""
+    return pill_for(t for t in tasks.values() if isinstance(t, dict))
+
+
+def run(argv: Sequence[str]) -> int:
+    """Print the pill for `argv` (already parsed as a pill invocation); the exit code."""
+    opts = parse_pill_argv(argv) or {}
+    try:
+        label = pill_text(opts.get("home"), opts.get("team"))
+    except PillError as exc:
+        sys.stderr.write(f"shoal: error: {exc}\n")
+        return exc.exit_code
+    if label:
+        sys.stdout.write(label + "\n")
+    return 0
+
+
+def run_if_pill(argv: Sequence[str]) -> None:
+    """Exit with the pill's answer when `argv` is `shoal [--home H] [--team T] pill ...`.
+
+    Called by `shoal.cli.main` before it imports click; returns for any other command line.
+    """
+    if len(argv) < 2 or "pill" not in argv[1:] or not _is_shoal_program(argv[0]):
+        return
+    if parse_pill_argv(argv[1:]) is None:
+        return
+    code = run(argv[1:])
+    sys.stdout.flush()
+    raise SystemExit(code)

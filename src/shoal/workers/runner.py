@@ -1,0 +1,453 @@
+"""The teammate runner: one loop shared by every backend (a process, a pane, or in-process).
+
+join -> watch the inbox -> tell the lead it is ready -> loop: next message by priority, a
+turn of the brain, progress into the status file, the result to the lead as a
+`task_notification`, idle (one notice per change), then claim the next open task. While a
+turn runs, shutdown requests, aborts and plan answers are still read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.core.errors import ShoalError
+from shoal.core.notify import task_notification_xml
+from shoal.core.paths import Layout
+from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
+from shoal.mailbox.inbox import Delivery, Inbox
+from shoal.mailbox.router import send
+from shoal.mailbox.schema import AnyMessage
+from shoal.mailbox.store import Maildir
+from shoal.mailbox.watcher import Watcher, shared_watcher
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import Teams
+from shoal.teams.tasklist import TaskList
+from shoal.workers.brains import Brain, ScriptedBrain, TurnAborted, TurnContext, TurnResult
+
+# Kinds read even while a turn runs.
+SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
+# How often an idle teammate looks at the task list (a stat; it is read only when changed).
+IDLE_RECHECK_S = 1.0
+RECENT_ACTIVITIES = 5
+# A task whose turn failed this many times is no longer claimed automatically.
+MAX_TASK_FAILURES = 3
+
+
+@dataclass
+class RunnerConfig:
+    """How one teammate runs."""
+
+    team: str
+    name: str
+    brain: Brain
+    output_file: Path
+    cwd: str
+    task_id: str | None = None  # the lead's teammate task id, used in notifications
+    plan_mode: bool = False
+    backend: str = "process"
+    pane_id: str | None = None
+    joined: bool = False  # the spawner already joined it (in-process batches)
+    claim_tasks: bool = True
+    agent_type: str = "scripted"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class TeammateRunner:
+    """Runs one teammate until it is shut down or aborted; `run()` returns its exit code."""
+
+    def __init__(self, layout: Layout, config: RunnerConfig, *, watcher: Watcher | None = None):
+        self.layout = layout
+        self.config = config
+        self.teams = Teams(layout)
+        self.tasks = TaskList(self.teams, config.team)
+        self.watcher = watcher
+        self.name = config.name
+        self.team = config.team
+        self.exit_code = 0
+        self._stop = False
+        self._leave = False
+        self._wake: asyncio.Event | None = None
+        self._turn: asyncio.Task[TurnResult] | None = None
+        self._plan_answers: dict[str, tuple[bool, str | None]] = {}
+        self._messages: deque[dict[str, Any]] = deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
+        self._activities: deque[str] = deque(maxlen=RECENT_ACTIVITIES)
+        self._status: dict[str, Any] = {}
+        self._idle_notified = False
+        self._turns = 0
+        self._tool_uses = 0
+        self._tasklist_mtime = -1.0
+        self._inbox: Inbox | None = None
+        self.ready = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Join, announce readiness, and serve until shutdown."""
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        cfg = self.config
+        if not cfg.joined:
+            self.teams.join(
+                self.team,
+                self.name,
+                pid=os.getpid(),
+                agent_type=cfg.agent_type,
+                backend=cfg.backend,
+                pane_id=cfg.pane_id,
+                cwd=cfg.cwd,
+                plan_mode_required=cfg.plan_mode,
+            )
+        wake = self._wake
+        self._inbox = Inbox(
+            Maildir.open(self.layout.inbox_dir(self.team, self.name)),
+            lead=LEAD_NAME,
+            watcher=self.watcher or shared_watcher(),
+        )
+        self._inbox.add_waker(lambda: loop.call_soon_threadsafe(wake.set))
+        self._set_status(
+            state="idle",
+            started_at=time.time(),
+            watcher=self._inbox.watcher_mode,
+            pid=os.getpid(),
+            backend=cfg.backend,
+            task_id=cfg.task_id,
+        )
+        await self._to_lead(
+            "idle_notification", data={"idle_reason": "ready"}, text=f"{self.name} is ready"
+        )
+        self.ready.set()
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            self.exit_code = 143
+            raise
+        finally:
+            self._finish()
+        return self.exit_code
+
+    async def _serve(self) -> None:
+        assert self._inbox is not None and self._wake is not None
+        while not self._stop:
+            delivery = self._inbox.receive(timeout=0)
+            if delivery is not None:
+                await self._handle(delivery)
+                continue
+            if self.config.claim_tasks and await self._work_on_next_task():
+                continue
+            self._become_idle()
+            self._wake.clear()
+            delivery = self._inbox.receive(timeout=0)
+            if delivery is not None:
+                await self._handle(delivery)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), IDLE_RECHECK_S)
+
+    def abort(self) -> None:
+        """Abort the whole teammate (its current turn too); it exits without a handshake."""
+        self._stop = True
+        if self._turn is not None:
+            self._turn.cancel()
+        if self._wake is not None:
+            self._wake.set()
+
+    def abort_turn(self) -> bool:
+        """Abort only the current turn; the teammate goes on. False when no turn runs."""
+        if self._turn is None or self._turn.done():
+            return False
+        self._turn.cancel()
+        return True
+
+    def _finish(self) -> None:
+        if self._inbox is not None:
+            self._inbox.close()
+        with contextlib.suppress(ShoalError, OSError):
+            self.tasks.release_member(self.name)
+        with contextlib.suppress(ShoalError, OSError):
+            self._set_status(state="stopped")
+        if self._leave:
+            with contextlib.suppress(ShoalError, OSError):
+                self.teams.leave(self.team, self.name)
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def _remember(self, msg: AnyMessage) -> None:
+        self._messages.append(
+            {"from": msg.from_, "kind": msg.kind, "text": msg.text, "sent_at": msg.sent_at}
+        )
+
+    async def _handle(self, delivery: Delivery) -> None:
+        assert self._inbox is not None
+        msg = delivery.message
+        self._remember(msg)
+        try:
+            if msg.kind in SIDE_KINDS:
+                await self._handle_side(msg)
+            elif msg.kind == "task_assignment":
+                task_id = msg.data.task_id  # type: ignore[attr-defined]
+                await self._assigned(int(task_id))
+            elif msg.kind == "text":
+                await self._run_turn(msg.text or msg.summary or "", None)
+            self._set_status(messages=list(self._messages))
+        finally:
+            self._inbox.ack(delivery)
+
+    async def _handle_side(self, msg: AnyMessage) -> None:
+        if msg.kind == "plan_approval_response":
+            data = msg.data
+            self._plan_answers[data.request_id] = (  # type: ignore[attr-defined]
+                bool(data.approve),
+                data.feedback,
+            )  # type: ignore[attr-defined]
+            if self._wake is not None:
+                self._wake.set()
+        elif msg.kind == "shutdown_request":
+            await self._on_shutdown(msg)
+        elif msg.kind == "control" and msg.from_ == LEAD_NAME:
+            op = msg.data.op  # type: ignore[attr-defined]
+            if op == "abort_turn":
+                self.abort_turn()
+            elif op == "abort":
+                self.abort()
+
+    async def _on_shutdown(self, msg: AnyMessage) -> None:
+        request_id = msg.data.request_id  # type: ignore[attr-defined]
+        policy = getattr(getattr(self.config.brain, "script", None), "on_shutdown", "approve")
+        if policy == "ignore":
+            return
+        if policy == "reject":
+            reason = getattr(self.config.brain, "script").shutdown_reason or "not now"  # noqa: B009
+            await self._to_lead(
+                "shutdown_response",
+                data={"request_id": request_id, "approve": False, "reason": reason},
+            )
+            return
+        self._set_status(state="stopping", shutdown_requested=True)
+        self.abort_turn()
+        await self._to_lead("shutdown_response", data={"request_id": request_id, "approve": True})
+        self._stop = True
+        self._leave = True
+
+    # -- turns -------------------------------------------------------------------------------
+
+    async def _assigned(self, task_id: int) -> None:
+        try:
+            item = self.tasks.claim(task_id, self.name, check_busy=False)
+        except ShoalError as exc:
+            await self._to_lead("text", text=f"{self.name} cannot take task {task_id}: {exc}")
+            return
+        await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
+
+    async def _work_on_next_task(self) -> bool:
+        try:
+            mtime = os.stat(self.layout.tasklist_dir(self.team)).st_mtime
+        except FileNotFoundError:
+            return False
+        if mtime == self._tasklist_mtime:
+            return False
+        item = None
+        with contextlib.suppress(ShoalError):
+            item = self.tasks.claim_next(self.name)
+        if item is None:
+            self._tasklist_mtime = mtime
+            return False
+        if int((item.metadata or {}).get("failures", 0)) >= MAX_TASK_FAILURES:
+            self._tasklist_mtime = mtime
+            with contextlib.suppress(ShoalError):
+                self.tasks.update(item.id, status="pending", owner=None)
+            return False
+        await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
+        return True
+
+    async def _run_turn(self, prompt: str, task: dict[str, Any] | None) -> None:
+        assert self._inbox is not None and self._wake is not None
+        self._idle_notified = False
+        self._turns += 1
+        started = time.monotonic()
+        subject = (task or {}).get("subject") or prompt
+        self._set_status(
+            state="busy", current_task=(task or {}).get("id"), activity=f"working on {subject[:80]}"
+        )
+        ctx = TurnContext(
+            name=self.name,
+            team=self.team,
+            prompt=prompt,
+            cwd=self.config.cwd,
+            output_file=self.config.output_file,
+            task=task,
+            send=self._send_text,
+            update_task=self._update_task,
+            approve_plan=self._approve_plan,
+            activity=self._activity,
+            plan_mode=self.config.plan_mode,
+            env=self.config.env,
+        )
+        self._turn = asyncio.create_task(self.config.brain.turn(ctx))
+        while not self._turn.done():
+            side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
+            if side is not None:
+                await self._handle(side)
+                continue
+            self._wake.clear()
+            waiter = asyncio.create_task(self._wake.wait())
+            await asyncio.wait({self._turn, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        aborted = self._turn.cancelled()
+        try:
+            result = None if aborted else self._turn.result()
+        except TurnAborted as exc:
+            result, aborted = TurnResult(False, f"aborted: {exc}"), False
+        except ShoalError as exc:
+            result = TurnResult(False, str(exc))
+        except Exception as exc:  # a brain bug ends the turn, never the teammate
+            result = TurnResult(False, f"internal error: {exc!r}")
+        self._turn = None
+        if result is None:
+            result = TurnResult(False, "turn aborted")
+        self._tool_uses += result.steps
+        status = "completed" if result.ok else ("killed" if aborted else "failed")
+        if task is not None:
+            await self._settle_task(int(task["id"]), result)
+        summary = f'{self.name}: "{subject[:80]}" ' + (
+            "completed" if result.ok else ("was aborted" if aborted else "failed")
+        )
+        xml = task_notification_xml(
+            task_id=self.config.task_id or f"{self.name}@{self.team}",
+            task_type="in_process_teammate",
+            output_file=str(self.config.output_file),
+            status=status,
+            summary=summary,
+            result=result.result,
+            usage=TaskUsage(
+                tool_uses=result.steps, duration_ms=int((time.monotonic() - started) * 1000)
+            ),
+        )
+        await self._to_lead(
+            "task_notification",
+            text=xml,
+            summary=summary,
+            data={
+                "task_id": self.config.task_id or f"{self.name}@{self.team}",
+                "status": status,
+                "task_type": "in_process_teammate",
+                "summary": summary,
+                "output_file": str(self.config.output_file),
+                "result": result.result[-2000:],
+                "list_task_id": (task or {}).get("id"),
+            },
+        )
+        self._set_status(
+            state="idle" if not self._stop else "stopping",
+            current_task=None,
+            progress={"tool_use_count": self._tool_uses, "token_count": 0, "summary": summary},
+            last_result=result.result[-500:],
+        )
+
+    async def _settle_task(self, task_id: int, result: TurnResult) -> None:
+        with contextlib.suppress(ShoalError):
+            if result.ok:
+                self.tasks.update(task_id, status="completed")
+                return
+            item = self.tasks.get(task_id)
+            failures = int((item.metadata or {}).get("failures", 0)) + 1
+            self.tasks.update(
+                task_id,
+                status="pending",
+                owner=None,
+                metadata={
+                    **(item.metadata or {}),
+                    "failures": failures,
+                    "last_error": result.result[-500:],
+                },
+            )
+
+    def _become_idle(self) -> None:
+        if self._status.get("state") != "idle":
+            self._set_status(state="idle")
+        if self._turns and not self._idle_notified:
+            self._idle_notified = True
+            asyncio.get_running_loop().create_task(
+                self._to_lead(
+                    "idle_notification",
+                    data={"idle_reason": "available"},
+                    text=f"{self.name} is idle",
+                )
+            )
+
+    # -- brain callbacks -----------------------------------------------------------------------
+
+    def _activity(self, text: str) -> None:
+        self._activities.append(text)
+        self._set_status(activity=text, recent_activities=list(self._activities))
+
+    async def _send_text(self, to: str, text: str) -> None:
+        send(self.teams.directory(self.team), to=to, sender=self.name, text=text)
+
+    async def _update_task(self, task_id: int, status: str) -> None:
+        self.tasks.update(task_id, status=status)
+
+    async def _approve_plan(self, plan: str) -> tuple[bool, str | None]:
+        assert self._wake is not None
+        request_id = secrets.token_hex(8)
+        self._set_status(
+            awaiting_approval={"request_id": request_id, "plan": plan},
+            activity="awaiting plan approval",
+        )
+        await self._to_lead(
+            "plan_approval_request", text=plan, data={"request_id": request_id, "plan": plan}
+        )
+        assert self._inbox is not None
+        while request_id not in self._plan_answers:
+            side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
+            if side is not None:
+                await self._handle(side)
+                continue
+            self._wake.clear()
+            if request_id in self._plan_answers:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), IDLE_RECHECK_S)
+        approved, feedback = self._plan_answers.pop(request_id)
+        self._set_status(
+            awaiting_approval=None, activity="plan approved" if approved else "plan rejected"
+        )
+        return approved, feedback
+
+    # -- output --------------------------------------------------------------------------------
+
+    async def _to_lead(
+        self,
+        kind: str,
+        *,
+        text: str | None = None,
+        summary: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        with contextlib.suppress(ShoalError, OSError):
+            send(
+                self.teams.directory(self.team),
+                to=LEAD_NAME,
+                sender=self.name,
+                kind=kind,
+                text=text,
+                summary=summary,
+                data=data,
+            )
+
+    def _set_status(self, **changes: Any) -> None:
+        self._status.update(changes)
+        self._status["messages"] = list(self._messages)
+        self.teams.write_status(self.team, self.name, self._status)
+
+
+def default_brain() -> Brain:
+    """The embedded default brain (scripted, no script)."""
+    return ScriptedBrain()
