@@ -56,6 +56,10 @@ def _register() -> None:
     cli.add_command(leader.down)
     for command in (tasks.sh, tasks.ps, tasks.logs, tasks.stop, tasks.wait, tasks.events):
         cli.add_command(command)
+    from shoal.cli import swarm, worker
+
+    for command in (swarm.spawn, swarm.approve, swarm.reject, swarm.demo, worker.worker):
+        cli.add_command(command)
 
 
 _register()

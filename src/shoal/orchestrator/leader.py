@@ -51,6 +51,7 @@ from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.session import Session, SessionState
+from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
 from shoal.workers import shell
@@ -109,6 +110,7 @@ class Leader:
         self._last_persist = 0.0
         self._identity = current_identity()
         self._inbox: Inbox | None = None
+        self.swarm = Swarm(self)
         self._subscription: Any = None
         self.notes: list[str] = []
 
@@ -366,6 +368,15 @@ class Leader:
                 raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
             if task.is_terminal:
                 raise TaskError(f"task {task_id} already finished ({task.status.value})")
+            member = self.swarm.member_of_task(task_id)
+        if member is not None:
+            self.swarm.stop(member, reason)
+            with self.lock:
+                self.persist(force=True)
+                final_member = self.registry.get(task_id)
+            assert final_member is not None
+            return final_member
+        with self.lock:
             proc = self.procs.get(task_id)
             self._update(task_id, lambda t: update_task(t, kill_reason=reason))
         if proc is not None:
@@ -387,19 +398,41 @@ class Leader:
 
     def _watch(self, task_id: str, proc: shell.ShellProcess) -> None:
         self.procs[task_id] = proc
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except OSError:
-            return  # already gone: the next reap finds it
-        self._pidfds[task_id] = fd
-        self._selector.register(fd, selectors.EVENT_READ, task_id)
+        self.watch_pid(task_id, proc.pid)
 
     def _unwatch(self, task_id: str) -> None:
         self.procs.pop(task_id, None)
-        fd = self._pidfds.pop(task_id, None)
+        self.unwatch_pid(task_id)
+
+    def watch_pid(self, key: str, pid: int | None) -> None:
+        """Wake the loop when process `pid` exits (a pidfd in the selector)."""
+        if pid is None or key in self._pidfds:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            self.wake()  # already gone: the next pass finds out
+            return
+        self._pidfds[key] = fd
+        self._selector.register(fd, selectors.EVENT_READ, key)
+
+    def unwatch_pid(self, key: str) -> None:
+        fd = self._pidfds.pop(key, None)
         if fd is not None:
             self._selector.unregister(fd)
             os.close(fd)
+
+    def mark_dirty(self) -> None:
+        """Something in the registry changed outside `_update` (state.json must be written)."""
+        self._dirty = True
+
+    def set_task(self, task_id: str, **changes: Any) -> bool:
+        """Change fields of a task (public for the swarm and other task kinds)."""
+        return self._set(task_id, **changes)
+
+    def move_task(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
+        """Move a task through the transition table (public for other task kinds)."""
+        return self._move(task_id, status, **changes)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Run ticks until `stop` is set or `request_stop` is called."""
@@ -431,6 +464,7 @@ class Leader:
     def quick_tick(self) -> None:
         """The steps that must not wait for the next full tick: reap, notify, start, persist."""
         self.reap()
+        self.swarm.check()
         self.notify()
         self.evict(time.time())
         self.start_pending()
@@ -440,6 +474,7 @@ class Leader:
         """One full supervisor pass."""
         now = time.time()
         self.reap()
+        self.swarm.check()
         self.record_start_times()
         self.read_output()
         self.check_stalls(now)
@@ -663,6 +698,12 @@ class Leader:
     def _on_message(self, msg: AnyMessage) -> None:
         if not isinstance(msg, ControlMessage):
             self.emit({"type": "message", "message": msg.model_dump(mode="json", by_alias=True)})
+            with self.lock:
+                self.swarm.on_message(msg)
+            self.wake()
+            return
+        if msg.data.op == "spawn":
+            self._spawn_later(msg)
             return
         request_id = msg.data.request_id
         reply: dict[str, Any]
@@ -684,6 +725,39 @@ class Leader:
                 "code": 1,
             }
         self._reply(msg, reply)
+
+    def _spawn_later(self, msg: ControlMessage) -> None:
+        """Start a teammate now; answer the client once it is ready (or failed)."""
+        request_id = msg.data.request_id
+
+        def answer(result: dict[str, Any] | None, error: ShoalError | None) -> None:
+            if error is not None:
+                self._reply(
+                    msg,
+                    {
+                        "request_id": request_id,
+                        "ok": False,
+                        "error": str(error),
+                        "code": error.exit_code,
+                    },
+                )
+            else:
+                self._reply(msg, {"request_id": request_id, "ok": True, "result": result})
+
+        try:
+            self.swarm.spawn(msg.data.args, answer)
+        except ShoalError as exc:
+            answer(None, exc)
+        except Exception as exc:  # a bug must not kill the leader; the client hears of it
+            self._reply(
+                msg,
+                {
+                    "request_id": request_id,
+                    "ok": False,
+                    "error": f"internal error: {exc!r}",
+                    "code": 1,
+                },
+            )
 
     def _reply(self, msg: AnyMessage, reply: dict[str, Any]) -> None:
         from shoal.orchestrator.control import reply_inbox_path
@@ -729,7 +803,11 @@ class Leader:
             return self.stop_task(str(args.get("task_id"))).model_dump(mode="json")
         if op == "down":
             self.request_stop()
-            return {"stopping": True, "running": len(self.procs)}
+            return {
+                "stopping": True,
+                "running": len(self.procs),
+                "teammates": sorted(self.swarm.members),
+            }
         raise TaskError(f"unknown control operation {op!r}")
 
     # -- shutdown --------------------------------------------------------------------------------
@@ -737,6 +815,9 @@ class Leader:
     def shutdown(self) -> None:
         """Stop every task this leader owns, notify, persist and step down as lead."""
         self._stopping = True
+        killed = self.swarm.shutdown_all()  # the inbox still reads their answers meanwhile
+        if killed:
+            self.note(f"killed teammates that did not shut down: {', '.join(killed)}")
         if self._subscription is not None:
             self._subscription.stop()
         with self.lock:

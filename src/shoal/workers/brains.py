@@ -219,7 +219,9 @@ class Script:
                 "result": {"result"},
                 "update_task": {"update_task", "task", "status"},
                 "sleep": {"sleep"},
-            }[kind]
+            }[kind] | {"when"}
+            if raw.get("when", "always") not in ("always", "task", "message"):
+                raise UsageError(f"{where}: step {i}: when must be always, task or message")
             extra = set(raw) - allowed
             if extra:
                 raise UsageError(
@@ -248,7 +250,10 @@ class ScriptedBrain:
 
     def _steps_for(self, ctx: TurnContext) -> tuple[Step, ...]:
         if self.script.steps:
-            return self.script.steps
+            turn = "task" if ctx.task is not None else "message"
+            return tuple(
+                s for s in self.script.steps if s.args.get("when", "always") in ("always", turn)
+            )
         command = ((ctx.task or {}).get("metadata") or {}).get("run")
         if command:
             return (Step("run", {"run": str(command)}),)

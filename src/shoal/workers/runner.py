@@ -24,7 +24,7 @@ from shoal.core.paths import Layout
 from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
 from shoal.mailbox.inbox import Delivery, Inbox
 from shoal.mailbox.router import send
-from shoal.mailbox.schema import AnyMessage
+from shoal.mailbox.schema import AnyMessage, PlanApprovalResponseMessage
 from shoal.mailbox.store import Maildir
 from shoal.mailbox.watcher import Watcher, shared_watcher
 from shoal.teams.models import LEAD_NAME
@@ -111,7 +111,11 @@ class TeammateRunner:
             lead=LEAD_NAME,
             watcher=self.watcher or shared_watcher(),
         )
-        self._inbox.add_waker(lambda: loop.call_soon_threadsafe(wake.set))
+
+        def wake_loop() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        self._inbox.add_waker(wake_loop)
         self._set_status(
             state="idle",
             started_at=time.time(),
@@ -201,12 +205,8 @@ class TeammateRunner:
             self._inbox.ack(delivery)
 
     async def _handle_side(self, msg: AnyMessage) -> None:
-        if msg.kind == "plan_approval_response":
-            data = msg.data
-            self._plan_answers[data.request_id] = (  # type: ignore[attr-defined]
-                bool(data.approve),
-                data.feedback,
-            )  # type: ignore[attr-defined]
+        if isinstance(msg, PlanApprovalResponseMessage):
+            self._plan_answers[msg.data.request_id] = (msg.data.approve, msg.data.feedback)
             if self._wake is not None:
                 self._wake.set()
         elif msg.kind == "shutdown_request":

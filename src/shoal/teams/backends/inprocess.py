@@ -91,6 +91,12 @@ class InProcessBackend:
             self._futures[key] = future
         return Handle(backend=self.name, pid=os.getpid(), pane_id=key)
 
+    def on_done(self, handle: Handle, callback: Callable[[], None]) -> None:
+        """Call `callback()` (from the loop thread) when the teammate's coroutine ends."""
+        future = self._futures.get(handle.pane_id or "")
+        if future is not None:
+            future.add_done_callback(lambda _f: callback())
+
     def is_alive(self, handle: Handle) -> bool:
         future = self._futures.get(handle.pane_id or "")
         return future is not None and not future.done()

@@ -1,0 +1,174 @@
+"""`shoal spawn`, `shoal approve` and `shoal reject`: starting teammates and answering plans."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.core.errors import ConflictError
+from shoal.teams.backends.base import BACKEND_NAMES
+
+
+@click.command()
+@click.argument("name")
+@click.option(
+    "--agent",
+    type=click.Choice(["scripted", "exec"]),
+    default="scripted",
+    show_default=True,
+    help="The teammate's brain.",
+)
+@click.option(
+    "--script",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Steps of a scripted brain (TOML or JSON).",
+)
+@click.option(
+    "--cmd",
+    "cmd",
+    default=None,
+    metavar="TEMPLATE",
+    help="argv template of an exec brain, e.g. 'claude -p {prompt}'.",
+)
+@click.option("--prompt", default=None, help="First message to the teammate once it is ready.")
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_NAMES),
+    default="auto",
+    show_default=True,
+    help="Where it runs: auto picks iTerm2 in iTerm2, tmux in tmux, else process.",
+)
+@click.option("--plan-mode", is_flag=True, help="It must have its plan approved before writing.")
+@click.option("--worktree", is_flag=True, help="Give it its own git worktree.")
+@click.option(
+    "--cwd",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Working directory (default: the current one).",
+)
+@json_option
+@common_options
+def spawn(
+    name: str,
+    agent: str,
+    script: str | None,
+    cmd: str | None,
+    prompt: str | None,
+    backend: str,
+    plan_mode: bool,
+    worktree: bool,
+    cwd: str | None,
+    as_json: bool,
+) -> None:
+    """Start teammate NAME and wait until it is ready (it then takes open tasks)."""
+    from shoal.orchestrator.control import call
+
+    env = get_env(click.get_current_context())
+    result = call(
+        env.layout,
+        env.team(),
+        "spawn",
+        {
+            "name": name,
+            "agent": agent,
+            "script": os.path.abspath(script) if script else None,
+            "cmd": cmd,
+            "prompt": prompt,
+            "backend": backend,
+            "plan_mode": plan_mode,
+            "worktree": worktree,
+            "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
+        },
+    )
+    if as_json:
+        print_json(result)
+        return
+    click.echo(
+        f"spawned {result['name']} ({result['task_id']}) with backend "
+        f"{result['backend']}: {result['why']}"
+    )
+
+
+def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
+    from shoal.mailbox.router import send
+    from shoal.teams.models import LEAD_NAME
+    from shoal.teams.store import Teams
+
+    env = get_env(click.get_current_context())
+    team = env.team()
+    teams = Teams(env.layout)
+    pending = (teams.read_status(team, name) or {}).get("awaiting_approval")
+    if not isinstance(pending, dict) or not pending.get("request_id"):
+        raise ConflictError(f"{name} is not waiting for a plan approval")
+    send(
+        teams.directory(team),
+        to=name,
+        sender=LEAD_NAME,
+        kind="plan_approval_response",
+        data={"request_id": pending["request_id"], "approve": approve, "feedback": feedback},
+    )
+    return str(pending["request_id"])
+
+
+@click.command()
+@click.argument("name")
+@click.option("--feedback", default=None, help="A note for the teammate.")
+@json_option
+@common_options
+def approve(name: str, feedback: str | None, as_json: bool) -> None:
+    """Approve the plan teammate NAME is waiting on."""
+    request_id = _answer_plan(name, True, feedback)
+    if as_json:
+        print_json({"name": name, "request_id": request_id, "approve": True})
+    else:
+        click.echo(f"approved the plan of {name}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--feedback", required=True, help="Why, and what to do instead.")
+@json_option
+@common_options
+def reject(name: str, feedback: str, as_json: bool) -> None:
+    """Reject the plan teammate NAME is waiting on, with feedback."""
+    request_id = _answer_plan(name, False, feedback)
+    if as_json:
+        print_json({"name": name, "request_id": request_id, "approve": False})
+    else:
+        click.echo(f"rejected the plan of {name}")
+
+
+@click.command()
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_NAMES),
+    default=None,
+    help="Where the teammates run (default: tmux when installed, else process).",
+)
+@common_options
+def demo(backend: str | None) -> None:
+    """Watch a lead and three scripted teammates survey this directory (offline, read-only).
+
+    They claim dependent tasks from a shared list, run real commands on the files here,
+    message each other and report back; everything they started is gone at the end.
+    """
+    from shoal.orchestrator.demo import run_demo, tmux_available
+
+    env = get_env(click.get_current_context())
+    chosen = backend or ("tmux" if tmux_available() else "process")
+    result = run_demo(env.layout, backend=chosen, cwd=os.getcwd(), say=click.echo)
+    click.echo("")
+    click.echo(
+        f"done in {result.seconds:.1f}s with backend {result.backend}; "
+        f"{result.messages} messages reached the lead"
+    )
+    for subject, who in result.done_by.items():
+        click.echo(f"  {who:<5} {subject}")
+    if result.report:
+        click.echo("")
+        click.echo(result.report.rstrip())
+    click.echo("")
+    click.echo(f"team {result.team} deleted; no teammate process or pane is left")

@@ -1,0 +1,76 @@
+"""`shoal worker`: the teammate entry point every backend runs."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from shoal.cli.common import common_options, get_env
+from shoal.workers.worker import WorkerOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _options(fn: F) -> F:
+    """The worker's own options (shared by the command and `parse_worker_args`)."""
+    for opt in reversed(
+        [
+            click.option("--name", required=True, help="Member name to join as."),
+            click.option(
+                "--agent",
+                type=click.Choice(["scripted", "exec"]),
+                default="scripted",
+                show_default=True,
+                help="The brain.",
+            ),
+            click.option(
+                "--script",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="Script of a scripted brain (TOML or JSON).",
+            ),
+            click.option("--cmd", default=None, help="argv template of an exec brain."),
+            click.option("--plan-mode", is_flag=True, help="Ask the lead to approve plans."),
+            click.option("--task-id", default=None, help="The lead's task id of this teammate."),
+            click.option(
+                "--output",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="Output file of the teammate's commands.",
+            ),
+            click.option(
+                "--cwd", type=click.Path(file_okay=False), default=None, help="Working directory."
+            ),
+            click.option(
+                "--backend",
+                default="process",
+                show_default=True,
+                help="The backend this worker runs under (recorded in the team file).",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+@click.command()
+@_options
+@common_options
+def worker(**params: object) -> None:
+    """Run as teammate NAME of the team: join, watch the inbox, tell the lead it is ready,
+    then work until shut down. Backends start this; you rarely run it by hand."""
+    from shoal.workers.worker import run_worker
+
+    env = get_env(click.get_current_context())
+    opts = WorkerOptions(team=env.team(), **params)  # type: ignore[arg-type]
+    sys.exit(run_worker(env.layout, opts))
+
+
+def parse_worker_args(args: list[str]) -> WorkerOptions:
+    """Parse worker options (as `shoal worker` would) into WorkerOptions."""
+    ctx = worker.make_context("worker", list(args))
+    env = get_env(ctx)
+    return WorkerOptions(team=env.team(), **ctx.params)

@@ -1,0 +1,415 @@
+"""The leader's side of a swarm: spawning teammates, waiting for them to be ready, noticing
+when they die, and the shutdown handshake.
+
+Each teammate is also a task in the leader's registry (type `in_process_teammate`, whatever
+its backend), so it has an id, a status and exactly one notification like any other task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shoal.core.errors import ConflictError, ShoalError, UsageError
+from shoal.core.names import validate_name
+from shoal.core.output import create_output_file, tail
+from shoal.core.procs import is_alive
+from shoal.core.tasks import (
+    InProcessTeammateTaskState,
+    TaskStatus,
+    TaskType,
+    TeammateIdentity,
+    new_task_id,
+)
+from shoal.mailbox.router import send
+from shoal.mailbox.schema import AnyMessage
+from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose
+from shoal.teams.backends.inprocess import InProcessBackend
+from shoal.teams.colors import pick_color
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.tasklist import TaskList
+
+if TYPE_CHECKING:
+    from shoal.orchestrator.leader import Leader
+
+SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
+SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
+
+Reply = Callable[[dict[str, Any] | None, ShoalError | None], None]
+
+
+@dataclass
+class MemberRun:
+    """A teammate this leader started (live handles: never persisted)."""
+
+    name: str
+    task_id: str
+    backend: Backend
+    handle: Handle
+    why: str
+    prompt: str | None = None
+    ready: bool = False
+    reply: Reply | None = None
+    deadline: float = 0.0
+    log_file: Path | None = None
+    shutdown_approved: bool = False
+    stop_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Swarm:
+    """Teammates of one leader."""
+
+    def __init__(self, leader: Leader) -> None:
+        self.leader = leader
+        self.members: dict[str, MemberRun] = {}
+        self._backends: dict[str, Backend] = {}
+        inproc = InProcessBackend.shared()
+        if inproc.factory is None:
+            inproc.factory = self._in_process_factory
+
+    # -- spawning ----------------------------------------------------------------------------
+
+    def spawn(self, args: dict[str, Any], reply: Reply) -> None:
+        """Start a teammate; `reply` is called once it is ready (or failed to start)."""
+        leader = self.leader
+        layout, team = leader.layout, leader.team
+        name = validate_name(str(args.get("name") or ""), "member name")
+        if name == LEAD_NAME:
+            raise ConflictError(f"{LEAD_NAME!r} is the lead's name; pick another")
+        agent = args.get("agent") or "scripted"
+        if agent not in ("scripted", "exec"):
+            raise UsageError(f"unknown agent {agent!r} (scripted or exec)")
+        script, cmd = args.get("script"), args.get("cmd")
+        if agent == "exec" and not cmd:
+            raise UsageError("--agent exec needs --cmd TEMPLATE (e.g. 'claude -p {prompt}')")
+        if script and not Path(script).is_file():
+            raise UsageError(f"script {script} does not exist")
+        if script:
+            from shoal.workers.brains import Script
+
+            Script.load(Path(script))  # refuse a bad script now, not in the teammate
+        current = self.members.get(name)
+        if current is not None and current.backend.is_alive(current.handle):
+            raise ConflictError(f"teammate {name!r} is already running in team {team!r}")
+        tf = leader.teams.read(team)
+        existing = tf.member(name)
+        if (
+            existing is not None
+            and existing.is_active
+            and is_alive(existing.pid, existing.pid_started_at)
+        ):
+            raise ConflictError(f"member {name!r} is already active in team {team!r}")
+        backend, why = choose(str(args.get("backend") or "auto"))
+        cwd = str(args.get("cwd") or os.getcwd())
+        if not os.path.isdir(cwd):
+            raise UsageError(f"working directory {cwd!r} does not exist")
+        worktree = None
+        if args.get("worktree"):
+            worktree = self._make_worktree(name, cwd)
+            cwd = str(worktree)
+        task_id = new_task_id(TaskType.IN_PROCESS_TEAMMATE)
+        output = leader.session.output_file(task_id)
+        os.close(create_output_file(output, layout.home))
+        color = (
+            existing.color
+            if existing and existing.color
+            else pick_color(m.color for m in tf.members if m.is_active)
+        )
+        plan_mode = bool(args.get("plan_mode"))
+        argv = [
+            sys.executable,
+            "-m",
+            "shoal",
+            "--home",
+            str(layout.home),
+            "worker",
+            "--team",
+            team,
+            "--name",
+            name,
+            "--agent",
+            agent,
+            "--task-id",
+            task_id,
+            "--output",
+            str(output),
+            "--cwd",
+            cwd,
+            "--backend",
+            backend.name,
+        ]
+        if script:
+            argv += ["--script", str(Path(script).resolve())]
+        if cmd:
+            argv += ["--cmd", str(cmd)]
+        if plan_mode:
+            argv.append("--plan-mode")
+        logs = layout.ensure(layout.team_dir(team) / "logs")
+        spec = SpawnSpec(
+            team=team,
+            name=name,
+            argv=argv,
+            cwd=cwd,
+            home=layout.home,
+            color=color,
+            log_file=logs / f"{name}.log",
+            env={"SHOAL_HOME": str(layout.home)},
+        )
+        if worktree is not None:
+            leader.teams.join(
+                team,
+                name,
+                pid=None,
+                agent_type=agent,
+                backend=backend.name,
+                cwd=cwd,
+                plan_mode_required=plan_mode,
+                worktree_path=str(worktree),
+            )
+        task = InProcessTeammateTaskState(
+            id=task_id,
+            description=f"teammate {name}",
+            output_file=str(output),
+            status=TaskStatus.RUNNING,
+            owner=LEAD_NAME,
+            prompt=str(args.get("prompt") or ""),
+            identity=TeammateIdentity(
+                agent_id=f"{name}@{team}",
+                agent_name=name,
+                team_name=team,
+                color=color,
+                plan_mode_required=plan_mode,
+                parent_session_id=leader.session.id,
+            ),
+            permission_mode="plan" if plan_mode else "default",
+        )
+        handle = backend.spawn(spec)
+        self._backends[backend.name] = backend
+        if isinstance(backend, InProcessBackend):
+            backend.on_done(handle, leader.wake)
+        with leader.lock:
+            leader.registry.register_task(task)
+            leader.mark_dirty()
+            run = MemberRun(
+                name=name,
+                task_id=task_id,
+                backend=backend,
+                handle=handle,
+                why=why,
+                prompt=args.get("prompt"),
+                reply=reply,
+                deadline=time.monotonic() + SPAWN_TIMEOUT_S,
+                log_file=spec.log_file,
+                extra={"spec": spec},
+            )
+            self.members[name] = run
+            leader.watch_pid(f"member:{name}", handle.pid if backend.name != "in-process" else None)
+            leader.emit(
+                {
+                    "type": "system",
+                    "subtype": "teammate_spawned",
+                    "name": name,
+                    "task_id": task_id,
+                    "backend": backend.name,
+                    "why": why,
+                }
+            )
+        leader.wake()
+
+    def _in_process_factory(self, spec: SpawnSpec) -> Any:
+        from shoal.workers.worker import runner_from_argv
+
+        runner = runner_from_argv(self.leader.layout, spec.argv)
+        return runner.run()
+
+    def _make_worktree(self, name: str, cwd: str) -> Path:
+        layout, team = self.leader.layout, self.leader.team
+        top = subprocess.run(
+            ["git", "-C", cwd, "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if top.returncode != 0:
+            raise UsageError(f"--worktree needs a git repository, and {cwd} is not in one")
+        path = layout.ensure(layout.worktrees_dir(team)) / name
+        made = subprocess.run(
+            ["git", "-C", top.stdout.strip(), "worktree", "add", "--detach", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if made.returncode != 0:
+            raise ShoalError(f"cannot create a worktree for {name!r}: {made.stderr.strip()}")
+        return path
+
+    # -- messages from teammates -------------------------------------------------------------
+
+    def on_message(self, msg: AnyMessage) -> None:
+        """React to a teammate's message (readiness, shutdown answers, progress)."""
+        run = self.members.get(msg.from_)
+        if run is None:
+            return
+        data = msg.data.model_dump()
+        if msg.kind == "idle_notification" and data.get("idle_reason") == "ready":
+            self._ready(run)
+        elif msg.kind == "idle_notification":
+            self._update_teammate(run, is_idle=True)
+        elif msg.kind == "task_notification":
+            self._update_teammate(run, is_idle=False)
+        elif msg.kind == "plan_approval_request":
+            self._update_teammate(run, awaiting_plan_approval=True)
+        elif msg.kind == "shutdown_response":
+            run.shutdown_approved = bool(data.get("approve"))
+            if not run.shutdown_approved:
+                self.leader.note(
+                    f"{run.name} declined to shut down: {data.get('reason') or 'no reason given'}"
+                )
+
+    def _update_teammate(self, run: MemberRun, **changes: Any) -> None:
+        with contextlib.suppress(ShoalError, TypeError):
+            self.leader.set_task(run.task_id, **changes)
+
+    def _ready(self, run: MemberRun) -> None:
+        if run.ready:
+            return
+        run.ready = True
+        self.leader.emit(
+            {
+                "type": "system",
+                "subtype": "teammate_ready",
+                "name": run.name,
+                "task_id": run.task_id,
+            }
+        )
+        if run.prompt:
+            with contextlib.suppress(ShoalError):
+                send(
+                    self.leader.teams.directory(self.leader.team),
+                    to=run.name,
+                    sender=LEAD_NAME,
+                    text=run.prompt,
+                )
+        if run.reply is not None:
+            reply, run.reply = run.reply, None
+            reply(
+                {
+                    "name": run.name,
+                    "task_id": run.task_id,
+                    "backend": run.backend.name,
+                    "why": run.why,
+                    "pid": run.handle.pid,
+                    "pane_id": run.handle.pane_id,
+                },
+                None,
+            )
+
+    # -- supervision -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Notice teammates that died (or never became ready) and settle their tasks."""
+        now = time.monotonic()
+        for run in list(self.members.values()):
+            alive = run.backend.is_alive(run.handle)
+            if alive and not run.ready and now > run.deadline:
+                run.backend.kill(run.handle)
+                alive = False
+                run.stop_reason = f"not ready within {SPAWN_TIMEOUT_S:g}s"
+            if alive:
+                continue
+            self._ended(run)
+
+    def _ended(self, run: MemberRun) -> None:
+        leader = self.leader
+        self.members.pop(run.name, None)
+        leader.unwatch_pid(f"member:{run.name}")
+        released: list[Any] = []
+        with contextlib.suppress(ShoalError):
+            released = TaskList(leader.teams, leader.team).release_member(run.name)
+        log = tail(run.log_file, 600).strip() if run.log_file and run.log_file.exists() else ""
+        if not run.ready:
+            error = (
+                f"teammate {run.name!r} died at start"
+                + (f" ({run.stop_reason})" if run.stop_reason else "")
+                + (f": {log.splitlines()[-1]}" if log else "")
+            )
+            status, extra = TaskStatus.FAILED, {"error": error}
+            if run.reply is not None:
+                reply, run.reply = run.reply, None
+                reply(None, ShoalError(error + (f"\n{log}" if log else "")))
+        elif run.stop_reason == "stopped on request":
+            status, extra = TaskStatus.KILLED, {}
+        elif run.shutdown_approved:
+            status, extra = TaskStatus.COMPLETED, {"result": "shut down on request"}
+        else:
+            error = run.stop_reason or "the teammate exited unexpectedly"
+            status, extra = TaskStatus.FAILED, {"error": error + (f": {log[-300:]}" if log else "")}
+        with leader.lock:
+            leader.move_task(run.task_id, status, is_idle=False, **extra)
+            if status == TaskStatus.KILLED:
+                leader.registry.mark_notified(run.task_id)
+        note = f"teammate {run.name} ended ({status.value})"
+        if released:
+            note += f"; its tasks {', '.join(str(t.id) for t in released)} went back to pending"
+        leader.note(note)
+
+    def stop(self, name: str, reason: str = "stopped on request") -> None:
+        """Kill one teammate now (no handshake)."""
+        run = self.members.get(name)
+        if run is None:
+            return
+        run.stop_reason = reason
+        run.backend.kill(run.handle)
+        self._ended(run)
+
+    def member_of_task(self, task_id: str) -> str | None:
+        for run in self.members.values():
+            if run.task_id == task_id:
+                return run.name
+        return None
+
+    def shutdown_all(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> list[str]:
+        """The shutdown handshake with every teammate; kill who is left after `timeout`.
+
+        Returns the names that had to be killed.
+        """
+        directory = self.leader.teams.directory(self.leader.team)
+        for run in list(self.members.values()):
+            if not run.backend.is_alive(run.handle):
+                continue
+            with contextlib.suppress(ShoalError):
+                send(
+                    directory,
+                    to=run.name,
+                    sender=LEAD_NAME,
+                    kind="shutdown_request",
+                    data={
+                        "request_id": secrets.token_hex(8),
+                        "reason": "the lead is shutting down",
+                    },
+                )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+            r.backend.is_alive(r.handle) for r in self.members.values()
+        ):
+            time.sleep(0.02)
+        killed = []
+        for run in list(self.members.values()):
+            if run.backend.is_alive(run.handle):
+                killed.append(run.name)
+                run.stop_reason = f"did not shut down within {timeout:g}s; killed"
+                run.backend.kill(run.handle)
+            self._ended(run)
+        for backend in self._backends.values():
+            with contextlib.suppress(ShoalError):
+                backend.close(self.leader.team)
+        return killed

@@ -1,0 +1,84 @@
+"""The worker entry point's logic: build a teammate runner from its options and run it.
+
+`shoal worker` (a process or a tmux/iTerm2 pane) and the in-process backend build the runner
+here from the very same options, so every backend runs the same teammate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.core.errors import UsageError
+from shoal.core.paths import Layout
+from shoal.workers.brains import make_brain
+from shoal.workers.runner import RunnerConfig, TeammateRunner
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The options of `shoal worker`."""
+
+    team: str
+    name: str
+    agent: str = "scripted"
+    script: str | None = None
+    cmd: str | None = None
+    plan_mode: bool = False
+    task_id: str | None = None
+    output: str | None = None
+    cwd: str | None = None
+    backend: str = "process"
+
+
+def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
+    """A runner for `opts` (the brain and files checked here, before joining the team)."""
+    brain = make_brain(opts.agent, script=Path(opts.script) if opts.script else None, cmd=opts.cmd)
+    cwd = opts.cwd or os.getcwd()
+    if not os.path.isdir(cwd):
+        raise UsageError(f"working directory {cwd!r} does not exist")
+    if opts.output:
+        output = Path(opts.output)
+    else:
+        logs = layout.ensure(layout.team_dir(opts.team) / "logs")
+        output = logs / f"{opts.name}.output"
+    config = RunnerConfig(
+        team=opts.team,
+        name=opts.name,
+        brain=brain,
+        output_file=output,
+        cwd=cwd,
+        task_id=opts.task_id,
+        plan_mode=opts.plan_mode,
+        backend=opts.backend,
+        pane_id=os.environ.get("TMUX_PANE") if opts.backend == "tmux" else None,
+        agent_type=opts.agent,
+    )
+    return TeammateRunner(layout, config)
+
+
+def runner_from_argv(layout: Layout, argv: list[str]) -> TeammateRunner:
+    """Build a runner from a worker command line (`... worker --team T --name N ...`)."""
+    from shoal.cli.worker import parse_worker_args
+
+    return build_runner(layout, parse_worker_args(argv[argv.index("worker") + 1 :]))
+
+
+def run_worker(layout: Layout, opts: WorkerOptions) -> int:
+    """Run a teammate in this process until it shuts down; returns its exit code.
+
+    SIGTERM aborts the whole teammate; SIGINT aborts only its current turn.
+    """
+    runner = build_runner(layout, opts)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, runner.abort)
+        loop.add_signal_handler(signal.SIGHUP, runner.abort)
+        loop.add_signal_handler(signal.SIGINT, runner.abort_turn)
+        return await runner.run()
+
+    return asyncio.run(main())
