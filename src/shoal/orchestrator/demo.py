@@ -28,6 +28,11 @@ TEAMMATES = ("ana", "ben", "cai")
 
 SCRIPT = """\
 # The demo teammates' brain: run the task's command, tell a teammate, report the result.
+# (The pause only lets you watch the panes; the work is the command.)
+[[step]]
+when = "task"
+sleep = 0.5
+
 [[step]]
 when = "task"
 run = "{meta_run}"
@@ -55,7 +60,7 @@ def _tasks(scratch: Path) -> list[dict[str, Any]]:
         {
             "key": "inventory",
             "subject": "List the files of this directory",
-            "run": f"find . -type f -not -path '*/.git/*' -not -path '*/node_modules/*' "
+            "run": f"find . -type f -not -path '*/.*' -not -path '*/node_modules/*' "
             f"| head -n 5000 > {q}; wc -l < {q}",
             "after": [],
         },
@@ -128,7 +133,7 @@ def run_demo(
         elif event.get("type") == "message":
             msg = event["message"]
             if msg["kind"] == "task_notification":
-                say(f"  {msg['from']}: {msg.get('summary') or ''}")
+                say(f"  {msg.get('summary') or msg['from']}")
 
     leader = Leader(layout, team, on_event=on_event).start()
     stop = threading.Event()
@@ -139,17 +144,6 @@ def run_demo(
         scratch = layout.ensure(layout.scratchpad_dir(team))
         script = scratch / "teammate.toml"
         script.write_text(SCRIPT)
-        tasklist = TaskList(teams, team)
-        ids: dict[str, int] = {}
-        for i, spec in enumerate(_tasks(scratch)):
-            item = tasklist.add(
-                spec["subject"],
-                description=spec["subject"],
-                blocked_by=[ids[k] for k in spec["after"]],
-                metadata={"run": spec["run"], "tell": TEAMMATES[(i + 1) % len(TEAMMATES)]},
-            )
-            ids[spec["key"]] = item.id
-        say(f"team {team}: {len(ids)} tasks with dependencies in the shared list")
         for name in TEAMMATES:
             ready = threading.Event()
             answer: dict[str, Any] = {}
@@ -178,6 +172,17 @@ def run_demo(
             if answer["error"] is not None:
                 raise answer["error"]
             result.backend, result.why = answer["result"]["backend"], answer["result"]["why"]
+        tasklist = TaskList(teams, team)
+        ids: dict[str, int] = {}
+        for i, spec in enumerate(_tasks(scratch)):
+            item = tasklist.add(
+                spec["subject"],
+                description=spec["subject"],
+                blocked_by=[ids[k] for k in spec["after"]],
+                metadata={"run": spec["run"], "tell": TEAMMATES[(i + 1) % len(TEAMMATES)]},
+            )
+            ids[spec["key"]] = item.id
+        say(f"team {team}: {len(ids)} tasks with dependencies in the shared list")
         say(f"teammates run with backend {result.backend} ({result.why})")
         if result.backend == "tmux":
             say(f"  watch them: shoal attach --team {team}")
