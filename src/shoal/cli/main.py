@@ -47,19 +47,26 @@ def cli(ctx: click.Context) -> None:
 
 
 def _register() -> None:
-    from shoal.cli import leader, mail, tasks, team
+    from shoal.cli import attach, leader, mail, tasklist, tasks, team
 
     cli.add_command(team.team)
+    cli.add_command(tasklist.task)
     cli.add_command(mail.send)
     cli.add_command(mail.inbox)
     cli.add_command(leader.up)
     cli.add_command(leader.down)
+    cli.add_command(attach.attach)
     for command in (tasks.sh, tasks.ps, tasks.logs, tasks.stop, tasks.wait, tasks.events):
         cli.add_command(command)
     from shoal.cli import swarm, worker
 
     for command in (swarm.spawn, swarm.approve, swarm.reject, swarm.demo, worker.worker):
         cli.add_command(command)
+
+    from shoal.cli import ui
+
+    cli.add_command(ui.pill)
+    cli.add_command(ui.ui)
 
 
 _register()

@@ -155,11 +155,21 @@ def sh(
 
 @click.command()
 @click.option("--all", "show_all", is_flag=True, help="Include finished tasks already evicted.")
+@click.option(
+    "--watch", "-w", is_flag=True, help="A live board of members and tasks (Ctrl-C ends it)."
+)
 @json_option
 @common_options
-def ps(show_all: bool, as_json: bool) -> None:
-    """List the team's tasks."""
+def ps(show_all: bool, watch: bool, as_json: bool) -> None:
+    """List the team's tasks (with --watch, a live board redrawn as they change)."""
     env = get_env(click.get_current_context())
+    if watch:
+        if as_json or show_all:
+            raise UsageError("--watch shows the live board; it takes neither --json nor --all")
+        from shoal.cli.ui import watch_board
+
+        watch_board(env.layout, env.team())
+        return
     session = current_session(env.layout, env.team())
     tasks = _tasks(session, include_history=show_all) if session else {}
     rows = sorted(tasks.values(), key=lambda t: t.get("start_time", 0))

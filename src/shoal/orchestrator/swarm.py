@@ -164,17 +164,18 @@ class Swarm:
             log_file=logs / f"{name}.log",
             env={"SHOAL_HOME": str(layout.home)},
         )
-        if worktree is not None:
-            leader.teams.join(
-                team,
-                name,
-                pid=None,
-                agent_type=agent,
-                backend=backend.name,
-                cwd=cwd,
-                plan_mode_required=plan_mode,
-                worktree_path=str(worktree),
-            )
+        # Listed at once (no pid yet: it counts as dead until its worker joins), so tasks can
+        # be assigned to it and a worker that dies at start shows as a dead member.
+        leader.teams.join(
+            team,
+            name,
+            pid=None,
+            agent_type=agent,
+            backend=backend.name,
+            cwd=cwd,
+            plan_mode_required=plan_mode,
+            worktree_path=str(worktree) if worktree else None,
+        )
         task = InProcessTeammateTaskState(
             id=task_id,
             description=f"teammate {name}",

@@ -292,7 +292,8 @@ class Teams:
                 pid=pid,
                 pid_started_at=pid_started_at,
                 cwd=cwd or os.getcwd(),
-                worktree_path=worktree_path,
+                worktree_path=worktree_path
+                or (existing.worktree_path if existing is not None else None),
                 is_active=True,
             )
             result.append(member)

@@ -174,9 +174,9 @@ _MEMBER_TASK_STATUS: Final = {"dead": "failed", "left": "completed"}
 
 
 def member_activity(state: str, facts: TeammateFacts) -> str:
-    """The activity line of a member: dead, left, starting, else the teammate activity."""
+    """The activity line of a member: none once dead or departed, else the teammate activity."""
     if state in ("dead", "left"):
-        return state
+        return ""
     return describe_teammate_activity(facts)
 
 

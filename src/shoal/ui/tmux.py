@@ -76,7 +76,9 @@ def install_tmux_status(hint: TmuxStatusHint, *, timeout: float = 10.0) -> None:
             hint.argv, capture_output=True, text=True, timeout=timeout, check=False
         )
     except FileNotFoundError:
-        raise ShoalError("tmux is not installed (or not on PATH); cannot set its status line") from None
+        raise ShoalError(
+            "tmux is not installed (or not on PATH); cannot set its status line"
+        ) from None
     except subprocess.TimeoutExpired:
         raise ShoalError(f"tmux did not answer within {timeout:g}s on {hint.socket}") from None
     if proc.returncode != 0:

@@ -1,0 +1,270 @@
+"""What a batch run leaves behind: the JSON report, JUnit XML, GNU parallel's joblog, and the
+run record that `--resume` reads.
+
+Everything here works on the report dictionary (`BatchRun.report()`), so it needs no live run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import socket
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Final
+
+import orjson
+
+from shoal.core.errors import UsageError
+from shoal.core.jsonio import atomic_write, read_bytes_nofollow
+from shoal.core.output import tail_lines
+from shoal.core.paths import FILE_MODE, Layout
+from shoal.orchestrator.batch_spec import Spec
+
+REPORT_VERSION: Final = 1
+JOBLOG_HEADER: Final = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tCommand\n"
+TAIL_LINES: Final = 50
+TAIL_BYTES: Final = 8192
+# XML 1.0 allows neither these control characters nor unpaired surrogates.
+_XML_ILLEGAL: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds as ISO-8601 UTC with milliseconds (None stays None)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- JSON report
+
+
+def write_json(path: Path, report: Mapping[str, Any]) -> None:
+    """Write the report as indented JSON, atomically (readers see the old or the new one)."""
+    data = orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    _write_user_file(path, data)
+
+
+def _write_user_file(path: Path, data: bytes) -> None:
+    """Atomic write of a file the user named (its directory must exist)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: directory {parent} does not exist")
+    atomic_write(path, data)
+
+
+# --------------------------------------------------------------------------- JUnit XML
+
+
+def output_tail(path: str | None, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
+    """The last lines of a task's output, safe to put in XML ("" when there is none)."""
+    if not path:
+        return ""
+    try:
+        text = "\n".join(tail_lines(path, n=lines, max_bytes=max_bytes))
+    except OSError:
+        return ""
+    return _XML_ILLEGAL.sub("\ufffd", text)
+
+
+def _clean(text: object) -> str:
+    return _XML_ILLEGAL.sub("\ufffd", str(text))
+
+
+def junit_xml(report: Mapping[str, Any]) -> bytes:
+    """JUnit XML of a run report: one testcase per task; failed and timed-out tasks carry a
+    <failure> with the output tail, killed ones an <error>, skipped ones <skipped>."""
+    counts = report.get("counts", {})
+    tasks: list[Mapping[str, Any]] = report.get("tasks", [])
+    failures = counts.get("failed", 0) + counts.get("timed_out", 0)
+    errors = counts.get("killed", 0)
+    skipped = counts.get("skipped", 0)
+    total_time = f"{report.get('duration_s') or 0.0:.3f}"
+    suite_name = f"shoal run {Path(report.get('spec') or 'spec').name}"
+    root = ET.Element(
+        "testsuites",
+        name=suite_name,
+        tests=str(len(tasks)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(skipped),
+        time=total_time,
+    )
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=str(report.get("team", "shoal")),
+        tests=str(len(tasks)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(skipped),
+        time=total_time,
+        timestamp=(report.get("started_at") or "").rstrip("Z"),
+        hostname=socket.gethostname(),
+    )
+    props = ET.SubElement(suite, "properties")
+    for key in ("spec", "team", "session_id", "run_id", "jobs", "backend", "halt", "status"):
+        ET.SubElement(props, "property", name=key, value=_clean(report.get(key, "")))
+    classname = f"shoal.{report.get('team', 'run')}"
+    for task in tasks:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            name=_clean(task["id"]),
+            classname=classname,
+            time=f"{task.get('duration_s') or 0.0:.3f}",
+        )
+        status = task.get("status")
+        tail = output_tail(task.get("output_file")) if status != "succeeded" else ""
+        if status == "failed":
+            code = task.get("exit_code")
+            message = f"exit code {code}" if code is not None else (task.get("reason") or "failed")
+            if (task.get("attempts") or 0) > 1:
+                message += f" (after {task['attempts']} attempts)"
+            failure = ET.SubElement(case, "failure", message=_clean(message), type="failed")
+            failure.text = tail
+        elif status == "timed_out":
+            failure = ET.SubElement(
+                case, "failure", message=_clean(task.get("reason") or "timed out"), type="timed_out"
+            )
+            failure.text = tail
+        elif status == "killed":
+            error = ET.SubElement(
+                case, "error", message=_clean(task.get("reason") or "killed"), type="killed"
+            )
+            error.text = tail
+        elif status == "skipped":
+            ET.SubElement(case, "skipped", message=_clean(task.get("reason") or "skipped"))
+        elif status != "succeeded":
+            # A run record written mid-run (pending or running tasks) is not a verdict.
+            ET.SubElement(case, "skipped", message=f"not finished ({status})")
+        if tail:
+            ET.SubElement(case, "system-out").text = tail
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def write_junit(path: Path, report: Mapping[str, Any]) -> None:
+    """Write the JUnit XML of `report` to `path`, atomically."""
+    _write_user_file(path, junit_xml(report))
+
+
+# --------------------------------------------------------------------------- joblog
+
+
+class JoblogWriter:
+    """GNU parallel's `--joblog` format, one line per finished attempt, written as they end.
+
+    Columns: Seq (the task's position in the spec), Host (`:` = local), Starttime (epoch),
+    JobRuntime (s), Send, Receive (0), Exitval, Signal (for a killed task: 15 when its exit code
+    says TERM, else 9), Command (tabs and newlines as spaces, so one attempt stays one line).
+    """
+
+    def __init__(self, path: Path, *, append: bool = False) -> None:
+        self.path = path
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(f"cannot write joblog {path}: directory {parent} does not exist")
+        fresh = not append or not path.exists() or path.stat().st_size == 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if fresh else os.O_APPEND)
+        self._fh: IO[str] = os.fdopen(os.open(path, flags, FILE_MODE), "a", buffering=1)
+        if fresh:
+            self._fh.write(JOBLOG_HEADER)
+
+    def write(
+        self,
+        *,
+        seq: int,
+        started_at: float | None,
+        ended_at: float | None,
+        exit_code: int | None,
+        killed: bool,
+        command: str,
+    ) -> None:
+        """Append one finished attempt."""
+        start = started_at or ended_at or 0.0
+        runtime = max(0.0, (ended_at or start) - start)
+        signal = 0
+        if killed:
+            signal = exit_code - 128 if exit_code is not None and 128 < exit_code < 160 else 9
+        exitval = -1 if exit_code is None else exit_code
+        flat = re.sub(r"[\t\r\n]+", " ", command)
+        self._fh.write(
+            f"{seq}\t:\t{start:10.3f}\t{runtime:10.3f}\t0\t0\t{exitval}\t{signal}\t{flat}\n"
+        )
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        with contextlib.suppress(OSError):
+            self._fh.close()
+
+
+def read_joblog(path: Path) -> list[dict[str, str]]:
+    """The rows of a joblog as dicts keyed by its header (for tests and tools)."""
+    lines = path.read_text().splitlines()
+    if not lines:
+        return []
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t", len(header) - 1), strict=True)) for line in lines[1:]]
+
+
+# --------------------------------------------------------------------------- run records
+
+
+class RunRecords:
+    """The last run of each (team, spec) pair: `runs/{team}/{spec-key}.json` under SHOAL_HOME.
+
+    The key is a hash of the spec's absolute path, so the same spec file run for the same team
+    finds its previous run, and a spec of the same name elsewhere does not.
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    def path(self, team: str, spec_path: Path) -> Path:
+        """Where the record of `spec_path` run for `team` lives."""
+        key = hashlib.sha256(os.fsencode(os.path.realpath(spec_path))).hexdigest()[:16]
+        return self.layout.home / "runs" / team / f"{spec_path.stem[:40]}-{key}.json"
+
+    def load(self, team: str, spec_path: Path) -> dict[str, Any] | None:
+        """The previous run's record, or None when there is none or it is unreadable."""
+        path = self.path(team, spec_path)
+        try:
+            data = orjson.loads(read_bytes_nofollow(path))
+        except (FileNotFoundError, orjson.JSONDecodeError, OSError):
+            return None
+        return data if isinstance(data, dict) and data.get("v") == REPORT_VERSION else None
+
+    def save(self, team: str, spec_path: Path, report: Mapping[str, Any]) -> Path:
+        """Replace the record atomically; returns its path."""
+        path = self.path(team, spec_path)
+        self.layout.ensure(path.parent)
+        atomic_write(path, orjson.dumps(report))
+        return path
+
+
+def plan_resume(spec: Spec, previous: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The tasks a `--resume` need not run again, with their previous records.
+
+    A task is carried over when it succeeded in the previous run, what it does is unchanged
+    (same fingerprint), and every task it depends on is carried over too; everything else —
+    and everything that depends on it — runs again.
+    """
+    before: dict[str, dict[str, Any]] = {
+        t["id"]: t for t in previous.get("tasks", []) if isinstance(t, dict) and "id" in t
+    }
+    keep: set[str] = set()
+    for task in spec.topological():
+        old = before.get(task.id)
+        if (
+            old is not None
+            and old.get("status") == "succeeded"
+            and old.get("fingerprint") == task.fingerprint
+            and all(dep in keep for dep in task.after)
+        ):
+            keep.add(task.id)
+    return {t.id: before[t.id] for t in spec.tasks if t.id in keep}

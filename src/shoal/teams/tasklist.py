@@ -1,0 +1,774 @@
+"""The shared task list of a team: one JSON file per item, one lock for the whole list.
+
+`teams/{team}/tasklist/{id}.json` holds one item; `.lock` (filelock, never deleted) guards
+every read-modify-write, so claiming is atomic across processes; `.highwatermark` holds the
+highest id ever issued, so ids are never reused, even after the highest one is deleted.
+Reads need no lock (every write is an atomic replace). A file that fails validation is
+reported with its path and never overwritten.
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import errno
+import logging
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, get_args
+
+import orjson
+from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shoal.core.clock import iso_now
+from shoal.core.errors import (
+    ConflictError,
+    CorruptFileError,
+    NotFoundError,
+    ShoalError,
+    UnsafePathError,
+    UsageError,
+)
+from shoal.core.jsonio import LOCK_TIMEOUT_S, atomic_write, dumps, read_bytes_nofollow
+from shoal.core.names import NAME_PATTERN, validate_name
+from shoal.core.paths import FILE_MODE
+from shoal.mailbox.router import send
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import MemberState, Teams
+
+log = logging.getLogger(__name__)
+
+TaskItemStatus = Literal["pending", "in_progress", "completed"]
+STATUSES: Final[tuple[str, ...]] = get_args(TaskItemStatus)
+DELETED: Final = "deleted"
+UPDATE_STATUSES: Final[tuple[str, ...]] = (*STATUSES, DELETED)
+ClaimReason = Literal["already_claimed", "already_resolved", "blocked", "agent_busy"]
+
+LOCK_NAME = ".lock"
+HIGHWATERMARK_NAME = ".highwatermark"
+_ITEM_FILE = re.compile(r"^([1-9][0-9]*)\.json$")
+
+TaskId = Annotated[int, Field(strict=True, ge=1)]
+
+
+class _Unset(enum.Enum):
+    """Marks an argument that was not given (None means "clear" where a field may be null)."""
+
+    UNSET = "UNSET"
+
+
+UNSET: Final = _Unset.UNSET
+Unset = _Unset  # the type of UNSET, for callers' annotations
+
+
+class TaskItem(BaseModel):
+    """One item of the shared task list, exactly as in `tasklist/{id}.json` (format version 1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    id: TaskId
+    subject: str
+    description: str = ""
+    active_form: str | None = None
+    owner: str | None = None
+    status: TaskItemStatus = "pending"
+    blocks: tuple[TaskId, ...] = ()
+    blocked_by: tuple[TaskId, ...] = ()
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: str | None = None
+    updated_at: str | None = None
+
+    @field_validator("owner")
+    @classmethod
+    def _valid_owner(cls, value: str | None) -> str | None:
+        if value is not None and not NAME_PATTERN.fullmatch(value):
+            raise ValueError(f"invalid owner name {value!r}")
+        return value
+
+    @property
+    def resolved(self) -> bool:
+        """True once the task is completed (it no longer blocks anything)."""
+        return self.status == "completed"
+
+
+class ClaimRefused(ConflictError):
+    """A claim that the rules refuse; `reason` is the machine-readable code."""
+
+    def __init__(
+        self, task_id: int, reason: ClaimReason, detail: str | list[int], why: str
+    ) -> None:
+        self.task_id = task_id
+        self.reason: ClaimReason = reason
+        self.detail = detail
+        super().__init__(f"cannot claim task {task_id}: {reason} ({why})")
+
+    def to_json(self) -> dict[str, Any]:
+        """The refusal as printed by `shoal task claim --json`."""
+        return {"ok": False, "reason": self.reason, "task_id": self.task_id, "detail": self.detail}
+
+
+Notify = Callable[[TaskItem, str | None], None]
+
+
+@dataclass
+class TaskSnapshot:
+    """Item files of the list read at one moment: valid items and corrupt ones, by id."""
+
+    items: dict[int, TaskItem] = field(default_factory=dict)
+    errors: dict[int, CorruptFileError] = field(default_factory=dict)
+
+    def open_blockers(self, item: TaskItem) -> list[int]:
+        """Ids in `item.blocked_by` that still block it (a corrupt blocker counts as open,
+        a missing one as gone)."""
+        out: list[int] = []
+        for bid in item.blocked_by:
+            blocker = self.items.get(bid)
+            if bid in self.errors or (blocker is not None and not blocker.resolved):
+                out.append(bid)
+        return out
+
+    def in_progress_of(self, name: str, *, besides: int | None = None) -> list[int]:
+        """Ids of in-progress tasks owned by `name` (other than `besides`)."""
+        return [
+            t.id
+            for t in self.sorted()
+            if t.owner == name and t.status == "in_progress" and t.id != besides
+        ]
+
+    def sorted(self) -> list[TaskItem]:
+        """Valid items by ascending id."""
+        return [self.items[i] for i in sorted(self.items)]
+
+    def depends_on(self, start: int, target: int) -> list[int] | None:
+        """The chain of `blocked_by` edges from `start` to `target`, or None if there is none."""
+        stack: list[tuple[int, list[int]]] = [(start, [start])]
+        seen: set[int] = set()
+        while stack:
+            current, path = stack.pop()
+            if current == target:
+                return path
+            if current in seen:
+                continue
+            seen.add(current)
+            item = self.items.get(current)
+            if item is not None:
+                stack.extend((b, [*path, b]) for b in item.blocked_by)
+        return None
+
+
+class TaskList:
+    """The shared task list of one team."""
+
+    def __init__(
+        self,
+        teams: Teams,
+        team: str,
+        *,
+        notify: Notify | None = None,
+        durable: bool = False,
+    ) -> None:
+        self.teams = teams
+        self.team = validate_name(team, "team name")
+        self.layout = teams.layout
+        self.notify: Notify = notify or self._send_assignment
+        self.durable = durable
+        # The last failure to tell a new owner about its task (None when the last add or update
+        # notified fine or had nobody to notify). The update itself is never undone by it.
+        self.last_notify_error: Exception | None = None
+        self._lock: FileLock | None = None
+
+    # -- paths and locking -------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        """`teams/{team}/tasklist` (pure path arithmetic)."""
+        return self.layout.tasklist_dir(self.team)
+
+    def path(self, task_id: int) -> Path:
+        """The file of task `task_id`."""
+        return self.directory / f"{_check_id(task_id)}.json"
+
+    def _dir(self) -> Path:
+        """The list's directory, created safely for an existing team (no symlinks anywhere)."""
+        if not self.teams.exists(self.team):
+            self.teams.read(self.team)  # raises the friendly NotFoundError
+        return self.layout.ensure(self.directory)
+
+    @contextmanager
+    def _locked(self) -> Iterator[Path]:
+        directory = self._dir()
+        lock_path = directory / LOCK_NAME
+        _refuse_link(lock_path)
+        if self._lock is None:
+            self._lock = FileLock(lock_path, timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise ShoalError(
+                f"the task list of team {self.team!r} stayed locked for {LOCK_TIMEOUT_S:g}s "
+                f"({lock_path}); is a process stuck holding it?"
+            ) from None
+        try:
+            yield directory
+        finally:
+            self._lock.release()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _ids_on_disk(self, directory: Path) -> builtins.list[int]:
+        """Ids of every item file (valid or not) in the directory, sorted."""
+        ids: builtins.list[int] = []
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                m = _ITEM_FILE.fullmatch(entry.name)
+                if m:
+                    ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def _read(self, directory: Path, task_id: int) -> TaskItem:
+        path = directory / f"{task_id}.json"
+        try:
+            raw = read_bytes_nofollow(path)
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
+            ) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptFileError(path, "is a symlink; refusing to follow it") from None
+            raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
+        try:
+            item = TaskItem.model_validate(orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise CorruptFileError(path, f"not valid JSON ({exc})") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "(root)"
+            raise CorruptFileError(
+                path, f"invalid task item: {loc}: {first['msg']} ({exc.error_count()} error(s))"
+            ) from None
+        if item.id != task_id:
+            raise CorruptFileError(path, f"holds id {item.id}, not the {task_id} of its name")
+        return item
+
+    def _snapshot(self, directory: Path) -> TaskSnapshot:
+        snap = TaskSnapshot()
+        for task_id in self._ids_on_disk(directory):
+            try:
+                snap.items[task_id] = self._read(directory, task_id)
+            except CorruptFileError as exc:
+                snap.errors[task_id] = exc
+            except NotFoundError:
+                continue  # deleted while we looked (only possible outside the lock)
+        return snap
+
+    def _partial(self, directory: Path, task_ids: Iterable[int]) -> TaskSnapshot:
+        """A snapshot of just the named items (missing ones left out)."""
+        snap = TaskSnapshot()
+        for task_id in task_ids:
+            try:
+                snap.items[task_id] = self._read(directory, _check_id(task_id))
+            except CorruptFileError as exc:
+                snap.errors[task_id] = exc
+            except NotFoundError:
+                continue
+        return snap
+
+    def get(self, task_id: int) -> TaskItem:
+        """Task `task_id`; NotFoundError naming id and team, CorruptFileError naming the file."""
+        _check_id(task_id)
+        return self._read(self._dir(), task_id)
+
+    def snapshot(self) -> TaskSnapshot:
+        """Every item file, read now (valid items and corrupt files by id), without the lock."""
+        return self._snapshot(self._dir())
+
+    def list_with_errors(self) -> tuple[builtins.list[TaskItem], builtins.list[CorruptFileError]]:
+        """All valid items sorted by id, and one error per file that failed validation."""
+        snap = self.snapshot()
+        return snap.sorted(), [snap.errors[i] for i in sorted(snap.errors)]
+
+    def list(self) -> builtins.list[TaskItem]:
+        """All valid items sorted by id; corrupt files are logged and left out (see
+        `list_with_errors` to report them)."""
+        items, errors = self.list_with_errors()
+        for exc in errors:
+            log.warning("skipping corrupt task file: %s", exc)
+        return items
+
+    def open_blockers(self, task: TaskItem) -> builtins.list[int]:
+        """Ids of `task`'s blockers that are not completed (unreadable ones count as open)."""
+        return self._partial(self._dir(), task.blocked_by).open_blockers(task)
+
+    def is_blocked(self, task: TaskItem) -> bool:
+        """True while any task in `task.blocked_by` is not completed."""
+        return bool(self.open_blockers(task))
+
+    def next_claimable(self, name: str) -> TaskItem | None:
+        """The lowest-id pending, unblocked task that is unowned or owned by `name`."""
+        validate_name(name, "member name")
+        return _next_claimable(self._snapshot(self._dir()), name)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _write(self, directory: Path, item: TaskItem) -> None:
+        atomic_write(directory / f"{item.id}.json", dumps(item, pretty=True), durable=self.durable)
+
+    def _read_highwatermark(self, directory: Path) -> int:
+        path = directory / HIGHWATERMARK_NAME
+        try:
+            raw = read_bytes_nofollow(path)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptFileError(path, "is a symlink; refusing to follow it") from None
+            raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
+        text = raw.decode("ascii", "replace").strip()
+        if not text.isdigit() or not text.isascii():
+            raise CorruptFileError(
+                path, f"holds {text[:40]!r}, not the highest task id issued (a whole number)"
+            )
+        return int(text)
+
+    def _raise_highwatermark(self, directory: Path, task_id: int) -> None:
+        if self._read_highwatermark(directory) < task_id:
+            atomic_write(
+                directory / HIGHWATERMARK_NAME, f"{task_id}\n".encode(), durable=self.durable
+            )
+
+    def _check_member(self, name: str) -> str:
+        """`name` if it is a current member of the team; else a clear error."""
+        validate_name(name, "member name")
+        tf = self.teams.read(self.team)
+        member = tf.member(name)
+        if member is None:
+            known = ", ".join(m.name for m in tf.members)
+            raise NotFoundError(
+                f"no member {name!r} in team {self.team!r} (members: {known}); "
+                f"add it with `shoal team join {self.team} {name}`"
+            )
+        if not member.is_active:
+            raise ConflictError(
+                f"member {name!r} has left team {self.team!r}; it cannot own tasks until it "
+                "joins again"
+            )
+        return name
+
+    def _blockers(
+        self, snap: TaskSnapshot, task_ids: Iterable[int], what: str
+    ) -> builtins.list[int]:
+        """Validated, de-duplicated blocker ids that exist as readable items."""
+        out: builtins.list[int] = []
+        for bid in task_ids:
+            _check_id(bid)
+            if bid in snap.errors:
+                raise snap.errors[bid]
+            if bid not in snap.items:
+                raise NotFoundError(
+                    f"{what}: no task {bid} in team {self.team!r} (see `shoal task list`)"
+                )
+            if bid not in out:
+                out.append(bid)
+        return out
+
+    def add(
+        self,
+        subject: str,
+        *,
+        description: str = "",
+        active_form: str | None = None,
+        blocked_by: Iterable[int] = (),
+        metadata: Mapping[str, Any] | None = None,
+        owner: str | None = None,
+        assigned_by: str | None = None,
+    ) -> TaskItem:
+        """Add a pending task with the next id; it is added to each blocker's `blocks`.
+
+        With `owner`, the owner is told through `notify` once the task is written.
+        """
+        self.last_notify_error = None
+        subject = _check_subject(subject)
+        meta = _check_metadata(metadata)
+        if owner is not None:
+            self._check_member(owner)
+        if assigned_by is not None:
+            validate_name(assigned_by, "assigned-by name")
+        wanted = list(blocked_by)
+        with self._locked() as directory:
+            # Only the blockers are read: adding stays cheap however long the list grows.
+            snap = self._partial(directory, wanted)
+            blockers = self._blockers(snap, wanted, "--blocked-by")
+            new_id = max([*self._ids_on_disk(directory), self._read_highwatermark(directory)]) + 1
+            now = iso_now()
+            item = TaskItem(
+                id=new_id,
+                subject=subject,
+                description=description,
+                active_form=active_form,
+                owner=owner,
+                blocked_by=tuple(blockers),
+                metadata=meta,
+                created_at=now,
+                updated_at=now,
+            )
+            # The high-water mark first: a crash after it only skips an id, never reuses one.
+            self._raise_highwatermark(directory, new_id)
+            self._write(directory, item)
+            for bid in blockers:
+                blocker = snap.items[bid]
+                self._write(
+                    directory,
+                    blocker.model_copy(
+                        update={"blocks": (*blocker.blocks, new_id), "updated_at": now}
+                    ),
+                )
+        if owner is not None:
+            self._notify(item, assigned_by)
+        return item
+
+    def update(
+        self,
+        task_id: int,
+        *,
+        status: str | None = None,
+        owner: str | _Unset | None = UNSET,
+        subject: str | None = None,
+        description: str | None = None,
+        active_form: str | _Unset | None = UNSET,
+        metadata: Mapping[str, Any] | None = None,
+        add_blocked_by: Iterable[int] = (),
+        add_blocks: Iterable[int] = (),
+        assigned_by: str | None = None,
+    ) -> TaskItem:
+        """Change a task under the lock and return it as written.
+
+        `status="deleted"` deletes it (see `delete`) and returns its last state. `owner` must be
+        a current member (None clears it); a new owner is told through `notify` after the write
+        (a failed notice never undoes the update: see `last_notify_error`). `metadata` is merged
+        into the task's (a key set to None is removed). `add_blocked_by` / `add_blocks` add
+        dependency edges on both sides; an unknown id, the task itself or a cycle is refused.
+        """
+        self.last_notify_error = None
+        _check_id(task_id)
+        if status is not None and status not in UPDATE_STATUSES:
+            raise UsageError(
+                f"invalid status {status!r} for task {task_id}; use one of "
+                + ", ".join(UPDATE_STATUSES)
+            )
+        if status == DELETED:
+            return self._delete(task_id)
+        if subject is not None:
+            subject = _check_subject(subject)
+        meta = _check_metadata(metadata) if metadata is not None else None
+        if isinstance(owner, str):
+            self._check_member(owner)
+        if assigned_by is not None:
+            validate_name(assigned_by, "assigned-by name")
+        wanted_by = list(add_blocked_by)
+        wanted_blocks = list(add_blocks)
+        with self._locked() as directory:
+            snap = self._snapshot(directory)
+            if task_id in snap.errors:
+                raise snap.errors[task_id]
+            old = snap.items.get(task_id)
+            if old is None:
+                raise NotFoundError(
+                    f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
+                )
+            changes: dict[str, Any] = {}
+            if status is not None:
+                changes["status"] = status
+            if not isinstance(owner, _Unset):
+                changes["owner"] = owner
+            if subject is not None:
+                changes["subject"] = subject
+            if description is not None:
+                changes["description"] = description
+            if not isinstance(active_form, _Unset):
+                changes["active_form"] = active_form
+            if meta is not None:
+                merged = {**old.metadata, **meta}
+                changes["metadata"] = {k: v for k, v in merged.items() if v is not None}
+            edits = self._edges(snap, task_id, wanted_by, wanted_blocks)
+            if edits:
+                old = edits.pop(task_id, old)
+            new = old.model_copy(update=changes)
+            if new != snap.items[task_id]:
+                new = new.model_copy(update={"updated_at": iso_now()})
+                self._write(directory, new)
+            for other in edits.values():
+                self._write(directory, other)
+        if isinstance(owner, str) and owner != snap.items[task_id].owner:
+            self._notify(new, assigned_by)
+        return new
+
+    def _edges(
+        self,
+        snap: TaskSnapshot,
+        task_id: int,
+        blocked_by: builtins.list[int],
+        blocks: builtins.list[int],
+    ) -> dict[int, TaskItem]:
+        """Items changed by adding `task_id blocked_by b` and `task_id blocks x` edges."""
+        blocked_by = self._blockers(snap, blocked_by, f"task {task_id} --blocked-by")
+        blocks = self._blockers(snap, blocks, f"task {task_id} --blocks")
+        edits: dict[int, TaskItem] = {}
+
+        def current(i: int) -> TaskItem:
+            return edits.get(i, snap.items[i])
+
+        def link(blocked: int, blocker: int) -> None:
+            if blocked == blocker:
+                raise ConflictError(f"task {blocked} cannot be blocked by itself")
+            chain = snap.depends_on(blocker, blocked)
+            if chain is not None:
+                cycle = " -> ".join(str(i) for i in (blocked, *chain))
+                raise ConflictError(
+                    f"task {blocked} cannot be blocked by task {blocker}: that would make a "
+                    f"cycle ({cycle}, each blocked by the next)"
+                )
+            a, b = current(blocked), current(blocker)
+            if blocker not in a.blocked_by:
+                a = a.model_copy(update={"blocked_by": (*a.blocked_by, blocker)})
+            if blocked not in b.blocks:
+                b = b.model_copy(update={"blocks": (*b.blocks, blocked)})
+            edits[blocked], edits[blocker] = a, b
+            # Later cycle checks must see this edge too.
+            snap.items[blocked] = a
+            snap.items[blocker] = b
+
+        original = dict(snap.items)
+        try:
+            for b in blocked_by:
+                link(task_id, b)
+            for x in blocks:
+                link(x, task_id)
+        finally:
+            snap.items.clear()
+            snap.items.update(original)
+        return {i: t for i, t in edits.items() if t != snap.items[i]}
+
+    def delete(self, task_id: int) -> None:
+        """Remove the task's file and its id from every other task's blocks/blocked_by.
+
+        The id stays issued (the high-water mark is raised to it if needed), so it is never
+        given to a new task.
+        """
+        self._delete(task_id)
+
+    def _delete(self, task_id: int) -> TaskItem:
+        _check_id(task_id)
+        with self._locked() as directory:
+            snap = self._snapshot(directory)
+            if task_id in snap.errors:
+                raise snap.errors[task_id]
+            item = snap.items.get(task_id)
+            if item is None:
+                raise NotFoundError(
+                    f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
+                )
+            self._raise_highwatermark(directory, task_id)
+            os.unlink(directory / f"{task_id}.json")
+            for other in snap.sorted():
+                if other.id == task_id:
+                    continue
+                if task_id in other.blocks or task_id in other.blocked_by:
+                    self._write(
+                        directory,
+                        other.model_copy(
+                            update={
+                                "blocks": tuple(i for i in other.blocks if i != task_id),
+                                "blocked_by": tuple(i for i in other.blocked_by if i != task_id),
+                                "updated_at": iso_now(),
+                            }
+                        ),
+                    )
+        return item
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def claim(self, task_id: int, name: str, *, check_busy: bool = True) -> TaskItem:
+        """Make `name` the owner of task `task_id` and set it in progress, atomically.
+
+        Refused with ClaimRefused: `already_resolved` (completed), `already_claimed` (another
+        owner), `blocked` (an open blocker), `agent_busy` (`name` has another task in progress,
+        when `check_busy`). Claiming one's own in-progress task again returns it unchanged.
+        No task_assignment is sent: the claimant is the one who asked.
+        """
+        _check_id(task_id)
+        self._check_member(name)
+        with self._locked() as directory:
+            snap = self._snapshot(directory)
+            if task_id in snap.errors:
+                raise snap.errors[task_id]
+            item = snap.items.get(task_id)
+            if item is None:
+                raise NotFoundError(
+                    f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
+                )
+            _check_claim(snap, item, name, check_busy)
+            if item.owner == name and item.status == "in_progress":
+                return item
+            claimed = item.model_copy(
+                update={"owner": name, "status": "in_progress", "updated_at": iso_now()}
+            )
+            self._write(directory, claimed)
+            return claimed
+
+    def claim_next(self, name: str) -> TaskItem | None:
+        """Find and claim the next claimable task for `name` in one locked step.
+
+        None when nothing is claimable or `name` already has a task in progress.
+        """
+        self._check_member(name)
+        with self._locked() as directory:
+            snap = self._snapshot(directory)
+            if snap.in_progress_of(name):
+                return None
+            item = _next_claimable(snap, name)
+            if item is None:
+                return None
+            claimed = item.model_copy(
+                update={"owner": name, "status": "in_progress", "updated_at": iso_now()}
+            )
+            self._write(directory, claimed)
+            return claimed
+
+    def release_member(self, name: str) -> builtins.list[TaskItem]:
+        """Return every unfinished task owned by `name` to pending with no owner."""
+        validate_name(name, "member name")
+        released: builtins.list[TaskItem] = []
+        with self._locked() as directory:
+            for item in self._snapshot(directory).sorted():
+                if item.owner == name and not item.resolved:
+                    new = item.model_copy(
+                        update={"owner": None, "status": "pending", "updated_at": iso_now()}
+                    )
+                    self._write(directory, new)
+                    released.append(new)
+        return released
+
+    def release_orphaned(self) -> builtins.list[TaskItem]:
+        """Release the unfinished tasks of owners that are gone: not in the team file, departed,
+        or dead (a recorded process that no longer runs). For the leader's periodic tick."""
+        views = {v.member.name: v for v in self.teams.members(self.team)}
+        gone: set[str] = set()
+        for item in self.list():
+            if item.owner is None or item.resolved or item.owner in gone:
+                continue
+            view = views.get(item.owner)
+            if (
+                view is None
+                or view.state is MemberState.LEFT
+                or (view.state is MemberState.DEAD and view.member.pid is not None)
+            ):
+                gone.add(item.owner)
+        released: builtins.list[TaskItem] = []
+        for name in sorted(gone):
+            released.extend(self.release_member(name))
+        return released
+
+    # -- notifying ---------------------------------------------------------------------------
+
+    def _notify(self, item: TaskItem, assigned_by: str | None) -> None:
+        """Tell the new owner; a failure is logged and kept, never raised (the write stands)."""
+        try:
+            self.notify(item, assigned_by)
+        except Exception as exc:
+            self.last_notify_error = exc
+            log.warning(
+                "task %s was assigned to %s, but the task_assignment was not delivered: %s",
+                item.id,
+                item.owner,
+                exc,
+            )
+
+    def _send_assignment(self, item: TaskItem, assigned_by: str | None) -> None:
+        """Default `notify`: a `task_assignment` message into the new owner's inbox."""
+        if item.owner is None:
+            return
+        sender = assigned_by or LEAD_NAME
+        if sender == item.owner:
+            return  # assigning a task to oneself needs no message
+        send(
+            self.teams.directory(self.team),
+            to=item.owner,
+            sender=sender,
+            kind="task_assignment",
+            text=f"{sender} assigned you task {item.id}: {item.subject}",
+            summary=f"task {item.id}: {item.subject}"[:200],
+            data={
+                "task_id": item.id,
+                "subject": item.subject,
+                "description": item.description,
+                "assigned_by": sender,
+            },
+        )
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _check_id(task_id: int) -> int:
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
+        raise UsageError(f"invalid task id {task_id!r}: task ids are whole numbers from 1")
+    return task_id
+
+
+def _check_subject(subject: str) -> str:
+    if not subject.strip():
+        raise UsageError("a task needs a subject (it is empty)")
+    return subject
+
+
+def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    meta = dict(metadata or {})
+    try:
+        orjson.dumps(meta)
+    except TypeError as exc:
+        raise UsageError(f"task metadata must be plain JSON: {exc}") from None
+    return meta
+
+
+def _refuse_link(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(f"{path} is a symlink; refusing to follow it (remove it)")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(f"{path} is not a regular file (remove it)")
+
+
+def _next_claimable(snap: TaskSnapshot, name: str) -> TaskItem | None:
+    for item in snap.sorted():
+        if item.status == "pending" and item.owner in (None, name) and not snap.open_blockers(item):
+            return item
+    return None
+
+
+def _check_claim(snap: TaskSnapshot, item: TaskItem, name: str, check_busy: bool) -> None:
+    if item.resolved:
+        raise ClaimRefused(item.id, "already_resolved", item.status, "it is completed")
+    if item.owner is not None and item.owner != name:
+        raise ClaimRefused(item.id, "already_claimed", item.owner, f"owned by {item.owner}")
+    blockers = snap.open_blockers(item)
+    if blockers:
+        ids = ", ".join(str(i) for i in blockers)
+        raise ClaimRefused(item.id, "blocked", blockers, f"open blockers: {ids}")
+    if check_busy:
+        busy = snap.in_progress_of(name, besides=item.id)
+        if busy:
+            ids = ", ".join(str(i) for i in busy)
+            raise ClaimRefused(
+                item.id, "agent_busy", busy, f"{name} is working on task {ids}; finish it first"
+            )

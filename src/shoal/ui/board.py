@@ -1,0 +1,339 @@
+"""The live status board: members and tasks of a team, redrawn when its files change.
+
+`render_board` gives a rich renderable (colours, member dots); `board_text` the same content
+as plain lines, used when the output is not a terminal or NO_COLOR is set. `run_board` is the
+loop behind `shoal ps --watch` (and the lead's pane under `shoal up`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TextIO
+
+from rich.color import Color, ColorParseError
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from shoal.ui.source import MemberRow, Snapshot, SwarmSource, TaskRow
+from shoal.ui.status import (
+    describe_teammate_activity,
+    member_icon,
+    one_line,
+    rich_color,
+    status_text,
+    task_age,
+    task_icon,
+    teammate_facts_from_task,
+    type_label,
+)
+from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
+
+COALESCE_S = 0.1
+"""After a wake-up, wait this long so a burst of writes makes one redraw."""
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class MemberLine:
+    """One member as the board shows it."""
+
+    icon: str
+    icon_style: str
+    name: str
+    color: str
+    state: str
+    activity: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class TaskLine:
+    """One task as the board shows it."""
+
+    icon: str
+    icon_style: str
+    id: str
+    type: str
+    status: str
+    age: str
+    description: str
+
+
+def _color(name: str | None) -> str:
+    """A rich colour for a member colour, "" when rich does not know it."""
+    color = rich_color(name)
+    if not color:
+        return ""
+    try:
+        Color.parse(color)
+    except ColorParseError:
+        return ""
+    return color
+
+
+def _progress(status: Mapping[str, Any]) -> str:
+    progress = status.get("progress")
+    if not isinstance(progress, Mapping):
+        return ""
+    parts = []
+    tools = progress.get("tool_use_count")
+    tokens = progress.get("token_count")
+    if isinstance(tools, int) and tools:
+        parts.append(f"{tools} tools")
+    if isinstance(tokens, int) and tokens:
+        parts.append(f"{tokens} tokens")
+    return ", ".join(parts)
+
+
+def member_line(member: MemberRow) -> MemberLine:
+    """The board's view of a member: icon, name, state, activity, progress/current task."""
+    icon, style = member_icon(member.state, member.facts)
+    detail = _progress(member.status)
+    current = member.status.get("current_task")
+    if current not in (None, ""):
+        detail = f"task {current}" + (f", {detail}" if detail else "")
+    return MemberLine(
+        icon=icon,
+        icon_style=style,
+        name=member.name,
+        color=_color(member.color),
+        state=member.state,
+        activity=member.activity,
+        detail=detail,
+    )
+
+
+def task_line(task: TaskRow, now: float) -> TaskLine:
+    """The board's view of a task: icon, id, type, status, age, description."""
+    icon, style = task_icon(task.record)
+    description = str(task.record.get("description") or "")
+    if task.type == "in_process_teammate" and task.status == "running":
+        activity = describe_teammate_activity(teammate_facts_from_task(task.record))
+        description = f"{description} · {activity}" if description else activity
+    return TaskLine(
+        icon=icon,
+        icon_style=style,
+        id=task.id,
+        type=type_label(task.record),
+        status=status_text(task.record),
+        age=task_age(task.record, now),
+        description=description,
+    )
+
+
+def event_line(event: Mapping[str, Any]) -> str | None:
+    """One line for an event worth showing on the board (None for the others)."""
+    ts = event.get("ts")
+    stamp = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, int | float) else ""
+    sub = event.get("subtype")
+    if sub == "task_started":
+        return f"{stamp} started  {event.get('task_id')}  {event.get('description', '')}"
+    if sub == "task_terminated":
+        return f"{stamp} {event.get('status', '?'):<8} {event.get('task_id')}  " + str(
+            event.get("summary", "")
+        )
+    if sub == "task_stalled":
+        return f"{stamp} waiting? {event.get('task_id')}  {event.get('prompt', '')}"
+    msg = event.get("message")
+    if event.get("type") == "message" and isinstance(msg, Mapping):
+        data = msg.get("data")
+        text = msg.get("text") or msg.get("summary") or ""
+        if not text and isinstance(data, Mapping):
+            text = data.get("plan") or data.get("summary") or ""
+        line = f"{stamp} message  {msg.get('from')} [{msg.get('kind')}] {one_line(text, 60)}"
+        return line.rstrip()
+    return None
+
+
+def _header(snapshot: Snapshot) -> str:
+    parts = [f"team {snapshot.team}"]
+    if snapshot.session_id:
+        parts.append(f"session {snapshot.session_id}")
+    if snapshot.leader_pid is not None:
+        parts.append(f"leader pid {snapshot.leader_pid}")
+    else:
+        parts.append("no leader running (`shoal up`)")
+    return "  ".join(parts)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_board(snapshot: Snapshot, *, now: float | None = None, events: int = 0) -> Group:
+    """The board as a rich renderable: header and pill, members, tasks, recent events."""
+    now = snapshot.taken_at if now is None else now
+    header = Text(_header(snapshot), style="bold")
+    pill = snapshot.pill
+    if pill:
+        header.append("   ")
+        header.append(f" {pill} ", style="reverse bright_blue")
+    parts: list[RenderableType] = [header]
+
+    members = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+    members.add_column("", width=1)
+    members.add_column("MEMBER", no_wrap=True)
+    members.add_column("STATE", no_wrap=True)
+    members.add_column("ACTIVITY", overflow="ellipsis", no_wrap=True, ratio=2)
+    members.add_column("", overflow="ellipsis", no_wrap=True, style="dim")
+    for m in map(member_line, snapshot.members):
+        who = Text("● ", style=m.color) + Text(m.name, style=m.color or "bold")
+        members.add_row(Text(m.icon, style=m.icon_style), who, m.state, m.activity, m.detail)
+    parts.append(members if snapshot.members else Text("no members", style="dim"))
+
+    tasks = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+    tasks.add_column("", width=1)
+    tasks.add_column("ID", no_wrap=True)
+    tasks.add_column("TYPE", no_wrap=True)
+    tasks.add_column("STATUS", no_wrap=True)
+    tasks.add_column("AGE", justify="right", no_wrap=True)
+    tasks.add_column("DESCRIPTION", overflow="ellipsis", no_wrap=True)
+    for t in (task_line(row, now) for row in snapshot.tasks):
+        tasks.add_row(
+            Text(t.icon, style=t.icon_style),
+            t.id,
+            t.type,
+            Text(t.status, style=t.icon_style),
+            t.age,
+            one_line(t.description, 200),
+        )
+    parts.append(tasks if snapshot.tasks else Text("no tasks", style="dim"))
+
+    if events:
+        lines = [ev for e in snapshot.events if (ev := event_line(e))][-events:]
+        if lines:
+            parts.append(Text("\n".join(lines), style="dim"))
+    for error in snapshot.errors:
+        parts.append(Text(f"error: {error}", style="red"))
+    return Group(*parts)
+
+
+def board_lines(
+    snapshot: Snapshot, *, now: float | None = None, events: int = 0, ages: bool = True
+) -> list[str]:
+    """The board as plain lines (no colour, no box drawing); `ages=False` leaves ages out."""
+    now = snapshot.taken_at if now is None else now
+    pill = snapshot.pill
+    lines = [_header(snapshot) + (f"  [{pill}]" if pill else "")]
+    mlines = [member_line(m) for m in snapshot.members]
+    if mlines:
+        name_w = max(len(m.name) for m in mlines)
+        state_w = max(len(m.state) for m in mlines)
+        lines.append("MEMBERS")
+        for m in mlines:
+            detail = f"  ({m.detail})" if m.detail else ""
+            line = f"  {m.icon} {m.name:<{name_w}}  {m.state:<{state_w}}  {m.activity}{detail}"
+            lines.append(line.rstrip())
+    else:
+        lines.append("no members")
+    tlines = [task_line(row, now) for row in snapshot.tasks]
+    if tlines:
+        type_w = max(len(t.type) for t in tlines)
+        status_w = max(len(t.status) for t in tlines)
+        lines.append("TASKS")
+        for t in tlines:
+            age = f"{t.age:>7}  " if ages else ""
+            lines.append(
+                f"  {t.icon} {t.id}  {t.type:<{type_w}}  {t.status:<{status_w}}  "
+                f"{age}{one_line(t.description, 200)}".rstrip()
+            )
+    else:
+        lines.append("no tasks")
+    if events:
+        lines.extend([ev for e in snapshot.events if (ev := event_line(e))][-events:])
+    lines.extend(f"error: {e}" for e in snapshot.errors)
+    return lines
+
+
+def board_text(snapshot: Snapshot, *, now: float | None = None, events: int = 0) -> str:
+    """`board_lines` joined, with a final newline."""
+    return "\n".join(board_lines(snapshot, now=now, events=events)) + "\n"
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def wants_plain(console: Console) -> bool:
+    """Plain lines when the output is not a terminal or NO_COLOR is set (no-color.org)."""
+    return not console.is_terminal or bool(os.environ.get("NO_COLOR"))
+
+
+def run_board(
+    source: SwarmSource,
+    *,
+    out: TextIO | None = None,
+    stop: threading.Event | None = None,
+    events: int = 0,
+    fallback: float = FALLBACK_TICK_S,
+    plain: bool | None = None,
+) -> None:
+    """Show the board until `stop` is set (or Ctrl-C), redrawing when the team's files change.
+
+    On a terminal the board is redrawn in place; otherwise (or with NO_COLOR) plain lines are
+    printed, a new block only when something other than the ages changed.
+    """
+    stop = stop or threading.Event()
+    console = Console(file=out or sys.stdout)
+    plain = wants_plain(console) if plain is None else plain
+    with ChangeSignal(source.watch_paths(), fallback=fallback) as signal:
+        if plain and not console.is_terminal:
+            _run_plain(source, out or sys.stdout, stop, signal, events)
+            return
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            while not stop.is_set():
+                snap = source.snapshot()
+                view: RenderableType = (
+                    Text(board_text(snap, events=events).rstrip("\n"))
+                    if plain
+                    else render_board(snap, events=events)
+                )
+                live.update(view, refresh=True)
+                _wait(signal, stop)
+
+
+def _run_plain(
+    source: SwarmSource, out: TextIO, stop: threading.Event, signal: ChangeSignal, events: int
+) -> None:
+    last: list[str] | None = None
+    while not stop.is_set():
+        snap = source.snapshot()
+        key = board_lines(snap, events=events, ages=False)
+        if key != last:
+            if last is not None:
+                out.write("\n")
+            out.write(board_text(snap, events=events))
+            out.flush()
+            last = key
+        _wait(signal, stop)
+
+
+def _wait(signal: ChangeSignal, stop: threading.Event) -> None:
+    if signal.wait() and not stop.is_set():
+        stop.wait(COALESCE_S)
+
+
+def start_board(
+    source: SwarmSource,
+    stop: threading.Event,
+    *,
+    out: TextIO | None = None,
+    events: int = 5,
+) -> threading.Thread:
+    """Run `run_board` in a daemon thread (for the lead's pane while the leader runs)."""
+    thread = threading.Thread(
+        target=run_board,
+        args=(source,),
+        kwargs={"out": out, "stop": stop, "events": events},
+        name="shoal-board",
+        daemon=True,
+    )
+    thread.start()
+    return thread

@@ -1,0 +1,366 @@
+"""What the views show and do: a snapshot of a team read from its files, and its actions.
+
+`SwarmSource` is the interface the board and the app use; `FileSource` reads the team file,
+member status files and the session's `state.json`/`events.jsonl`, and acts through the
+leader's control channel (stop) and the mailbox (messages, plan approval). No new protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+from pydantic import ValidationError
+
+from shoal.core.errors import NotFoundError, ShoalError, UsageError
+from shoal.core.output import read_output_delta, tail_lines
+from shoal.core.paths import Layout
+from shoal.core.tasks import AnyTaskState, parse_task_state
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import Teams
+from shoal.ui.pill import pill_for
+from shoal.ui.status import (
+    TeammateFacts,
+    member_activity,
+    parse_timestamp,
+    teammate_facts_from_status,
+)
+
+JsonDict = dict[str, Any]
+
+EVENTS_TAIL_BYTES = 256 * 1024
+RECENT_EVENTS = 50
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One task: its JSON record (for the pure helpers) and its validated state (None if bad)."""
+
+    record: JsonDict
+    state: AnyTaskState | None = None
+    error: str | None = None
+
+    @property
+    def id(self) -> str:
+        return str(self.record.get("id", "?"))
+
+    @property
+    def type(self) -> str:
+        return str(self.record.get("type", "?"))
+
+    @property
+    def status(self) -> str:
+        return str(self.record.get("status", "?"))
+
+    @property
+    def start_time(self) -> float:
+        start = self.record.get("start_time")
+        return float(start) if isinstance(start, int | float) else 0.0
+
+    @property
+    def output_file(self) -> str | None:
+        path = self.record.get("output_file")
+        return str(path) if path else None
+
+    @property
+    def message_target(self) -> str | None:
+        """The member a message about this task goes to (a teammate, or the task's agent)."""
+        if self.type == "in_process_teammate":
+            identity = self.record.get("identity")
+            if isinstance(identity, Mapping) and identity.get("agent_name"):
+                return str(identity["agent_name"])
+        agent = self.record.get("agent_id")
+        if isinstance(agent, str) and agent:
+            return agent.split("@", 1)[0]
+        return None
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One team member with its derived state and what its status file says."""
+
+    name: str
+    state: str
+    color: str | None = None
+    agent_type: str = "worker"
+    started_at: float = 0.0
+    pid: int | None = None
+    backend: str | None = None
+    prompt: str | None = None
+    status: JsonDict = field(default_factory=dict)
+    pending_plan: JsonDict | None = None
+    """The latest plan_approval_request message from this member (from the lead's events)."""
+
+    @property
+    def is_lead(self) -> bool:
+        return self.name == LEAD_NAME
+
+    @property
+    def facts(self) -> TeammateFacts:
+        return teammate_facts_from_status(self.status, self.state)
+
+    @property
+    def activity(self) -> str:
+        """The activity line: stopping, awaiting approval, idle, activity, working ("" if gone)."""
+        if self.is_lead and self.state not in ("dead", "left"):
+            return "leading"
+        return member_activity(self.state, self.facts)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the views show at one moment; `errors` says what could not be read."""
+
+    team: str
+    taken_at: float
+    session_id: str | None = None
+    leader_pid: int | None = None
+    tasks: tuple[TaskRow, ...] = ()
+    members: tuple[MemberRow, ...] = ()
+    events: tuple[JsonDict, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def pill(self) -> str:
+        """The pill label of this snapshot's tasks."""
+        return pill_for(t.record for t in self.tasks)
+
+    def task(self, task_id: str) -> TaskRow | None:
+        return next((t for t in self.tasks if t.id == task_id), None)
+
+    def member(self, name: str) -> MemberRow | None:
+        return next((m for m in self.members if m.name == name), None)
+
+
+class SwarmSource(Protocol):
+    """What the board and the app read and do; `FileSource` is the real one."""
+
+    team: str
+
+    def snapshot(self) -> Snapshot: ...
+
+    def watch_paths(self) -> list[Path]: ...
+
+    def output_tail(self, task_id: str, lines: int = 20) -> list[str]: ...
+
+    def read_output(self, task_id: str, offset: int) -> tuple[bytes, int]: ...
+
+    def stop_task(self, task_id: str) -> JsonDict: ...
+
+    def send_message(self, to: str, text: str) -> str: ...
+
+    def answer_plan(self, member: str, approve: bool, feedback: str | None = None) -> str: ...
+
+
+def read_jsonl(path: Path, max_bytes: int | None = None) -> Iterator[JsonDict]:
+    """JSON objects of the last `max_bytes` of a JSON-lines file (all of it when None)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, "rb") as fh:
+        if max_bytes is not None:
+            size = os.fstat(fh.fileno()).st_size
+            if size > max_bytes:
+                fh.seek(size - max_bytes - 1)
+                fh.readline()  # drop the line the window cut (or the newline before it)
+        for line in fh:
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a torn last line from a crash mid-write
+            if isinstance(record, dict):
+                yield record
+
+
+def plan_requests(events: Iterable[JsonDict]) -> dict[str, JsonDict]:
+    """The latest `plan_approval_request` message per sender, from the lead's event records."""
+    latest: dict[str, JsonDict] = {}
+    for event in events:
+        msg = event.get("message")
+        if event.get("type") != "message" or not isinstance(msg, dict):
+            continue
+        if msg.get("kind") == "plan_approval_request" and isinstance(msg.get("from"), str):
+            latest[msg["from"]] = msg
+    return latest
+
+
+def task_rows(raw_tasks: Any) -> tuple[list[TaskRow], list[str]]:
+    """Rows (by start time) of the `tasks` object of a state.json, and what was invalid."""
+    rows: list[TaskRow] = []
+    errors: list[str] = []
+    if not isinstance(raw_tasks, dict):
+        return rows, errors
+    for key, raw in raw_tasks.items():
+        if not isinstance(raw, dict):
+            errors.append(f"task {key}: not a JSON object")
+            continue
+        try:
+            rows.append(TaskRow(raw, parse_task_state(raw)))
+        except ValidationError as exc:
+            reason = str(exc).splitlines()[0]
+            rows.append(TaskRow(raw, None, reason))
+            errors.append(f"task {key}: {reason}")
+    rows.sort(key=lambda r: (r.start_time, r.id))
+    return rows, errors
+
+
+def _read_state(path: Path) -> JsonDict:
+    """A state.json as a dict ({} when absent); OSError or JSONDecodeError when unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        data = orjson.loads(fh.read())
+    return data if isinstance(data, dict) else {}
+
+
+class FileSource:
+    """A team read from the files under a SHOAL_HOME; actions go through leader and mailbox."""
+
+    def __init__(self, layout: Layout, team: str) -> None:
+        self.layout = layout
+        self.team = team
+        self.teams = Teams(layout)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def watch_paths(self) -> list[Path]:
+        """Directories whose changes call for a redraw: the team's and the sessions'."""
+        return [self.layout.team_dir(self.team), self.layout.sessions_dir]
+
+    def _session_dir(self) -> Path | None:
+        sid = self.teams.read(self.team).lead_session_id
+        return self.layout.session_dir(sid) if sid else None
+
+    def snapshot(self) -> Snapshot:
+        """Read everything now; what cannot be read is named in `errors`, never raised."""
+        now = time.time()
+        errors: list[str] = []
+        try:
+            tf = self.teams.read(self.team)
+        except ShoalError as exc:
+            return Snapshot(team=self.team, taken_at=now, errors=(str(exc),))
+        session_id = tf.lead_session_id
+        events: tuple[JsonDict, ...] = ()
+        rows: list[TaskRow] = []
+        if session_id:
+            session_dir = self.layout.session_dir(session_id)
+            try:
+                raw = _read_state(session_dir / "state.json")
+            except (OSError, orjson.JSONDecodeError) as exc:
+                errors.append(f"cannot read {session_dir / 'state.json'}: {exc}")
+                raw = {}
+            rows, task_errors = task_rows(raw.get("tasks"))
+            errors.extend(task_errors)
+            events = tuple(read_jsonl(session_dir / "events.jsonl", EVENTS_TAIL_BYTES))
+        plans = plan_requests(events)
+        members: list[MemberRow] = []
+        leader_pid: int | None = None
+        for m in tf.members:
+            try:
+                state = self.teams.member_state(self.team, m).value
+                status = self.teams.read_status(self.team, m.name) or {}
+            except ShoalError as exc:
+                errors.append(f"member {m.name}: {exc}")
+                state, status = "dead", {}
+            if m.name == LEAD_NAME and state not in ("dead", "left"):
+                leader_pid = m.pid
+            started = parse_timestamp(status.get("started_at")) or parse_timestamp(m.joined_at)
+            prompt = status.get("prompt") or m.prompt
+            members.append(
+                MemberRow(
+                    name=m.name,
+                    state=state,
+                    color=m.color,
+                    agent_type=m.agent_type,
+                    started_at=started or 0.0,
+                    pid=m.pid,
+                    backend=m.backend,
+                    prompt=str(prompt) if prompt else None,
+                    status=status,
+                    pending_plan=plans.get(m.name),
+                )
+            )
+        members.sort(key=lambda r: (r.started_at, r.name))
+        return Snapshot(
+            team=self.team,
+            taken_at=now,
+            session_id=session_id,
+            leader_pid=leader_pid,
+            tasks=tuple(rows),
+            members=tuple(members),
+            events=events[-RECENT_EVENTS:],
+            errors=tuple(errors),
+        )
+
+    def _output_path(self, task_id: str) -> Path:
+        session_dir = self._session_dir()
+        if session_dir is None:
+            raise NotFoundError(f"team {self.team!r} has no session yet")
+        try:
+            tasks = _read_state(session_dir / "state.json").get("tasks")
+        except (OSError, orjson.JSONDecodeError):
+            tasks = None
+        record = tasks.get(task_id) if isinstance(tasks, dict) else None
+        if isinstance(record, dict) and isinstance(record.get("output_file"), str):
+            return Path(record["output_file"])
+        return session_dir / "tasks" / f"{task_id}.output"
+
+    def output_tail(self, task_id: str, lines: int = 20) -> list[str]:
+        """The last `lines` lines of the task's output ([] before there is any)."""
+        return tail_lines(self._output_path(task_id), lines, max_bytes=max(4096, lines * 400))
+
+    def read_output(self, task_id: str, offset: int) -> tuple[bytes, int]:
+        """Output bytes from `offset` (at most 1 MiB); returns (data, new offset)."""
+        return read_output_delta(self._output_path(task_id), offset, 1 << 20)
+
+    # -- acting ----------------------------------------------------------------------------------
+
+    def stop_task(self, task_id: str) -> JsonDict:
+        """Ask the leader to stop `task_id`; its final record."""
+        from shoal.orchestrator.control import call
+
+        result = call(self.layout, self.team, "stop", {"task_id": task_id})
+        return result if isinstance(result, dict) else {"id": task_id}
+
+    def send_message(self, to: str, text: str) -> str:
+        """Send `text` from the lead to member `to`; the message id."""
+        from shoal.mailbox.router import send
+
+        if not text.strip():
+            raise UsageError("empty message; nothing was sent")
+        directory = self.teams.directory(self.team)
+        return send(directory, to=to, sender=LEAD_NAME, kind="text", text=text).id
+
+    def pending_plan(self, member: str) -> JsonDict | None:
+        """The latest plan_approval_request from `member` in the lead's whole event stream."""
+        session_dir = self._session_dir()
+        if session_dir is None:
+            return None
+        return plan_requests(read_jsonl(session_dir / "events.jsonl")).get(member)
+
+    def answer_plan(self, member: str, approve: bool, feedback: str | None = None) -> str:
+        """Approve or reject `member`'s latest plan; the request id answered."""
+        from shoal.mailbox.router import send
+
+        request = self.pending_plan(member)
+        data = request.get("data") if request else None
+        if not isinstance(data, dict) or not data.get("request_id"):
+            raise NotFoundError(f"{member} has not asked for plan approval; nothing was sent")
+        request_id = str(data["request_id"])
+        send(
+            self.teams.directory(self.team),
+            to=member,
+            sender=LEAD_NAME,
+            kind="plan_approval_response",
+            text=feedback or None,
+            data={"request_id": request_id, "approve": approve, "feedback": feedback or None},
+        )
+        return request_id
