@@ -288,3 +288,22 @@ def test_worker_dying_at_start_is_reported(home: Path, monkeypatch: pytest.Monke
         leader.wake()
         loop.join(10)
         leader.shutdown()
+
+
+def test_teammates_outlive_a_crashed_leader_and_are_adopted(cli: Cli, home: Path) -> None:
+    first = LeaderProc(home)
+    info = spawn(cli, "ada", "--backend", "process")
+    first.kill9()
+    assert is_alive(info["pid"], None)
+    second = LeaderProc(home)
+    try:
+        notes = [e.get("text", "") for e in events(home) if e.get("subtype") == "note"]
+        assert any("adopted teammate ada" in n for n in notes)
+        assert cli("send", "--team", "t", "ada", "still there?").returncode == 0
+        wait_until(lambda: any("still there?" in (m["data"].get("result") or "")
+                               for m in messages(home, "task_notification")), timeout=30)
+        assert cli("down", "--team", "t").returncode == 0
+        wait_until(lambda: not is_alive(info["pid"], None))
+        assert states(home)["ada"] is MemberState.LEFT
+    finally:
+        second.stop()

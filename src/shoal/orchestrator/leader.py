@@ -37,6 +37,7 @@ from shoal.core.paths import Layout
 from shoal.core.procs import current_identity, is_alive, process_start_time
 from shoal.core.tasks import (
     AnyTaskState,
+    InProcessTeammateTaskState,
     LocalShellTaskState,
     ShellResult,
     TaskRegistry,
@@ -177,6 +178,16 @@ class Leader:
         self.created_at = state.created_at
         for task in state.tasks.values():
             self.registry.register_task(task)
+            if isinstance(task, InProcessTeammateTaskState) and not task.is_terminal:
+                if self.swarm.adopt(task):
+                    self.note(f"adopted teammate {task.identity.agent_name} ({task.id})")
+                else:
+                    self._move(
+                        task.id,
+                        TaskStatus.FAILED,
+                        error="the teammate ended while no leader was running",
+                    )
+                continue
             if task.is_terminal or not isinstance(task, LocalShellTaskState):
                 continue
             started, proc = shell.locate(task.pid, task.pid_started_at, task.output_file)

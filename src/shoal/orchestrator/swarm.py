@@ -31,7 +31,7 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import send
 from shoal.mailbox.schema import AnyMessage
-from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose
+from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_backend
 from shoal.teams.backends.inprocess import InProcessBackend
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME
@@ -225,6 +225,33 @@ class Swarm:
                 }
             )
         leader.wake()
+
+    def adopt(self, task: InProcessTeammateTaskState) -> bool:
+        """After a leader restart: take back a teammate that still runs; False if it is gone.
+
+        Process and tmux teammates outlive a crashed leader; in-process ones die with it.
+        """
+        name = task.identity.agent_name
+        member = self.leader.teams.read(self.leader.team).member(name)
+        if member is None or member.backend in (None, "in-process") or not member.is_active:
+            return False
+        if not is_alive(member.pid, member.pid_started_at):
+            return False
+        backend = get_backend(member.backend)
+        handle = Handle(backend=member.backend, pid=member.pid, pane_id=member.pane_id)
+        if not backend.is_alive(handle):
+            return False
+        self.members[name] = MemberRun(
+            name=name,
+            task_id=task.id,
+            backend=backend,
+            handle=handle,
+            why="adopted after a leader restart",
+            ready=True,
+        )
+        self._backends[backend.name] = backend
+        self.leader.watch_pid(f"member:{name}", member.pid)
+        return True
 
     def _in_process_factory(self, spec: SpawnSpec) -> Any:
         from shoal.workers.worker import runner_from_argv
