@@ -15,7 +15,9 @@ repeated (best of N, shoal and baseline alternating).
 
 Everything runs in a temporary SHOAL_HOME with real processes (multiprocessing, spawn start
 method, so each child is a fresh interpreter). Set SHOAL_BENCH_PROFILE=DIR to run every child
-under cProfile and dump `DIR/{function}-{pid}.prof` files for `python -m pstats`.
+under cProfile and dump `DIR/{function}-{pid}.prof` files for `python -m pstats` (or run the
+whole thing under `py-spy record --subprocesses`). A throughput trial stops timing after
+`--cap` seconds; what is left on disk then is counted as unhandled, not lost.
 
 Adding a section: write `def my_section(cfg: Config) -> SectionResult` and decorate it with
 `@section("name", "title")`; it then shows up in `--list` and `--only`.
@@ -329,7 +331,7 @@ def _extra(message: AnyMessage) -> dict[str, Any]:
 
 
 # Children do not close their Inbox: the process exits right after, and unscheduling while the
-# watchdog emitter thread is mid-read makes watchdog log a spurious ERROR line on stderr.
+# watchdog emitter thread is mid-read can make watchdog log a spurious error line.
 
 
 def shoal_latency_receiver(home: str, team: str, conn: Connection) -> None:
@@ -484,29 +486,40 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+_HOST = socket.gethostname()
+_bare_seq = 0
+
+
+def bare_deliver(root: str, data: dict[str, Any], durable: bool = False) -> None:
+    """Deliver one message file with the maildir syscalls and nothing else: O_EXCL in tmp/,
+    write, (fsync), close, link into new/, unlink tmp/, (fsync new/). The body is built with
+    the json module in the on-disk message format, so shoal's reader accepts it too."""
+    global _bare_seq
+    _bare_seq += 1
+    name = f"{time.time_ns()}.{os.getpid()}_{_bare_seq}.{_HOST}"
+    body = {
+        "v": 1, "id": f"{os.getpid()}-{_bare_seq:020d}", "from": TEAM_LEAD, "to": RECEIVER,
+        "kind": "text", "sent_at": "2026-01-01T00:00:00.000000Z", "text": None,
+        "summary": None, "data": data, "reply_to": None,
+    }  # fmt: skip
+    raw = json.dumps(body).encode()
+    tmp_path = os.path.join(root, "tmp", name)
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.write(fd, raw)
+    if durable:
+        os.fsync(fd)
+    os.close(fd)
+    new = os.path.join(root, "new")
+    os.link(tmp_path, os.path.join(new, name))
+    os.unlink(tmp_path)
+    if durable:
+        _fsync_dir(new)
+
+
 def bare_fill(root: str, seqs: range, durable: bool = False) -> None:
-    """The maildir delivery syscalls in a bare loop: O_EXCL in tmp/, write, close, link, unlink."""
-    tmp, new = os.path.join(root, "tmp"), os.path.join(root, "new")
-    pid, host = os.getpid(), socket.gethostname()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    """The maildir delivery syscalls in a bare loop (see bare_deliver)."""
     for i in seqs:
-        name = f"{time.time_ns()}.{pid}_{i}.{host}"
-        body = {
-            "v": 1, "id": f"{i:026d}", "from": TEAM_LEAD, "to": RECEIVER, "kind": "text",
-            "sent_at": "2026-01-01T00:00:00.000000Z", "text": None, "summary": None,
-            "data": {"seq": i}, "reply_to": None,
-        }  # fmt: skip
-        data = json.dumps(body).encode()
-        tmp_path = os.path.join(tmp, name)
-        fd = os.open(tmp_path, flags, 0o600)
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-        os.close(fd)
-        os.link(tmp_path, os.path.join(new, name))
-        os.unlink(tmp_path)
-        if durable:
-            _fsync_dir(new)
+        bare_deliver(root, {"seq": i}, durable)
 
 
 def bare_sender(root: str, n: int, durable: bool, go: MpEvent, conn: Connection) -> None:
@@ -614,8 +627,12 @@ def summarize_latency(samples: list[tuple[int, int]], n: int, calls: list[int]) 
     return Latency(percentile(values, 50), percentile(values, 99), lost, len(samples), call)
 
 
+LATENCY_PHASES = ("send", "deliver", "bare")
+
+
 def measure_shoal_latency(home: Path, n: int, rate: float, warmup: int) -> dict[str, Any]:
-    """Paced sends from this process to a receiver process, alternating `send()` and deliver."""
+    """Paced sends from this process to a receiver process, round robin: `send()`,
+    make_message+deliver, and a bare-syscall delivery (no shoal on the sending side)."""
     from shoal.core.paths import Layout
     from shoal.mailbox.router import make_message, send
     from shoal.mailbox.schema import encode
@@ -636,29 +653,27 @@ def measure_shoal_latency(home: Path, n: int, rate: float, warmup: int) -> dict[
         for i in paced(warmup, rate):
             warm = {"phase": "warm", "seq": i, "t": time.time_ns()}
             send(directory, to=RECEIVER, sender=TEAM_LEAD, data=warm)
-        # The two ways of sending alternate message by message, so both see the same noise.
-        calls: dict[str, list[int]] = {"send": [], "deliver": []}
-        for i in paced(2 * n, rate):
+        # The ways of sending take turns message by message, so all see the same noise.
+        calls: dict[str, list[int]] = {p: [] for p in LATENCY_PHASES}
+        for i in paced(len(LATENCY_PHASES) * n, rate):
+            phase = LATENCY_PHASES[i % len(LATENCY_PHASES)]
             t = time.time_ns()
-            if i % 2 == 0:
-                data = {"phase": "send", "seq": i // 2, "t": t}
+            data = {"phase": phase, "seq": i // len(LATENCY_PHASES), "t": t}
+            if phase == "send":
                 send(directory, to=RECEIVER, sender=TEAM_LEAD, text="latency", data=data)
-                calls["send"].append(time.time_ns() - t)
-            else:
-                data = {"phase": "deliver", "seq": i // 2, "t": t}
+            elif phase == "deliver":
                 msg = make_message(sender=TEAM_LEAD, to=RECEIVER, text="latency", data=data)
                 maildir.deliver(encode(msg))
-                calls["deliver"].append(time.time_ns() - t)
+            else:
+                bare_deliver(str(inbox_dir), data)
+            calls[phase].append(time.time_ns() - t)
         send(directory, to=RECEIVER, sender=TEAM_LEAD, data={"stop": True})
         _, lat, quarantined = rx.expect(120)
         rx.finish()
-    return {
-        "mode": mode,
-        "ping_ms": ping_ns / 1e6,
-        "send": summarize_latency(lat.get("send", []), n, calls["send"]),
-        "deliver": summarize_latency(lat.get("deliver", []), n, calls["deliver"]),
-        "quarantined": quarantined,
-    }
+    out: dict[str, Any] = {"mode": mode, "ping_ms": ping_ns / 1e6, "quarantined": quarantined}
+    for phase in LATENCY_PHASES:
+        out[phase] = summarize_latency(lat.get(phase, []), n, calls[phase])
+    return out
 
 
 def measure_pipe_latency(n: int, rate: float, warmup: int) -> Latency:
@@ -860,7 +875,7 @@ def mailbox_section(cfg: Config) -> SectionResult:
     lower = "make_message+deliver [lower-level]"
 
     # 1. send -> handler latency at a fixed pace, against a one-way Pipe
-    rate, n_lat, warmup = 500.0, (1000 if cfg.quick else 2000), 50
+    rate, n_lat, warmup = 500.0, (600 if cfg.quick else 2000), 50
     lat = measure_shoal_latency(home, n_lat, rate, warmup)
     pipe = measure_pipe_latency(n_lat, rate, warmup)
     for key, label in (("send", "send()"), ("deliver", lower)):
@@ -869,23 +884,28 @@ def mailbox_section(cfg: Config) -> SectionResult:
                         "lower", "<= 1 ms", s.p50_ms <= 1.0))  # fmt: skip
         rows.append(Row(f"latency p99 @{rate:.0f}/s, {label}", "ms", s.p99_ms, pipe.p99_ms,
                         "lower", "<= 10 ms", s.p99_ms <= 10.0))  # fmt: skip
+    bare_lat: Latency = lat["bare"]
+    rows.append(Row("  [info] latency p50, bare-syscall file -> shoal Inbox", "ms",
+                    bare_lat.p50_ms, pipe.p50_ms, "lower"))  # fmt: skip
     for key, label in (("send", "send()"), ("deliver", "make_message+deliver")):
-        rows.append(Row(f"  [info] sender-side call p50, {label}", "ms", lat[key].call_p50_ms,
-                        pipe.call_p50_ms, "lower"))  # fmt: skip
-    lat_lost = lat["send"].lost + lat["deliver"].lost + lat["quarantined"]
-    rows.append(Row(f"lost, latency runs ({2 * n_lat} msgs)", "count", lat_lost, pipe.lost,
+        rows.append(Row(f"  [info] sender-side call p50, {label} vs bare syscalls", "ms",
+                        lat[key].call_p50_ms, bare_lat.call_p50_ms, "lower"))  # fmt: skip
+    lat_lost = sum(lat[p].lost for p in LATENCY_PHASES) + lat["quarantined"]
+    total = len(LATENCY_PHASES) * n_lat
+    rows.append(Row(f"lost, latency runs ({total} msgs)", "count", lat_lost, pipe.lost,
                     "lower", "== 0", lat_lost == 0))  # fmt: skip
     notes.append(
-        f"latency: {n_lat} msgs per variant, the variants alternating in one stream paced at "
+        f"latency: {n_lat} msgs per variant, the variants taking turns in one stream paced at "
         f"{rate:.0f}/s (after {warmup} warm-up) from the bench process; the receiver process "
-        f"runs Inbox.process, watcher={lat['mode']} "
-        f"(first ping {lat['ping_ms']:.2f} ms). Baseline: one-way multiprocessing.Pipe at the "
-        "same pace, the child records receipt time - send time. The sender-side call is part "
-        "of the latency (the send timestamp is taken before the call)."
+        f"runs Inbox.process, watcher={lat['mode']} (first ping {lat['ping_ms']:.2f} ms). "
+        "Baseline: one-way multiprocessing.Pipe at the same pace, the child records receipt "
+        "time - send time. The sender-side call is part of the latency (the timestamp is taken "
+        "before it); 'bare syscalls' is the same file delivery without shoal (json + O_EXCL + "
+        "link), read by the same shoal Inbox, which separates sender and receiver costs."
     )
 
     # 2./3. one sender -> one receiver, plain and durable, against the bare syscall loop
-    sizes = {"plain": 5000 if cfg.quick else 20000, "durable": 1000 if cfg.quick else 3000}
+    sizes = {"plain": 4000 if cfg.quick else 20000, "durable": 400 if cfg.quick else 3000}
     for tag, durable in (("plain", False), ("durable", True)):
         n = sizes[tag]
         tp = measure_throughput(cfg, tag, n, durable)
@@ -977,9 +997,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", metavar="SECTION[,SECTION]", help="run only these sections")
     parser.add_argument("--quick", action="store_true", help="smaller, faster runs")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write results here")
-    parser.add_argument("--repeats", type=int, help="throughput trials (default 1 quick, 2 full)")
+    parser.add_argument("--repeats", type=int, help="throughput trials (default 2 quick, 3 full)")
     parser.add_argument(
         "--cap", type=float, help="seconds a throughput trial may run (default 10 quick, 30 full)"
+    )
+    parser.add_argument(
+        "--tmpdir", type=Path, help="where the temporary SHOAL_HOME goes (default: system temp)"
     )
     parser.add_argument("--list", action="store_true", help="list the sections and exit")
     parser.add_argument("--keep", action="store_true", help="keep the temporary SHOAL_HOME")
@@ -992,7 +1015,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def select(only: str | None) -> list[Section]:
     if not only:
         return list(SECTIONS.values())
-    names = [n.strip() for n in only.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in only.split(",") if n.strip()))
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise SystemExit(
@@ -1009,9 +1032,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{s.name:12} {s.title}")
         return 0
     chosen = select(args.only)
-    repeats = args.repeats or (1 if args.quick else 2)
+    repeats = args.repeats or (2 if args.quick else 3)
     cap_s = args.cap or (10.0 if args.quick else 30.0)
-    workdir = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="shoal-bench-", dir=args.tmpdir))
     info = machine_info(workdir)
     print(
         f"shoal bench ({'quick' if args.quick else 'full'}): python {info['python']}, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
@@ -266,6 +266,84 @@ def wants_plain(console: Console) -> bool:
     return not console.is_terminal or bool(os.environ.get("NO_COLOR"))
 
 
+class Board:
+    """The live board of one source: `run()` shows it until `stop()` (from any thread)."""
+
+    def __init__(
+        self,
+        source: SwarmSource,
+        *,
+        out: TextIO | None = None,
+        events: int = 0,
+        fallback: float = FALLBACK_TICK_S,
+        plain: bool | None = None,
+    ) -> None:
+        self.source = source
+        self.out = out or sys.stdout
+        self.events = events
+        self.fallback = fallback
+        self.console = Console(file=self.out)
+        self.plain = wants_plain(self.console) if plain is None else plain
+        self._stop = threading.Event()
+        self._signal: ChangeSignal | None = None
+        self.thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """Make `run` return (at once: the wait is woken too)."""
+        self._stop.set()
+        if self._signal is not None:
+            self._signal.set()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Show the board until `stop()` is called or `stop` is set (checked every tick)."""
+        with ChangeSignal(self.source.watch_paths(), fallback=self.fallback) as signal:
+            self._signal = signal
+
+            def done() -> bool:
+                return self._stop.is_set() or (stop is not None and stop.is_set())
+
+            if self.plain and not self.console.is_terminal:
+                self._run_plain(done, signal)
+                return
+            with Live(console=self.console, auto_refresh=False, transient=False) as live:
+                while not done():
+                    live.update(self._view(), refresh=True)
+                    self._wait(signal, done)
+
+    def _view(self) -> RenderableType:
+        snap = self.source.snapshot()
+        if self.plain:
+            return Text(board_text(snap, events=self.events).rstrip("\n"))
+        return render_board(snap, events=self.events)
+
+    def _run_plain(self, done: Callable[[], bool], signal: ChangeSignal) -> None:
+        last: list[str] | None = None
+        while not done():
+            snap = self.source.snapshot()
+            key = board_lines(snap, events=self.events, ages=False)
+            if key != last:
+                if last is not None:
+                    self.out.write("\n")
+                self.out.write(board_text(snap, events=self.events))
+                self.out.flush()
+                last = key
+            self._wait(signal, done)
+
+    def _wait(self, signal: ChangeSignal, done: Callable[[], bool]) -> None:
+        if signal.wait() and not done():
+            self._stop.wait(COALESCE_S)  # let a burst of writes settle into one redraw
+
+    def start(self) -> Board:
+        """Run in a daemon thread (e.g. in the lead's pane while the leader runs)."""
+        self.thread = threading.Thread(target=self.run, name="shoal-board", daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
 def run_board(
     source: SwarmSource,
     *,
@@ -280,60 +358,9 @@ def run_board(
     On a terminal the board is redrawn in place; otherwise (or with NO_COLOR) plain lines are
     printed, a new block only when something other than the ages changed.
     """
-    stop = stop or threading.Event()
-    console = Console(file=out or sys.stdout)
-    plain = wants_plain(console) if plain is None else plain
-    with ChangeSignal(source.watch_paths(), fallback=fallback) as signal:
-        if plain and not console.is_terminal:
-            _run_plain(source, out or sys.stdout, stop, signal, events)
-            return
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while not stop.is_set():
-                snap = source.snapshot()
-                view: RenderableType = (
-                    Text(board_text(snap, events=events).rstrip("\n"))
-                    if plain
-                    else render_board(snap, events=events)
-                )
-                live.update(view, refresh=True)
-                _wait(signal, stop)
+    Board(source, out=out, events=events, fallback=fallback, plain=plain).run(stop)
 
 
-def _run_plain(
-    source: SwarmSource, out: TextIO, stop: threading.Event, signal: ChangeSignal, events: int
-) -> None:
-    last: list[str] | None = None
-    while not stop.is_set():
-        snap = source.snapshot()
-        key = board_lines(snap, events=events, ages=False)
-        if key != last:
-            if last is not None:
-                out.write("\n")
-            out.write(board_text(snap, events=events))
-            out.flush()
-            last = key
-        _wait(signal, stop)
-
-
-def _wait(signal: ChangeSignal, stop: threading.Event) -> None:
-    if signal.wait() and not stop.is_set():
-        stop.wait(COALESCE_S)
-
-
-def start_board(
-    source: SwarmSource,
-    stop: threading.Event,
-    *,
-    out: TextIO | None = None,
-    events: int = 5,
-) -> threading.Thread:
-    """Run `run_board` in a daemon thread (for the lead's pane while the leader runs)."""
-    thread = threading.Thread(
-        target=run_board,
-        args=(source,),
-        kwargs={"out": out, "stop": stop, "events": events},
-        name="shoal-board",
-        daemon=True,
-    )
-    thread.start()
-    return thread
+def start_board(source: SwarmSource, *, out: TextIO | None = None, events: int = 5) -> Board:
+    """Start the board in a daemon thread; `board.stop(); board.join()` ends it."""
+    return Board(source, out=out, events=events).start()
