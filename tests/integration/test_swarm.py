@@ -162,6 +162,7 @@ def test_plan_mode_approve_and_reject(cli: Cli, leader: LeaderProc, home: Path,
     plan = teams.read_status("t", "pat")["awaiting_approval"]["plan"]  # type: ignore[index]
     assert str(target) in plan
     assert not target.exists()  # nothing written before approval
+    wait_until(lambda: messages(home, "plan_approval_request"))
     assert messages(home, "plan_approval_request")[0]["from"] == "pat"
     assert cli("approve", "--team", "t", "pat").returncode == 0
     wait_until(lambda: tasks.get(first.id).status == "completed")
@@ -221,8 +222,11 @@ def test_worker_without_inotify_polls_and_gets_everything(
         spawn(cli, "pol", "--backend", "process")
         teams = Teams(Layout(home))
         assert teams.read_status("t", "pol")["watcher"] == "polling"  # type: ignore[index]
-        for i in range(20):
-            assert cli("send", "--team", "t", "pol", f"note {i}").returncode == 0
+        from shoal.mailbox.router import send
+
+        assert cli("send", "--team", "t", "pol", "note 0").returncode == 0
+        for i in range(1, 20):
+            send(teams.directory("t"), to="pol", sender="team-lead", text=f"note {i}")
         wait_until(lambda: len(messages(home, "task_notification")) == 20, timeout=60)
         texts = sorted(m["data"]["result"] for m in messages(home, "task_notification"))
         assert texts == sorted(f"done: note {i}" for i in range(20))

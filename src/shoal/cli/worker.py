@@ -45,6 +45,12 @@ def _options(fn: F) -> F:
                 "--cwd", type=click.Path(file_okay=False), default=None, help="Working directory."
             ),
             click.option(
+                "--joined",
+                is_flag=True,
+                hidden=True,
+                help="Already joined by the spawner (in-process batches).",
+            ),
+            click.option(
                 "--backend",
                 default="process",
                 show_default=True,

@@ -433,6 +433,11 @@ class Leader:
             self._selector.unregister(fd)
             os.close(fd)
 
+    @property
+    def identity(self) -> tuple[int, float]:
+        """(pid, start time) of the leader's process."""
+        return self._identity
+
     def mark_dirty(self) -> None:
         """Something in the registry changed outside `_update` (state.json must be written)."""
         self._dirty = True

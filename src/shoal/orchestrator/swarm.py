@@ -31,10 +31,12 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import send
 from shoal.mailbox.schema import AnyMessage
+from shoal.mailbox.watcher import shared_watcher as get_watcher
 from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_backend
 from shoal.teams.backends.inprocess import InProcessBackend
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import JoinSpec
 from shoal.teams.tasklist import TaskList
 
 if TYPE_CHECKING:
@@ -44,6 +46,66 @@ SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
 SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
 
 Reply = Callable[[dict[str, Any] | None, ShoalError | None], None]
+BatchReply = Callable[[list[dict[str, Any]] | None, ShoalError | None], None]
+
+
+@dataclass
+class _Plan:
+    """A checked spawn request, before anything is started."""
+
+    name: str
+    agent: str
+    backend: Backend
+    why: str
+    cwd: str
+    argv: list[str]
+    task_id: str
+    output: Path
+    plan_mode: bool
+    worktree: str | None
+    prompt: str | None
+    in_process: bool
+    color: str | None
+
+
+class _Collector:
+    """Answers a spawn batch once every member is ready or has failed."""
+
+    def __init__(self, count: int, reply: BatchReply) -> None:
+        self.count = count
+        self.reply = reply
+        self.results: dict[str, dict[str, Any]] = {}
+        self.errors: dict[str, ShoalError] = {}
+        self.order: list[str] = []
+
+    def for_member(self, name: str) -> Reply:
+        self.order.append(name)
+
+        def answer(result: dict[str, Any] | None, error: ShoalError | None) -> None:
+            self.done(name, result, error)
+
+        return answer
+
+    def done(self, name: str, result: dict[str, Any] | None, error: ShoalError | None) -> None:
+        if error is not None:
+            self.errors[name] = error
+        elif result is not None:
+            self.results[name] = result
+        if len(self.results) + len(self.errors) < self.count:
+            return
+        if self.errors:
+            if self.count == 1:
+                self.reply(None, next(iter(self.errors.values())))
+            else:
+                failed = "; ".join(f"{n}: {e}" for n, e in self.errors.items())
+                self.reply(
+                    None,
+                    ShoalError(
+                        f"{len(self.errors)} of {self.count} teammates failed to start ({failed})"
+                    ),
+                )
+            return
+        self.reply([self.results[n] for n in self.order if n in self.results], None)
 
 
 @dataclass
@@ -80,6 +142,56 @@ class Swarm:
 
     def spawn(self, args: dict[str, Any], reply: Reply) -> None:
         """Start a teammate; `reply` is called once it is ready (or failed to start)."""
+
+        def one(results: list[dict[str, Any]] | None, error: ShoalError | None) -> None:
+            reply(results[0] if results else None, error)
+
+        self.spawn_many([args], one)
+
+    def spawn_many(self, batch: list[dict[str, Any]], reply: BatchReply) -> None:
+        """Start several teammates with one team-file update; `reply` gets all of them once
+        every one is ready, or the failures. Everything is checked before anything starts."""
+        leader = self.leader
+        team = leader.team
+        tf = leader.teams.read(team)
+        names = [str(a.get("name") or "") for a in batch]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UsageError(f"teammate name(s) given twice: {', '.join(dupes)}")
+        plans = [self._plan(args, tf) for args in batch]
+        taken = [m.color for m in tf.members if m.is_active and m.name not in names]
+        for plan in plans:
+            if plan.color is None:
+                plan.color = pick_color(taken)
+            taken.append(plan.color)
+        me, started = leader.identity
+        leader.teams.join_many(
+            team,
+            [
+                JoinSpec(
+                    name=p.name,
+                    agent_type=p.agent,
+                    backend=p.backend.name,
+                    cwd=p.cwd,
+                    plan_mode_required=p.plan_mode,
+                    worktree_path=p.worktree,
+                    color=p.color,
+                    # In-process teammates live in this process: joined for good right now.
+                    # The others are listed with no pid (dead) until their worker joins.
+                    pid=me if p.in_process else None,
+                    pid_started_at=started if p.in_process else None,
+                )
+                for p in plans
+            ],
+        )
+        if any(p.in_process for p in plans):
+            get_watcher().watch_root(leader.layout.inboxes_dir(team))
+        collector = _Collector(len(plans), reply)
+        for plan in plans:
+            self._start(plan, collector)
+        leader.wake()
+
+    def _plan(self, args: dict[str, Any], tf: Any) -> _Plan:
         leader = self.leader
         layout, team = leader.layout, leader.team
         name = validate_name(str(args.get("name") or ""), "member name")
@@ -100,7 +212,6 @@ class Swarm:
         current = self.members.get(name)
         if current is not None and current.backend.is_alive(current.handle):
             raise ConflictError(f"teammate {name!r} is already running in team {team!r}")
-        tf = leader.teams.read(team)
         existing = tf.member(name)
         if (
             existing is not None
@@ -114,17 +225,12 @@ class Swarm:
             raise UsageError(f"working directory {cwd!r} does not exist")
         worktree = None
         if args.get("worktree"):
-            worktree = self._make_worktree(name, cwd)
-            cwd = str(worktree)
+            worktree = str(self._make_worktree(name, cwd))
+            cwd = worktree
         task_id = new_task_id(TaskType.IN_PROCESS_TEAMMATE)
         output = leader.session.output_file(task_id)
-        os.close(create_output_file(output, layout.home))
-        color = (
-            existing.color
-            if existing and existing.color
-            else pick_color(m.color for m in tf.members if m.is_active)
-        )
         plan_mode = bool(args.get("plan_mode"))
+        in_process = isinstance(backend, InProcessBackend)
         argv = [
             sys.executable,
             "-m",
@@ -153,78 +259,94 @@ class Swarm:
             argv += ["--cmd", str(cmd)]
         if plan_mode:
             argv.append("--plan-mode")
+        if in_process:
+            argv.append("--joined")
+        return _Plan(
+            name=name,
+            agent=agent,
+            backend=backend,
+            why=why,
+            cwd=cwd,
+            argv=argv,
+            task_id=task_id,
+            output=output,
+            plan_mode=plan_mode,
+            worktree=worktree,
+            prompt=args.get("prompt"),
+            in_process=in_process,
+            color=existing.color if existing and existing.color else None,
+        )
+
+    def _start(self, plan: _Plan, collector: _Collector) -> None:
+        leader = self.leader
+        layout, team = leader.layout, leader.team
+        assert plan.color is not None
+        os.close(create_output_file(plan.output, layout.home))
         logs = layout.ensure(layout.team_dir(team) / "logs")
         spec = SpawnSpec(
             team=team,
-            name=name,
-            argv=argv,
-            cwd=cwd,
+            name=plan.name,
+            argv=plan.argv,
+            cwd=plan.cwd,
             home=layout.home,
-            color=color,
-            log_file=logs / f"{name}.log",
+            color=plan.color,
+            log_file=logs / f"{plan.name}.log",
             env={"SHOAL_HOME": str(layout.home)},
         )
-        # Listed at once (no pid yet: it counts as dead until its worker joins), so tasks can
-        # be assigned to it and a worker that dies at start shows as a dead member.
-        leader.teams.join(
-            team,
-            name,
-            pid=None,
-            agent_type=agent,
-            backend=backend.name,
-            cwd=cwd,
-            plan_mode_required=plan_mode,
-            worktree_path=str(worktree) if worktree else None,
-        )
         task = InProcessTeammateTaskState(
-            id=task_id,
-            description=f"teammate {name}",
-            output_file=str(output),
+            id=plan.task_id,
+            description=f"teammate {plan.name}",
+            output_file=str(plan.output),
             status=TaskStatus.RUNNING,
             owner=LEAD_NAME,
-            prompt=str(args.get("prompt") or ""),
+            prompt=str(plan.prompt or ""),
             identity=TeammateIdentity(
-                agent_id=f"{name}@{team}",
-                agent_name=name,
+                agent_id=f"{plan.name}@{team}",
+                agent_name=plan.name,
                 team_name=team,
-                color=color,
-                plan_mode_required=plan_mode,
+                color=plan.color,
+                plan_mode_required=plan.plan_mode,
                 parent_session_id=leader.session.id,
             ),
-            permission_mode="plan" if plan_mode else "default",
+            permission_mode="plan" if plan.plan_mode else "default",
         )
-        handle = backend.spawn(spec)
-        self._backends[backend.name] = backend
-        if isinstance(backend, InProcessBackend):
-            backend.on_done(handle, leader.wake)
         with leader.lock:
             leader.registry.register_task(task)
             leader.mark_dirty()
-            run = MemberRun(
-                name=name,
-                task_id=task_id,
-                backend=backend,
+        try:
+            handle = plan.backend.spawn(spec)
+        except ShoalError as exc:
+            with leader.lock:
+                leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(exc))
+            collector.done(plan.name, None, exc)
+            return
+        self._backends[plan.backend.name] = plan.backend
+        with leader.lock:
+            self.members[plan.name] = MemberRun(
+                name=plan.name,
+                task_id=plan.task_id,
+                backend=plan.backend,
                 handle=handle,
-                why=why,
-                prompt=args.get("prompt"),
-                reply=reply,
+                why=plan.why,
+                prompt=plan.prompt,
+                reply=collector.for_member(plan.name),
                 deadline=time.monotonic() + SPAWN_TIMEOUT_S,
                 log_file=spec.log_file,
-                extra={"spec": spec},
             )
-            self.members[name] = run
-            leader.watch_pid(f"member:{name}", handle.pid if backend.name != "in-process" else None)
-            leader.emit(
-                {
-                    "type": "system",
-                    "subtype": "teammate_spawned",
-                    "name": name,
-                    "task_id": task_id,
-                    "backend": backend.name,
-                    "why": why,
-                }
-            )
-        leader.wake()
+            if isinstance(plan.backend, InProcessBackend):
+                plan.backend.on_done(handle, leader.wake)
+            else:
+                leader.watch_pid(f"member:{plan.name}", handle.pid)
+        leader.emit(
+            {
+                "type": "system",
+                "subtype": "teammate_spawned",
+                "name": plan.name,
+                "task_id": plan.task_id,
+                "backend": plan.backend.name,
+                "why": plan.why,
+            }
+        )
 
     def adopt(self, task: InProcessTeammateTaskState) -> bool:
         """After a leader restart: take back a teammate that still runs; False if it is gone.

@@ -55,6 +55,21 @@ class MemberView:
         return {**self.member.model_dump(mode="json"), "state": self.state.value}
 
 
+@dataclass(frozen=True)
+class JoinSpec:
+    """One member to add with `Teams.join_many`."""
+
+    name: str
+    agent_type: str = "worker"
+    backend: str | None = None
+    cwd: str | None = None
+    plan_mode_required: bool = False
+    worktree_path: str | None = None
+    color: str | None = None
+    pid: int | None = None
+    pid_started_at: float | None = None
+
+
 class Teams:
     """All teams under one SHOAL_HOME."""
 
@@ -302,6 +317,49 @@ class Teams:
         Maildir.create(self.layout.inbox_dir(team, name), self.layout.home)
         self.update(team, add)
         return result[0]
+
+    def join_many(self, team: str, specs: list[JoinSpec]) -> list[Member]:
+        """Add (or re-list) many members with one locked update of the team file.
+
+        The caller has checked that none of the names belongs to a live member; existing
+        records of these names are replaced (keeping their colour and worktree).
+        """
+        for spec in specs:
+            validate_name(spec.name, "member name")
+        for spec in specs:
+            Maildir.create(self.layout.inbox_dir(team, spec.name), self.layout.home)
+        now = iso_now()
+        added: list[Member] = []
+
+        def add(tf: TeamFile) -> TeamFile:
+            members = {m.name: m for m in tf.members}
+            taken = [m.color for m in tf.members if m.is_active]
+            for spec in specs:
+                old = members.get(spec.name)
+                color = spec.color or (old.color if old and old.color else pick_color(taken))
+                taken.append(color)
+                member = Member(
+                    agent_id=agent_id(spec.name, team),
+                    name=spec.name,
+                    agent_type=spec.agent_type,
+                    color=color,
+                    joined_at=now,
+                    backend=spec.backend,
+                    pid=spec.pid,
+                    pid_started_at=spec.pid_started_at,
+                    cwd=spec.cwd or os.getcwd(),
+                    plan_mode_required=spec.plan_mode_required,
+                    worktree_path=spec.worktree_path or (old.worktree_path if old else None),
+                )
+                members[spec.name] = member
+                added.append(member)
+            order = [m.name for m in tf.members] + [
+                s.name for s in specs if s.name not in {m.name for m in tf.members}
+            ]
+            return tf.model_copy(update={"members": tuple(members[n] for n in order)})
+
+        self.update(team, add)
+        return added
 
     def leave(self, team: str, name: str) -> Member:
         """Mark `name` as departed (kept in the file for history; its inbox stays readable)."""

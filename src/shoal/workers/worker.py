@@ -32,6 +32,7 @@ class WorkerOptions:
     output: str | None = None
     cwd: str | None = None
     backend: str = "process"
+    joined: bool = False
 
 
 def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
@@ -56,6 +57,7 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         backend=opts.backend,
         pane_id=os.environ.get("TMUX_PANE") if opts.backend == "tmux" else None,
         agent_type=opts.agent,
+        joined=opts.joined,
     )
     return TeammateRunner(layout, config)
 
