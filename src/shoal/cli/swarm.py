@@ -12,7 +12,7 @@ from shoal.teams.backends.base import BACKEND_NAMES
 
 
 @click.command()
-@click.argument("name")
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
 @click.option(
     "--agent",
     type=click.Choice(["scripted", "exec"]),
@@ -52,7 +52,7 @@ from shoal.teams.backends.base import BACKEND_NAMES
 @json_option
 @common_options
 def spawn(
-    name: str,
+    names: tuple[str, ...],
     agent: str,
     script: str | None,
     cmd: str | None,
@@ -63,33 +63,36 @@ def spawn(
     cwd: str | None,
     as_json: bool,
 ) -> None:
-    """Start teammate NAME and wait until it is ready (it then takes open tasks)."""
+    """Start teammate NAME (or several) and wait until ready; they then take open tasks.
+
+    With --json: the teammate as an object, or a list of them for several names.
+    """
     from shoal.orchestrator.control import call
 
     env = get_env(click.get_current_context())
-    result = call(
-        env.layout,
-        env.team(),
-        "spawn",
-        {
-            "name": name,
-            "agent": agent,
-            "script": os.path.abspath(script) if script else None,
-            "cmd": cmd,
-            "prompt": prompt,
-            "backend": backend,
-            "plan_mode": plan_mode,
-            "worktree": worktree,
-            "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
-        },
-    )
+    spec = {
+        "agent": agent,
+        "script": os.path.abspath(script) if script else None,
+        "cmd": cmd,
+        "prompt": prompt,
+        "backend": backend,
+        "plan_mode": plan_mode,
+        "worktree": worktree,
+        "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
+    }
+    if len(names) == 1:
+        results = [call(env.layout, env.team(), "spawn", {**spec, "name": names[0]})]
+    else:
+        batch = [{**spec, "name": name} for name in names]
+        results = call(env.layout, env.team(), "spawn", {"batch": batch}, timeout=300)
     if as_json:
-        print_json(result)
+        print_json(results[0] if len(names) == 1 else results)
         return
-    click.echo(
-        f"spawned {result['name']} ({result['task_id']}) with backend "
-        f"{result['backend']}: {result['why']}"
-    )
+    for result in results:
+        click.echo(
+            f"spawned {result['name']} ({result['task_id']}) with backend "
+            f"{result['backend']}: {result['why']}"
+        )
 
 
 def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:

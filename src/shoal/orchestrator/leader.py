@@ -743,10 +743,11 @@ class Leader:
         self._reply(msg, reply)
 
     def _spawn_later(self, msg: ControlMessage) -> None:
-        """Start a teammate now; answer the client once it is ready (or failed)."""
+        """Start teammates now; answer the client once they are ready (or failed)."""
         request_id = msg.data.request_id
+        batch = msg.data.args.get("batch")
 
-        def answer(result: dict[str, Any] | None, error: ShoalError | None) -> None:
+        def answer(result: Any, error: ShoalError | None) -> None:
             if error is not None:
                 self._reply(
                     msg,
@@ -761,7 +762,10 @@ class Leader:
                 self._reply(msg, {"request_id": request_id, "ok": True, "result": result})
 
         try:
-            self.swarm.spawn(msg.data.args, answer)
+            if isinstance(batch, list):
+                self.swarm.spawn_many(batch, answer)
+            else:
+                self.swarm.spawn(msg.data.args, answer)
         except ShoalError as exc:
             answer(None, exc)
         except Exception as exc:  # a bug must not kill the leader; the client hears of it
