@@ -39,16 +39,20 @@ def check_no_symlink(path: Path, root: Path) -> None:
 
 def ensure_dir(path: Path, root: Path) -> Path:
     """Create `path` (and parents up from `root`) as 0700 directories, refusing symlinks."""
-    root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     current = root
-    for part in path.relative_to(root).parts:
+    parts = path.relative_to(root).parts
+    if not os.path.isdir(root):
+        root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    for part in parts:
         current = current / part
         try:
-            os.mkdir(current, DIR_MODE)
-            continue
-        except FileExistsError:
-            pass
-        st = os.lstat(current)
+            st = os.lstat(current)
+        except FileNotFoundError:
+            try:
+                os.mkdir(current, DIR_MODE)
+                continue
+            except FileExistsError:  # made by someone else meanwhile: check what it is
+                st = os.lstat(current)
         if stat.S_ISLNK(st.st_mode):
             raise UnsafePathError(f"{current} is a symlink; refusing to follow it (remove it)")
         if not stat.S_ISDIR(st.st_mode):

@@ -67,8 +67,9 @@ class Maildir:
     @classmethod
     def create(cls, path: Path, home: Path) -> Maildir:
         """Create (or check) the inbox at `path` under `home`: 0700 dirs, no symlinks anywhere."""
-        for sub in SUBDIRS:
-            ensure_dir(path / sub, home)
+        ensure_dir(path, home)
+        for sub in SUBDIRS:  # the parents are checked: only these four are left to make
+            ensure_dir(path / sub, path)
         return cls(path)
 
     @classmethod

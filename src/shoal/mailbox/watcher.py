@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class Watcher:
         self._wakers: dict[str, list[Wake]] = {}
         self._watches: dict[str, ObservedWatch] = {}
         self._roots: set[str] = set()
+        self._seen: dict[str, int] = {}
         self.reconcile_interval = reconcile_interval
         if force_polling is None:
             force_polling = os.environ.get("SHOAL_WATCHER", "").lower() == "poll"
@@ -172,7 +174,26 @@ class Watcher:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.reconcile_interval):
-            self.wake_all()
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        """Wake the readers of inboxes whose `new/` changed (or changed lately) since the
+        last look: a missed event is caught, and a thousand idle inboxes cost a stat each."""
+        with self._lock:
+            items = [(key, list(wakers)) for key, wakers in self._wakers.items()]
+        now_ns = time.time_ns()
+        recent_ns = int(2 * self.reconcile_interval * 1e9)
+        for key, wakers in items:
+            try:
+                mtime = os.stat(os.path.join(key, "new")).st_mtime_ns
+            except OSError:
+                mtime = -1
+            # A change within the timestamp granularity of the last look would leave mtime
+            # unchanged, so recently changed directories get one more look.
+            if self._seen.get(key) != mtime or now_ns - mtime < recent_ns:
+                self._seen[key] = mtime
+                for wake in wakers:
+                    wake()
 
     def stop(self) -> None:
         """Stop the observer and the reconcile tick (tests; processes just exit)."""

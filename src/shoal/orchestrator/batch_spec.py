@@ -9,6 +9,7 @@ inside an inline table is reported at its table's line).
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import re
@@ -89,13 +90,13 @@ def parse_duration(value: object) -> float:
             )
         else:
             raise ValueError(
-                f"bad duration {value!r}: use seconds (30, 1.5) or a number with a unit "
+                f'bad duration "{value}": use seconds (30, 1.5) or a number with a unit '
                 "(500ms, 30s, 5m, 2h, 1d; combined: 1h30m)"
             )
     else:
         raise ValueError(f'a duration is a number or a string like "5m", not {_kind(value)}')
     if not seconds > 0:
-        raise ValueError(f"a duration must be more than zero, not {value!r}")
+        raise ValueError(f'a duration must be more than zero, not "{value}"')
     return seconds
 
 
@@ -165,7 +166,7 @@ def parse_halt(value: object) -> HaltPolicy:
         if (pct and 0 < count <= 100) or (not pct and count >= 1 and count.is_integer()):
             return HaltPolicy(when=when, on=on, count=count, percent=bool(pct))  # type: ignore[arg-type]
     raise ValueError(
-        f"bad halt value {value!r}: use never, now,fail=N, soon,fail=N, now,success=N or "
+        f'bad halt value "{value}": use never, now,fail=N, soon,fail=N, now,success=N or '
         "soon,success=N (N a count such as 1, or a percentage such as 10%)"
     )
 
@@ -224,7 +225,7 @@ class TaskSpec:
     def argv(self) -> list[str]:
         """The leader's command form: one string is a shell command line, several an argv."""
         if self.run is None:
-            raise ValueError(f"task {self.id!r} is an agent task; it has no command")
+            raise ValueError(f'task "{self.id}" is an agent task; it has no command')
         return [self.run] if isinstance(self.run, str) else list(self.run)
 
     @property
@@ -234,7 +235,7 @@ class TaskSpec:
             return "never"
         return self.timeout_text or format_duration(self.timeout)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """A hash of what the task does (command, prompt, env, cwd): a change re-runs it on
         --resume even if it succeeded before."""
@@ -428,7 +429,7 @@ def _kind(value: object) -> str:
 
 def _suggest(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return f' (did you mean "{close[0]}"?)' if close else ""
 
 
 class _Checker:
@@ -449,7 +450,7 @@ class _Checker:
                 self.add(
                     section,
                     key,
-                    f"{where}: unknown key {key!r}{_suggest(key, allowed)}; "
+                    f'{where}: unknown key "{key}"{_suggest(key, allowed)}; '
                     f"allowed: {', '.join(allowed)}",
                 )
 
@@ -504,7 +505,7 @@ class _Checker:
         out: dict[str, str] = {}
         for name, item in value.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                self.add(section, "env", f"{where}: env: {name!r} is not a variable name")
+                self.add(section, "env", f'{where}: env: "{name}" is not a variable name')
             elif isinstance(item, bool) or not isinstance(item, str | int | float):
                 self.add(
                     section,
@@ -565,7 +566,7 @@ def parse_spec_text(text: str, path: Path, *, display: str | None = None) -> Spe
             checker.add(
                 ("task", task.seq - 1),
                 "assign",
-                f"task {task.id!r}: assign names unknown member {task.assign!r} (members: {known})",
+                f'task "{task.id}": assign names unknown member "{task.assign}" (members: {known})',
             )
     _check_graph(checker, tasks)
     if checker.issues:
@@ -592,7 +593,7 @@ def _parse_run(checker: _Checker, table: object, base: Path) -> RunSettings:
         checker.add(
             section,
             "backend",
-            f"[run]: unknown backend {backend!r}; use one of {', '.join(BACKEND_CHOICES)}",
+            f'[run]: unknown backend "{backend}"; use one of {", ".join(BACKEND_CHOICES)}',
         )
         backend = "auto"
     halt = HaltPolicy()
@@ -655,26 +656,26 @@ def _parse_members(checker: _Checker, items: object, base: Path) -> list[MemberS
         if "name" not in table:
             checker.add(section, None, f"{where}: needs a name")
         if name is not None:
-            where = f"member {name!r}"
+            where = f'member "{name}"'
             try:
                 validate_name(name, "member name")
             except InvalidNameError as exc:
                 checker.add(section, "name", f"{where}: {exc}")
                 name = None
         if name == LEAD_NAME:
-            checker.add(section, "name", f"{where}: {LEAD_NAME!r} is the run's own lead")
+            checker.add(section, "name", f'{where}: "{LEAD_NAME}" is the run\'s own lead')
             name = None
         if name is not None and name in seen:
             first = seen[name]
             at = f" (first at line {first})" if first else ""
-            checker.add(section, "name", f"member {name!r} is declared twice{at}")
+            checker.add(section, "name", f'member "{name}" is declared twice{at}')
         checker.unknown_keys(table, _MEMBER_KEYS, section, where)
         agent = table.get("agent", "scripted")
         if agent not in AGENT_KINDS:
             checker.add(
                 section,
                 "agent",
-                f"{where}: unknown agent {agent!r}; use one of {', '.join(AGENT_KINDS)}",
+                f'{where}: unknown agent "{agent}"; use one of {", ".join(AGENT_KINDS)}',
             )
         command = _argv(checker, table, "command", section, where)
         if agent == "exec" and "command" not in table:
@@ -737,11 +738,12 @@ def _parse_tasks(
             )
             task_id = None
         else:
-            where = f"task {task_id!r}"
+            where = f'task "{task_id}"'
             if task_id in seen:
                 first = seen[task_id]
                 at = f" (first at line {first})" if first else ""
-                checker.add(section, "id", f"task id {task_id!r} is used twice{at}")
+                checker.add(section, "id", f'task id "{task_id}" is used twice{at}')
+                task_id = None
             else:
                 seen[task_id] = checker.locator.line(section, "id")
         checker.unknown_keys(table, _TASK_KEYS, section, where)
@@ -812,13 +814,13 @@ def _check_graph(checker: _Checker, tasks: list[TaskSpec]) -> None:
         for dep in task.after:
             if dep == task.id:
                 checker.add(
-                    ("task", task.seq - 1), "after", f"task {task.id!r}: lists itself in after"
+                    ("task", task.seq - 1), "after", f'task "{task.id}": lists itself in after'
                 )
             elif dep not in by_id:
                 checker.add(
                     ("task", task.seq - 1),
                     "after",
-                    f"task {task.id!r}: after names unknown task {dep!r}"
+                    f'task "{task.id}": after names unknown task "{dep}"'
                     f"{_suggest(dep, list(by_id))}",
                 )
     white, grey, black = 0, 1, 2
@@ -859,5 +861,5 @@ def _check_graph(checker: _Checker, tasks: list[TaskSpec]) -> None:
                     checker.add(
                         ("task", first.seq - 1),
                         "after",
-                        f"task {first.id!r}: dependency cycle {chain} (each waits for the next)",
+                        f'task "{first.id}": dependency cycle {chain} (each waits for the next)',
                     )

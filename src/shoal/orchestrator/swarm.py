@@ -97,7 +97,10 @@ class _Collector:
             if self.count == 1:
                 self.reply(None, next(iter(self.errors.values())))
             else:
-                failed = "; ".join(f"{n}: {e}" for n, e in self.errors.items())
+                shown = list(self.errors.items())[:3]
+                failed = "; ".join(f"{n}: {e}" for n, e in shown)
+                if len(self.errors) > len(shown):
+                    failed += f"; and {len(self.errors) - len(shown)} more"
                 self.reply(
                     None,
                     ShoalError(
@@ -184,6 +187,7 @@ class Swarm:
                 for p in plans
             ],
         )
+        leader.layout.ensure(leader.layout.team_dir(team) / "logs")
         if any(p.in_process for p in plans):
             get_watcher().watch_root(leader.layout.inboxes_dir(team))
         collector = _Collector(len(plans), reply)
@@ -281,8 +285,9 @@ class Swarm:
         leader = self.leader
         layout, team = leader.layout, leader.team
         assert plan.color is not None
-        os.close(create_output_file(plan.output, layout.home))
-        logs = layout.ensure(layout.team_dir(team) / "logs")
+        if not plan.in_process:  # (in-process ones open it when they first run something)
+            os.close(create_output_file(plan.output))  # its directory was checked already
+        logs = layout.team_dir(team) / "logs"
         spec = SpawnSpec(
             team=team,
             name=plan.name,
@@ -478,9 +483,13 @@ class Swarm:
                 continue
             self._ended(run)
 
-    def _ended(self, run: MemberRun) -> None:
+    def _ended(self, run: MemberRun, *, settle_member: bool = True) -> None:
         leader = self.leader
         self.members.pop(run.name, None)
+        if settle_member and isinstance(run.backend, InProcessBackend):
+            # Its pid is the leader's: the team file must say it is gone.
+            with contextlib.suppress(ShoalError):
+                leader.teams.leave_many(leader.team, [run.name], departed=run.shutdown_approved)
         leader.unwatch_pid(f"member:{run.name}")
         released: list[Any] = []
         with contextlib.suppress(ShoalError):
@@ -558,7 +567,15 @@ class Swarm:
                 killed.append(run.name)
                 run.stop_reason = f"did not shut down within {timeout:g}s; killed"
                 run.backend.kill(run.handle)
-            self._ended(run)
+        in_process = [r for r in self.members.values() if isinstance(r.backend, InProcessBackend)]
+        with contextlib.suppress(ShoalError):  # one team-file update for all of them
+            team = self.leader.team
+            self.leader.teams.leave_many(team, [r.name for r in in_process if r.shutdown_approved])
+            self.leader.teams.leave_many(
+                team, [r.name for r in in_process if not r.shutdown_approved], departed=False
+            )
+        for run in list(self.members.values()):
+            self._ended(run, settle_member=False)
         for backend in self._backends.values():
             with contextlib.suppress(ShoalError):
                 backend.close(self.leader.team)

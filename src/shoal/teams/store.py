@@ -28,6 +28,9 @@ from shoal.mailbox.store import Maildir
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME, AllowedPath, Member, TeamFile, agent_id
 
+# path -> ((inode, size, mtime_ns), parsed team file); team files are small and few.
+_READ_CACHE: dict[Path, tuple[tuple[int, int, int], TeamFile]] = {}
+
 
 class MemberState(StrEnum):
     """What a member is doing, derived from its process and its status file, never a flag alone."""
@@ -79,14 +82,32 @@ class Teams:
     # -- reading -----------------------------------------------------------------------------
 
     def read(self, team: str) -> TeamFile:
-        """The validated team file of `team`; NotFoundError or CorruptFileError naming the file."""
+        """The validated team file of `team`; NotFoundError or CorruptFileError naming the file.
+
+        A file unchanged since the last read (same inode, size and mtime: every write is an
+        atomic replace, so a new version is a new inode) is not parsed again; routing a message
+        costs a stat, not a parse of every member.
+        """
         path = self.layout.team_file(team)
         try:
-            return _read_model(path, TeamFile, "team file")
+            st = os.stat(path)
+        except FileNotFoundError:
+            _READ_CACHE.pop(path, None)
+            raise NotFoundError(
+                f"no team {team!r} (create it with `shoal team create {team}`)"
+            ) from None
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        hit = _READ_CACHE.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        try:
+            tf = _read_model(path, TeamFile, "team file")
         except NotFoundError:
             raise NotFoundError(
                 f"no team {team!r} (create it with `shoal team create {team}`)"
             ) from None
+        _READ_CACHE[path] = (key, tf)
+        return tf
 
     def exists(self, team: str) -> bool:
         return self.layout.team_file(team).exists()
@@ -143,11 +164,13 @@ class Teams:
 
     def write_status(self, team: str, member: str, status: dict[str, Any]) -> None:
         """Replace the member's status file (only the member itself writes it)."""
-        directory = self.layout.ensure(self.layout.status_dir(team))
-        atomic_write(
-            directory / f"{validate_name(member, 'member name')}.json",
-            dumps({"v": 1, **status, "updated_at": iso_now()}),
-        )
+        path = self.layout.status_dir(team) / f"{validate_name(member, 'member name')}.json"
+        data = dumps({"v": 1, **status, "updated_at": iso_now()})
+        try:
+            atomic_write(path, data)
+        except FileNotFoundError:  # first write: make the directory (safely), then retry
+            self.layout.ensure(path.parent)
+            atomic_write(path, data)
 
     # -- creating and deleting ---------------------------------------------------------------
 
@@ -379,6 +402,30 @@ class Teams:
 
         self.update(team, drop)
         return result[0]
+
+    def leave_many(self, team: str, names: list[str], *, departed: bool = True) -> None:
+        """Mark many members as departed (or, with `departed=False`, as having no process:
+        dead) in one locked update; unknown names are ignored."""
+        wanted = set(names) - {LEAD_NAME}
+        if not wanted:
+            return
+
+        def drop(tf: TeamFile) -> TeamFile:
+            members = tuple(
+                m.model_copy(
+                    update={
+                        "is_active": m.is_active and not departed,
+                        "pid": None,
+                        "pid_started_at": None,
+                    }
+                )
+                if m.name in wanted
+                else m
+                for m in tf.members
+            )
+            return tf.model_copy(update={"members": members})
+
+        self.update(team, drop)
 
     def update_member(self, team: str, name: str, **changes: Any) -> Member:
         """Change fields of one member under the lock (validated like the rest of the file)."""

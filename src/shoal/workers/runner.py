@@ -87,6 +87,11 @@ class TeammateRunner:
         self._inbox: Inbox | None = None
         self.ready = asyncio.Event()
 
+    @property
+    def shutdown_approved(self) -> bool:
+        """True once the teammate approved a shutdown request (it then leaves the team)."""
+        return self._leave
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -177,7 +182,8 @@ class TeammateRunner:
             self.tasks.release_member(self.name)
         with contextlib.suppress(ShoalError, OSError):
             self._set_status(state="stopped")
-        if self._leave:
+        if self._leave and not self.config.joined:
+            # (teammates joined by the spawner are marked as departed by it, in one batch)
             with contextlib.suppress(ShoalError, OSError):
                 self.teams.leave(self.team, self.name)
 
@@ -239,6 +245,10 @@ class TeammateRunner:
     # -- turns -------------------------------------------------------------------------------
 
     async def _assigned(self, task_id: int) -> None:
+        with contextlib.suppress(ShoalError):
+            current = self.tasks.get(task_id)
+            if current.status == "completed":
+                return  # already done (e.g. claimed from the list before this notice came)
         try:
             item = self.tasks.claim(task_id, self.name, check_busy=False)
         except ShoalError as exc:

@@ -1,0 +1,1251 @@
+"""The batch-run engine behind `shoal run`: a spec's tasks on an in-process leader.
+
+`BatchRun` is the scheduler. It holds plain data and moves through a `tick()` of named steps —
+enforce timeouts, apply the halt policy, submit what is ready — plus `feed()` for what the
+executors report (`Started`, `Finished`). It talks to the world through two small interfaces:
+a `ShellExecutor` (the leader, in production; a stand-in in unit tests) and an
+`AgentDispatcher` (teammates, for `prompt` tasks; not in this build). `run_batch` wires it to a
+real leader in this process, signals, the run record and the report files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from ulid import ULID
+
+from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ShoalError, UsageError
+from shoal.core.names import validate_name
+from shoal.core.paths import Layout
+from shoal.core.tasks import LocalShellTaskState, TaskStatus
+from shoal.orchestrator.batch_report import (
+    REPORT_VERSION,
+    JoblogWriter,
+    RunRecords,
+    iso,
+    plan_resume,
+    write_json,
+    write_junit,
+)
+from shoal.orchestrator.batch_spec import (
+    HaltPolicy,
+    MemberSpec,
+    Spec,
+    SpecError,
+    SpecIssue,
+    TaskSpec,
+)
+from shoal.orchestrator.cleanup import CleanupRegistry
+
+if TYPE_CHECKING:
+    from shoal.orchestrator.leader import Leader
+
+# Shell tasks handed to the leader ahead of free job slots, so a slot never waits for this
+# thread: at least this many, or `jobs` when that is more.
+MIN_PREFETCH: Final = 4
+# The run record (what --resume reads) is rewritten at most this often while the run goes on.
+RECORD_INTERVAL_S: Final = 0.5
+# The longest the engine sleeps without a reason to wake (it also checks the leader thread).
+MAX_WAIT_S: Final = 0.5
+# Environment of every task: which spec task and which attempt it is.
+ENV_TASK: Final = "SHOAL_RUN_TASK"
+ENV_ATTEMPT: Final = "SHOAL_RUN_ATTEMPT"
+
+AGENTS_UNAVAILABLE: Final = "agent tasks need teammates, not available in this build"
+
+
+class RunStatus(StrEnum):
+    """Where a spec task is in a run; the last five are final."""
+
+    PENDING = "pending"  # waiting for its dependencies or a free slot
+    QUEUED = "queued"  # handed to an executor, not started yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    KILLED = "killed"
+    SKIPPED = "skipped"
+
+
+FINAL_STATUSES: Final = frozenset(
+    {
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.TIMED_OUT,
+        RunStatus.KILLED,
+        RunStatus.SKIPPED,
+    }
+)
+
+# Why the engine itself stopped an attempt.
+STOP_TIMEOUT: Final = "timeout"
+STOP_HALT: Final = "halt"
+STOP_INTERRUPT: Final = "interrupt"
+
+
+# --------------------------------------------------------------------------- executor events
+
+
+@dataclass(frozen=True)
+class Started:
+    """An attempt's process (or agent turn) started at wall time `at`."""
+
+    handle: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An attempt ended. `status` is the task framework's: completed, failed or killed;
+    `ran` is False for one stopped before it started."""
+
+    handle: str
+    status: str
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    output_file: str | None = None
+    error: str | None = None
+    ran: bool = True
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """A running attempt seems to wait for interactive input (its last output line)."""
+
+    handle: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A leader event passed through untouched (for `--output-format stream-json`)."""
+
+    record: dict[str, Any]
+
+
+ExecEvent = Started | Finished | Stalled | Forward
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An attempt the executor would not start (e.g. its working directory is missing)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ShellRequest:
+    """One attempt of a shell task, as handed to a ShellExecutor."""
+
+    command: list[str]
+    description: str
+    cwd: str
+    env: dict[str, str]
+
+
+class ShellExecutor(Protocol):
+    """Runs shell attempts and reports them as `Started`/`Finished` events, by handle."""
+
+    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
+        """Queue the attempts (started as job slots allow); a handle or a refusal for each."""
+        ...
+
+    def stop(self, handle: str, reason: str) -> None:
+        """Stop an attempt (asynchronously); a `Finished` with status killed follows."""
+        ...
+
+    def cancel(self, handle: str, reason: str) -> bool:
+        """Drop an attempt that has not started; False when it already has."""
+        ...
+
+
+class AgentDispatcher(Protocol):
+    """How agent tasks (`prompt` + `assign`) reach teammates: the one seam teammates fill in.
+
+    `start` brings up the spec's members on `backend` in the run's team. `dispatch` hands one
+    attempt of a task to its member and returns a handle; the attempt's `Started` and
+    `Finished` events come through the same path as shell tasks' (the `report` callback the
+    factory receives), keyed by that handle. `stop` ends an attempt (a `Finished` with status
+    killed follows); `close` shuts the members down. The engine gives each member one task at
+    a time.
+    """
+
+    def start(self, members: Sequence[MemberSpec], backend: str) -> None: ...
+
+    def dispatch(self, task: TaskSpec, member: MemberSpec, attempt: int) -> str: ...
+
+    def stop(self, handle: str, reason: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+AgentDispatcherFactory = Callable[["Leader", Callable[[ExecEvent], None]], AgentDispatcher]
+
+
+def agent_dispatcher_factory() -> AgentDispatcherFactory | None:
+    """The dispatcher of this build for agent tasks: none yet (teammates are not built)."""
+    return None
+
+
+def check_agents(spec: Spec, factory: AgentDispatcherFactory | None) -> None:
+    """Refuse (SpecError, exit 2) a spec with members or agent tasks when there is no
+    dispatcher: they are never skipped or faked."""
+    if factory is not None:
+        return
+    issues = [
+        SpecIssue(t.line, f'task "{t.id}": {AGENTS_UNAVAILABLE} (use run = "..." for now)')
+        for t in spec.agent_tasks
+    ]
+    issues += [
+        SpecIssue(m.line, f'member "{m.name}": {AGENTS_UNAVAILABLE}; remove the [[member]]')
+        for m in spec.members
+    ]
+    if issues:
+        raise SpecError(spec.display, issues)
+
+
+# --------------------------------------------------------------------------- run state
+
+
+@dataclass
+class Attempt:
+    """One try of a task (a retry is a new attempt under a new task id)."""
+
+    number: int
+    handle: str | None
+    status: RunStatus = RunStatus.QUEUED
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    output_file: str | None = None
+    error: str | None = None
+    deadline: float | None = None
+    """Monotonic time at which the attempt times out."""
+    stop: str | None = None
+    """Why the engine stopped it (STOP_TIMEOUT, STOP_HALT, STOP_INTERRUPT), if it did."""
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to end, once both are known."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return round(max(0.0, self.ended_at - self.started_at), 3)
+
+    def to_json(self) -> dict[str, Any]:
+        """The attempt as it appears in the report's `attempt_log`."""
+        return {
+            "attempt": self.number,
+            "task_id": self.handle,
+            "status": self.status.value,
+            "exit_code": self.exit_code,
+            "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at),
+            "duration_s": self.duration_s,
+            "output_file": self.output_file,
+            "error": self.error,
+        }
+
+
+@dataclass
+class TaskRun:
+    """A spec task within one run: its status, attempts and why it ended as it did."""
+
+    spec: TaskSpec
+    status: RunStatus = RunStatus.PENDING
+    attempts: list[Attempt] = field(default_factory=list)
+    reason: str | None = None
+    carried: Mapping[str, Any] | None = None
+    """The previous run's record, for a task --resume did not run again."""
+    waiting_on: int = 0
+
+    @property
+    def final(self) -> bool:
+        """True once the task has its verdict."""
+        return self.status in FINAL_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        """The task as it appears in the report."""
+        spec = self.spec
+        base = {
+            "id": spec.id,
+            "seq": spec.seq,
+            "command": spec.command_line,
+            "after": list(spec.after),
+            "fingerprint": spec.fingerprint,
+        }
+        if self.carried is not None:
+            old = self.carried
+            return {
+                **base,
+                "status": RunStatus.SUCCEEDED.value,
+                "attempts": old.get("attempts", 1),
+                "exit_code": old.get("exit_code"),
+                "duration_s": old.get("duration_s"),
+                "output_file": old.get("output_file"),
+                "started_at": old.get("started_at"),
+                "ended_at": old.get("ended_at"),
+                "reason": "succeeded in a previous run (not run again)",
+                "resumed": True,
+                "attempt_log": old.get("attempt_log", []),
+            }
+        ran = [a for a in self.attempts if a.started_at is not None]
+        tried = [a for a in self.attempts if a.status != RunStatus.SKIPPED]
+        last = ran[-1] if ran else (self.attempts[-1] if self.attempts else None)
+        first_start = ran[0].started_at if ran else None
+        end = last.ended_at if last is not None else None
+        duration = None
+        if first_start is not None and end is not None:
+            duration = round(max(0.0, end - first_start), 3)
+        return {
+            **base,
+            "status": self.status.value,
+            "attempts": len(tried),
+            "exit_code": last.exit_code if last is not None else None,
+            "duration_s": duration,
+            "output_file": last.output_file if last is not None else None,
+            "started_at": iso(first_start),
+            "ended_at": iso(end),
+            "reason": self.reason,
+            "resumed": False,
+            "attempt_log": [a.to_json() for a in self.attempts],
+        }
+
+
+EventSink = Callable[[dict[str, Any]], None]
+AttemptHook = Callable[[TaskRun, Attempt], None]
+
+
+class BatchRun:
+    """The scheduler of one run: dependencies gate starts, failures skip dependents, failed
+    attempts are retried, attempts past their timeout are stopped, and the halt policy stops
+    the run early. No threads and no processes of its own: drive it with `feed` and `tick`."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        *,
+        shell: ShellExecutor,
+        agents: AgentDispatcher | None = None,
+        jobs: int = 1,
+        halt: HaltPolicy | None = None,
+        carried: Mapping[str, Mapping[str, Any]] | None = None,
+        emit: EventSink | None = None,
+        on_attempt_end: AttemptHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.shell = shell
+        self.agents = agents
+        self.jobs = jobs
+        self.halt = halt or HaltPolicy()
+        # With a halt policy, hand out only what can start at once: a task queued ahead in the
+        # leader would start the moment a failing task's slot frees, before the halt applies.
+        self.prefetch = 0 if self.halt.when != "never" else max(MIN_PREFETCH, jobs)
+        self.tasks: dict[str, TaskRun] = {t.id: TaskRun(t) for t in spec.tasks}
+        self.carried = dict(carried or {})
+        self._emit_cb = emit
+        self._on_attempt_end = on_attempt_end
+        self._clock = clock
+        self._wall = wall
+        self._dependents = spec.dependents()
+        self._ready: deque[TaskRun] = deque()
+        self._handles: dict[str, tuple[TaskRun, Attempt]] = {}
+        self._live: dict[str, tuple[TaskRun, Attempt]] = {}
+        self._shell_inflight = 0
+        self._busy_members: set[str] = set()
+        self._unfinished = len(self.tasks)
+        self.failures = 0
+        """Tasks that ended failed, timed out, or killed by someone other than this run."""
+        self.successes = 0
+        self.halted: str | None = None
+        self.interrupted: str | None = None
+        self.version = 0
+        """Bumped on every change (the driver saves the run record when it moves)."""
+
+    # -- events out -----------------------------------------------------------------------------
+
+    def _emit(self, subtype: str, **fields: Any) -> None:
+        self.version += 1
+        if self._emit_cb is not None:
+            self._emit_cb({"type": "run", "subtype": subtype, **fields})
+
+    # -- start -------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Take over the carried results and queue what can start at once."""
+        for run in self.tasks.values():
+            old = self.carried.get(run.spec.id)
+            if old is not None:
+                run.carried = old
+                run.status = RunStatus.SUCCEEDED
+                run.reason = "succeeded in a previous run (not run again)"
+                self._unfinished -= 1
+        for run in self.tasks.values():
+            if run.final:
+                continue
+            run.waiting_on = sum(
+                1 for d in run.spec.after if self.tasks[d].status != RunStatus.SUCCEEDED
+            )
+            if run.waiting_on == 0:
+                self._ready.append(run)
+        self.version += 1
+
+    @property
+    def done(self) -> bool:
+        """True when every task has its verdict."""
+        return self._unfinished == 0
+
+    # -- the tick ------------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """One pass: stop attempts past their timeout, apply the halt policy, submit what is
+        ready (each step a method a test can call on its own)."""
+        now = self._clock() if now is None else now
+        self.enforce_timeouts(now)
+        self.apply_halt()
+        self.schedule()
+
+    def enforce_timeouts(self, now: float) -> None:
+        """Stop every running attempt past its deadline (it ends as timed_out)."""
+        for run, attempt in list(self._live.values()):
+            if attempt.deadline is None or attempt.stop is not None or now < attempt.deadline:
+                continue
+            attempt.stop = STOP_TIMEOUT
+            label = run.spec.timeout_label
+            self._emit(
+                "task_timed_out",
+                id=run.spec.id,
+                attempt=attempt.number,
+                task_id=attempt.handle,
+                timeout=label,
+                timeout_s=run.spec.timeout,
+            )
+            self._stop(run, attempt, f"timed out after {label}")
+
+    def apply_halt(self) -> None:
+        """Once the halt policy triggers: start nothing more; with `now`, kill what runs."""
+        if self.halted or self.interrupted:
+            return
+        policy = self.halt
+        if not policy.triggered(self.failures, self.successes, len(self.tasks)):
+            return
+        seen = self.failures if policy.on == "fail" else self.successes
+        verb = "failed" if policy.on == "fail" else "succeeded"
+        self.halted = f"halt {policy.text}: {seen} task{'s' if seen != 1 else ''} {verb}"
+        running = [(r, a) for r, a in self._live.values() if a.status == RunStatus.RUNNING]
+        self._emit(
+            "halted",
+            reason=self.halted,
+            policy=policy.text,
+            killing=len(running) if policy.when == "now" else 0,
+        )
+        self._close_pending(f"not started: {self.halted}")
+        for handle, (run, attempt) in list(self._live.items()):
+            queued = attempt.status == RunStatus.QUEUED and not run.spec.is_agent
+            if queued and self.shell.cancel(handle, f"not started: {self.halted}"):
+                attempt.stop = STOP_HALT
+                continue
+            if policy.when == "now" and attempt.stop is None:
+                attempt.stop = STOP_HALT
+                self._stop(run, attempt, f"killed: {self.halted}")
+
+    def schedule(self) -> None:
+        """Submit ready tasks: shell attempts while job slots (plus a prefetch) are free,
+        agent attempts when their member is free."""
+        if self.halted or self.interrupted or not self._ready:
+            return
+        room = self._room()
+        batch: list[TaskRun] = []
+        deferred: list[TaskRun] = []
+        while self._ready and (room is None or len(batch) < room):
+            run = self._ready.popleft()
+            if run.status != RunStatus.PENDING:
+                continue
+            if run.spec.is_agent:
+                if run.spec.assign in self._busy_members:
+                    deferred.append(run)
+                else:
+                    self._dispatch_agent(run)
+                continue
+            batch.append(run)
+        self._ready.extendleft(reversed(deferred))
+        if batch:
+            self._submit_shell(batch)
+
+    def _room(self) -> int | None:
+        """How many shell attempts may be handed to the executor now (None: no limit)."""
+        if self.jobs <= 0:
+            return None
+        free = self.jobs + self.prefetch - self._shell_inflight
+        if self._shell_inflight > self.jobs and free < self.prefetch // 2:
+            return 0  # slots are covered: refill in batches, not one by one
+        return max(0, free)
+
+    def _submit_shell(self, batch: list[TaskRun]) -> None:
+        requests = []
+        for run in batch:
+            spec = run.spec
+            number = len(run.attempts) + 1
+            label = spec.description or spec.command_line
+            requests.append(
+                ShellRequest(
+                    command=spec.argv,
+                    description=f"[{spec.id}] {label}",
+                    cwd=spec.cwd,
+                    env={**spec.env, ENV_TASK: spec.id, ENV_ATTEMPT: str(number)},
+                )
+            )
+        handles = self.shell.submit(requests)
+        for run, handle in zip(batch, handles, strict=True):
+            attempt = Attempt(number=len(run.attempts) + 1, handle=None)
+            run.attempts.append(attempt)
+            if isinstance(handle, Refused):
+                self._attempt_ended(run, attempt, Finished("", "failed", error=handle.error))
+                continue
+            attempt.handle = handle
+            run.status = RunStatus.QUEUED
+            self._handles[handle] = self._live[handle] = (run, attempt)
+            self._shell_inflight += 1
+        self.version += 1
+
+    def _dispatch_agent(self, run: TaskRun) -> None:
+        attempt = Attempt(number=len(run.attempts) + 1, handle=None)
+        run.attempts.append(attempt)
+        if self.agents is None or run.spec.assign is None:
+            # check_agents refuses such a spec before a run starts; this is a guard.
+            self._attempt_ended(run, attempt, Finished("", "failed", error=AGENTS_UNAVAILABLE))
+            return
+        member = self.spec.member(run.spec.assign)
+        try:
+            handle = self.agents.dispatch(run.spec, member, attempt.number)
+        except ShoalError as exc:
+            self._attempt_ended(run, attempt, Finished("", "failed", error=str(exc)))
+            return
+        attempt.handle = handle
+        run.status = RunStatus.QUEUED
+        self._handles[handle] = self._live[handle] = (run, attempt)
+        self._busy_members.add(member.name)
+        self.version += 1
+
+    def _stop(self, run: TaskRun, attempt: Attempt, reason: str) -> None:
+        assert attempt.handle is not None
+        if run.spec.is_agent and self.agents is not None:
+            self.agents.stop(attempt.handle, reason)
+        else:
+            self.shell.stop(attempt.handle, reason)
+
+    # -- events in -------------------------------------------------------------------------------
+
+    def feed(self, event: ExecEvent) -> None:
+        """Apply one executor event (unknown handles are ignored)."""
+        if isinstance(event, Forward):
+            return
+        entry = self._handles.get(event.handle)
+        if entry is None:
+            return
+        run, attempt = entry
+        if isinstance(event, Started):
+            if attempt.status != RunStatus.QUEUED:
+                return
+            attempt.status = RunStatus.RUNNING
+            attempt.started_at = event.at
+            if not run.final:
+                run.status = RunStatus.RUNNING
+            if run.spec.timeout is not None:
+                late = max(0.0, self._wall() - event.at)
+                attempt.deadline = self._clock() - late + run.spec.timeout
+            self._emit("task_started", id=run.spec.id, attempt=attempt.number, task_id=event.handle)
+        elif isinstance(event, Stalled):
+            self._emit("task_stalled", id=run.spec.id, task_id=event.handle, prompt=event.prompt)
+        else:
+            self._attempt_ended(run, attempt, event)
+
+    def _attempt_ended(self, run: TaskRun, attempt: Attempt, event: Finished) -> None:
+        if attempt.status in FINAL_STATUSES:
+            return  # a duplicate report
+        if attempt.handle is not None and self._live.pop(attempt.handle, None) is not None:
+            if run.spec.is_agent:
+                self._busy_members.discard(run.spec.assign or "")
+            else:
+                self._shell_inflight -= 1
+        attempt.exit_code = event.exit_code
+        attempt.ended_at = event.ended_at or self._wall()
+        if event.started_at is not None:
+            attempt.started_at = event.started_at
+        elif not event.ran:
+            attempt.started_at = None
+        attempt.output_file = event.output_file
+        attempt.error = event.error
+        attempt.status = self._outcome(attempt, event)
+        self.version += 1
+        if attempt.started_at is not None and self._on_attempt_end is not None:
+            self._on_attempt_end(run, attempt)
+        if run.final:
+            return  # the run was interrupted or halted meanwhile and gave its verdict already
+        retry = attempt.status in (RunStatus.FAILED, RunStatus.TIMED_OUT)
+        if retry and len(run.attempts) <= run.spec.retries and self._may_start():
+            run.status = RunStatus.PENDING
+            self._ready.appendleft(run)
+            self._emit(
+                "task_retrying",
+                id=run.spec.id,
+                attempt=attempt.number,
+                status=attempt.status.value,
+                exit_code=attempt.exit_code,
+                reason=self._reason(run, attempt),
+                next_attempt=attempt.number + 1,
+                attempts_max=run.spec.retries + 1,
+            )
+            return
+        self._finalize(run, attempt.status, self._reason(run, attempt))
+        self.apply_halt()
+
+    def _outcome(self, attempt: Attempt, event: Finished) -> RunStatus:
+        if event.status == TaskStatus.COMPLETED.value:
+            return RunStatus.SUCCEEDED
+        if event.status != TaskStatus.KILLED.value:
+            return RunStatus.FAILED
+        if not event.ran and attempt.stop in (STOP_HALT, STOP_INTERRUPT):
+            return RunStatus.SKIPPED
+        if attempt.stop == STOP_TIMEOUT:
+            return RunStatus.TIMED_OUT
+        return RunStatus.KILLED
+
+    def _reason(self, run: TaskRun, attempt: Attempt) -> str | None:
+        status = attempt.status
+        if status == RunStatus.SUCCEEDED:
+            return None
+        if status == RunStatus.TIMED_OUT:
+            return f"timed out after {run.spec.timeout_label}"
+        if status == RunStatus.FAILED:
+            if attempt.error:
+                return attempt.error
+            return f"exit code {attempt.exit_code}" if attempt.exit_code is not None else "failed"
+        if attempt.stop == STOP_HALT:
+            prefix = "killed" if status == RunStatus.KILLED else "not started"
+            return f"{prefix}: {self.halted}"
+        if attempt.stop == STOP_INTERRUPT:
+            prefix = "killed" if status == RunStatus.KILLED else "not started"
+            return f"{prefix}: interrupted ({self.interrupted})"
+        return f"killed: {attempt.error}" if attempt.error else "killed"
+
+    def _may_start(self) -> bool:
+        return not (self.halted or self.interrupted)
+
+    def _finalize(self, run: TaskRun, status: RunStatus, reason: str | None) -> None:
+        """Give `run` its verdict; dependents of a task that did not succeed are skipped."""
+        work = [(run, status, reason)]
+        while work:
+            task, verdict, why = work.pop()
+            if task.final:
+                continue
+            task.status, task.reason = verdict, why
+            self._unfinished -= 1
+            self.version += 1
+            last = task.attempts[-1] if task.attempts else None
+            if verdict == RunStatus.SUCCEEDED:
+                self.successes += 1
+            elif verdict in (RunStatus.FAILED, RunStatus.TIMED_OUT) or (
+                verdict == RunStatus.KILLED and (last is None or last.stop is None)
+            ):
+                self.failures += 1
+            self._emit_verdict(task)
+            if verdict == RunStatus.SUCCEEDED:
+                for child_id in self._dependents[task.spec.id]:
+                    child = self.tasks[child_id]
+                    child.waiting_on -= 1
+                    if child.waiting_on == 0 and child.status == RunStatus.PENDING:
+                        self._ready.append(child)
+                continue
+            said = {
+                RunStatus.FAILED: "failed",
+                RunStatus.TIMED_OUT: "timed out",
+                RunStatus.KILLED: "was killed",
+                RunStatus.SKIPPED: "was skipped",
+            }[verdict]
+            for child_id in reversed(self._dependents[task.spec.id]):
+                child = self.tasks[child_id]
+                if child.status == RunStatus.PENDING:
+                    work.append((child, RunStatus.SKIPPED, f'dependency "{task.spec.id}" {said}'))
+
+    def _emit_verdict(self, run: TaskRun) -> None:
+        if run.status == RunStatus.SKIPPED:
+            self._emit("task_skipped", id=run.spec.id, reason=run.reason)
+            return
+        info = run.to_json()
+        self._emit(
+            "task_finished",
+            id=run.spec.id,
+            status=run.status.value,
+            attempts=info["attempts"],
+            exit_code=info["exit_code"],
+            duration_s=info["duration_s"],
+            output_file=info["output_file"],
+            reason=run.reason,
+        )
+
+    def _close_pending(self, reason: str) -> None:
+        """Give every task not handed out yet its verdict: a task waiting to be retried keeps
+        its last outcome, the rest are skipped with `reason` (no cascade needed: all go)."""
+        self._ready.clear()
+        for run in self.tasks.values():
+            if run.status != RunStatus.PENDING:
+                continue
+            if run.attempts:
+                last = run.attempts[-1]
+                self._finalize(run, last.status, self._reason(run, last))
+            else:
+                self._finalize(run, RunStatus.SKIPPED, reason)
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def interrupt(self, why: str) -> None:
+        """Start nothing more; live attempts are marked as stopped by the interrupt (the
+        driver's leader shutdown kills them) and waiting tasks are skipped."""
+        if self.interrupted:
+            return
+        self.interrupted = why
+        self._emit("interrupted", reason=why, running=len(self._live))
+        self._close_pending(f"not started: interrupted ({why})")
+        for _run, attempt in self._live.values():
+            if attempt.stop is None:
+                attempt.stop = STOP_INTERRUPT
+
+    def abandon(self) -> None:
+        """After the executors are gone: attempts that never reported an end are killed (or
+        skipped, if they never started)."""
+        for handle, (_run, attempt) in list(self._live.items()):
+            if attempt.stop is None:
+                attempt.stop = STOP_INTERRUPT
+            ran = attempt.started_at is not None
+            self.feed(Finished(handle, TaskStatus.KILLED.value, ran=ran, error="lost"))
+        for run in self.tasks.values():
+            if not run.final:  # only reachable through a bug; never leave a task without verdict
+                self._finalize(run, RunStatus.KILLED, "killed: the run ended before it did")
+
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic time at which a running attempt times out."""
+        deadlines = [
+            a.deadline for _, a in self._live.values() if a.deadline is not None and a.stop is None
+        ]
+        return min(deadlines) if deadlines else None
+
+    def counts(self) -> dict[str, int]:
+        """Tasks by verdict (plus `total`, and `resumed`: carried from a previous run)."""
+        out = {s.value: 0 for s in RunStatus}
+        for run in self.tasks.values():
+            out[run.status.value] += 1
+        return {
+            "total": len(self.tasks),
+            "succeeded": out["succeeded"],
+            "failed": out["failed"],
+            "timed_out": out["timed_out"],
+            "killed": out["killed"],
+            "skipped": out["skipped"],
+            "pending": out["pending"] + out["queued"],
+            "running": out["running"],
+            "resumed": sum(1 for r in self.tasks.values() if r.carried is not None),
+        }
+
+    @property
+    def running(self) -> int:
+        """Attempts started and not ended."""
+        return sum(1 for _, a in self._live.values() if a.status == RunStatus.RUNNING)
+
+    def exit_code(self) -> int:
+        """130 interrupted; 0 when every task succeeded (or a success halt ended the run with
+        no failure); else 1."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if all(r.status == RunStatus.SUCCEEDED for r in self.tasks.values()):
+            return EXIT_OK
+        if self.halted and self.halt.on == "success" and self.failures == 0:
+            return EXIT_OK
+        return EXIT_FAILED
+
+    def status(self) -> str:
+        """running, succeeded, failed or interrupted."""
+        if not self.done:
+            return "interrupted" if self.interrupted else "running"
+        code = self.exit_code()
+        return {EXIT_OK: "succeeded", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+
+    def report(self, **meta: Any) -> dict[str, Any]:
+        """The JSON report (also the run record): `meta` fields, summary, tasks."""
+        return {
+            "v": REPORT_VERSION,
+            **meta,
+            "status": self.status(),
+            "exit_code": self.exit_code() if self.done else None,
+            "halted": self.halted,
+            "interrupted": self.interrupted,
+            "counts": self.counts(),
+            "tasks": [r.to_json() for r in self.tasks.values()],
+        }
+
+
+# --------------------------------------------------------------------------- the leader side
+
+
+class LeaderShellExecutor:
+    """Shell attempts as tasks of a Leader; its events become `Started`/`Finished`.
+
+    `on_leader_event` is the Leader's `on_event`: it runs on whichever thread emitted (the
+    loop, a stopper, the engine) and only reads the task's final state and posts. Stops run on
+    a small thread pool, so a task slow to die never holds up the scheduler.
+    """
+
+    def __init__(self, post: Callable[[ExecEvent], None], *, forward: bool = False) -> None:
+        self._post = post
+        self._forward = forward
+        self._known: set[str] = set()
+        self._leader: Leader | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shoal-run-stop")
+
+    def attach(self, leader: Leader) -> None:
+        """Use `leader` (created with `on_event=self.on_leader_event`)."""
+        self._leader = leader
+
+    @property
+    def leader(self) -> Leader:
+        assert self._leader is not None, "attach() a leader first"
+        return self._leader
+
+    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
+        """Build and submit the shell tasks in one go (one state write)."""
+        from shoal.orchestrator.leader import TaskError
+
+        out: list[str | Refused] = []
+        tasks: list[LocalShellTaskState] = []
+        for req in requests:
+            try:
+                task = self.leader.make_shell_task(
+                    req.command, description=req.description, cwd=req.cwd, env=req.env
+                )
+            except TaskError as exc:
+                out.append(Refused(str(exc)))
+                continue
+            self._known.add(task.id)
+            tasks.append(task)
+            out.append(task.id)
+        if tasks:
+            self.leader.submit(tasks)
+        return out
+
+    def stop(self, handle: str, reason: str) -> None:
+        """Stop a task on the pool (TERM to its group, grace, KILL)."""
+        self._pool.submit(self._stop_now, handle, reason)
+
+    def _stop_now(self, handle: str, reason: str) -> None:
+        with contextlib.suppress(ShoalError):  # it finished meanwhile
+            self.leader.stop_task(handle, reason)
+
+    def cancel(self, handle: str, reason: str) -> bool:
+        """Kill a task still waiting for a slot (checked under the leader's lock)."""
+        leader = self.leader
+        with leader.lock:
+            task = leader.registry.get(handle)
+            if task is None or task.status != TaskStatus.PENDING:
+                return False
+            leader.stop_task(handle, reason)
+        return True
+
+    def close(self) -> None:
+        """Wait for stops in progress."""
+        self._pool.shutdown(wait=True)
+
+    def on_leader_event(self, record: dict[str, Any]) -> None:
+        """Translate a leader event for the engine (ours only; all of them when forwarding)."""
+        if self._forward:
+            self._post(Forward(record))
+        task_id = record.get("task_id")
+        if task_id not in self._known:
+            return
+        subtype = record.get("subtype")
+        if subtype == "task_started":
+            self._post(Started(task_id, float(record.get("ts") or time.time())))
+        elif subtype == "task_terminated":
+            self._known.discard(task_id)
+            self._post(self._finished(task_id, record))
+        elif subtype == "task_stalled":
+            self._post(Stalled(task_id, str(record.get("prompt") or "")))
+
+    def _finished(self, task_id: str, record: dict[str, Any]) -> Finished:
+        state: Any = self.leader.registry.get(task_id)
+        if state is None:  # evicted already: its final record is in the session history
+            from shoal.core.tasks import parse_task_state
+
+            raw = self.leader.session.history().get(task_id)
+            state = parse_task_state(raw) if raw else None
+        if not isinstance(state, LocalShellTaskState):
+            return Finished(task_id, str(record.get("status") or "failed"), error="lost")
+        ran = state.pid is not None
+        return Finished(
+            task_id,
+            state.status.value,
+            exit_code=state.result.code if state.result is not None else None,
+            started_at=state.start_time if ran else None,
+            ended_at=state.end_time,
+            output_file=state.output_file,
+            error=state.error or state.kill_reason,
+            ran=ran,
+        )
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Command-line choices of one run; None means "as the spec says"."""
+
+    team: str | None = None
+    jobs: int | None = None
+    backend: str | None = None
+    halt: HaltPolicy | None = None
+    junit: Path | None = None
+    report: Path | None = None
+    joblog: Path | None = None
+    resume: bool = False
+    forward_leader_events: bool = False
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: the exit code, the final report and where the run record is."""
+
+    exit_code: int
+    report: dict[str, Any]
+    record_path: Path
+
+
+def run_batch(
+    spec: Spec,
+    layout: Layout,
+    options: RunOptions | None = None,
+    sink: EventSink | None = None,
+    *,
+    agents_factory: AgentDispatcherFactory | None = None,
+) -> RunOutcome:
+    """Run `spec` to its end on a leader of its team in this process; returns the outcome.
+
+    Everything is checked before anything starts (a bad spec, agent tasks without teammates,
+    an unwritable report path, a leader already running for the team). SIGINT, SIGTERM and
+    SIGHUP (when called on the main thread) stop the run: every task is killed, the reports
+    are written with status interrupted, and the exit code is 130. `sink` receives every
+    run event (and, with `forward_leader_events`, the leader's own).
+    """
+    return _Driver(spec, layout, options or RunOptions(), sink, agents_factory).run()
+
+
+class _Driver:
+    """One `run_batch` call: the leader thread, the engine loop, signals and the files."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        layout: Layout,
+        options: RunOptions,
+        sink: EventSink | None,
+        agents_factory: AgentDispatcherFactory | None,
+    ) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.options = options
+        self.sink = sink
+        settings = spec.settings
+        self.team = validate_name(options.team or spec.team_name(), "team name")
+        self.jobs = settings.jobs if options.jobs is None else options.jobs
+        self.halt = options.halt or settings.halt
+        self.backend = options.backend or settings.backend
+        self.factory = agents_factory if agents_factory is not None else agent_dispatcher_factory()
+        check_agents(spec, self.factory)
+        for path in (options.junit, options.report, options.joblog):
+            if path is not None and not path.absolute().parent.is_dir():
+                raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+        self.records = RunRecords(layout)
+        self.previous = self.records.load(self.team, spec.path) if options.resume else None
+        carried = plan_resume(spec, self.previous) if self.previous else {}
+        self.run_id = str(ULID()).lower()
+        self.started_at = time.time()
+        self.events: deque[ExecEvent] = deque()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self.signal: int | None = None
+        self.leader_error: BaseException | None = None
+        self.executor = LeaderShellExecutor(self.post, forward=options.forward_leader_events)
+        self.joblog: JoblogWriter | None = None
+        self.leader: Leader | None = None
+        self.agents: AgentDispatcher | None = None
+        self.batch = BatchRun(
+            spec,
+            shell=self.executor,
+            jobs=self.jobs,
+            halt=self.halt,
+            carried=carried,
+            emit=self.emit,
+            on_attempt_end=self._log_attempt,
+        )
+        self._saved_version = -1
+        self._saved_at = 0.0
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def post(self, event: ExecEvent) -> None:
+        """From any thread: queue an executor event and wake the engine."""
+        self.events.append(event)
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b".")
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """A run event: into the session's event stream (once there is one) and to the sink."""
+        record = self.leader.session.emit(event) if self.leader is not None else event
+        if self.sink is not None:
+            self.sink(record)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = signum
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"!")
+
+    def _log_attempt(self, run: TaskRun, attempt: Attempt) -> None:
+        if self.joblog is not None:
+            self.joblog.write(
+                seq=run.spec.seq,
+                started_at=attempt.started_at,
+                ended_at=attempt.ended_at,
+                exit_code=attempt.exit_code,
+                killed=attempt.status in (RunStatus.KILLED, RunStatus.TIMED_OUT),
+                command=run.spec.command_line,
+            )
+
+    def meta(self) -> dict[str, Any]:
+        """The run-level fields of the report."""
+        ended = time.time() if self.batch.done else None
+        return {
+            "run_id": self.run_id,
+            "spec": str(self.spec.path),
+            "team": self.team,
+            "session_id": self.leader.session.id if self.leader is not None else None,
+            "backend": self.backend,
+            "jobs": self.jobs,
+            "halt": self.halt.text,
+            "resumed_from": (self.previous or {}).get("run_id"),
+            "started_at": iso(self.started_at),
+            "ended_at": iso(ended),
+            "duration_s": round((ended or time.time()) - self.started_at, 3),
+            "files": {
+                "record": str(self.records.path(self.team, self.spec.path)),
+                "report": str(self.options.report) if self.options.report else None,
+                "junit": str(self.options.junit) if self.options.junit else None,
+                "joblog": str(self.options.joblog) if self.options.joblog else None,
+            },
+        }
+
+    def save_record(self, *, force: bool = False) -> None:
+        """Rewrite the run record when the run moved on (throttled unless forced)."""
+        now = time.monotonic()
+        if not force and (
+            self.batch.version == self._saved_version or now - self._saved_at < RECORD_INTERVAL_S
+        ):
+            return
+        self._saved_version, self._saved_at = self.batch.version, now
+        self.records.save(self.team, self.spec.path, self.batch.report(**self.meta()))
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        from shoal.orchestrator.leader import Leader
+
+        on_main = threading.current_thread() is threading.main_thread()
+        previous_handlers: dict[int, Any] = {}
+        if on_main:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        cleanup = CleanupRegistry()
+        thread: threading.Thread | None = None
+        stop_loop = threading.Event()
+        finished = False
+        try:
+            leader = Leader(
+                self.layout, self.team, jobs=self.jobs, on_event=self.executor.on_leader_event
+            )
+            self.executor.attach(leader)
+            leader.start()
+            self.leader = leader
+            cleanup.register("leader", leader.shutdown)
+            self._stop_leftovers(leader)
+            if self.options.joblog is not None:
+                self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
+            if self.factory is not None and (self.spec.members or self.spec.agent_tasks):
+                self.agents = self.factory(leader, self.post)
+                self.batch.agents = self.agents
+                cleanup.register("agents", self.agents.close)
+                self.agents.start(self.spec.members, self.backend)
+            thread = threading.Thread(
+                target=self._leader_loop, args=(leader, stop_loop), name="shoal-leader", daemon=True
+            )
+            thread.start()
+            self._begin()
+            self._loop()
+            finished = True
+        finally:
+            stop_loop.set()
+            if self.leader is not None:
+                self.leader.request_stop()
+            if thread is not None:
+                thread.join()
+            self.executor.close()
+            cleanup.run_all()  # the leader's shutdown kills whatever still runs
+            if on_main:
+                for signum, handler in previous_handlers.items():
+                    signal.signal(signum, handler)
+            if not finished:
+                self._close_fds()
+        return self._finish()
+
+    def _close_fds(self) -> None:
+        self._selector.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _leader_loop(self, leader: Leader, stop: threading.Event) -> None:
+        try:
+            leader.run(stop)
+        except BaseException as exc:  # the engine must hear of it, not wait forever
+            self.leader_error = exc
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"x")
+
+    def _stop_leftovers(self, leader: Leader) -> None:
+        """Stop tasks a crashed earlier leader of this team left (resumed with its session):
+        they are not part of this run, and would otherwise take its job slots."""
+        left = [t.id for t in leader.registry.get_all_tasks() if not t.is_terminal]
+        for task_id in left:
+            with contextlib.suppress(ShoalError):
+                leader.stop_task(task_id)
+        if left:
+            self.emit(
+                {
+                    "type": "run",
+                    "subtype": "note",
+                    "text": f"stopped {len(left)} task(s) left by an earlier leader of team "
+                    f"{self.team}: {' '.join(left)}",
+                }
+            )
+
+    def _begin(self) -> None:
+        self._drain()  # the leader's own start events come first
+        batch = self.batch
+        batch.begin()
+        counts = batch.counts()
+        self.emit(
+            {
+                "type": "run",
+                "subtype": "run_started",
+                "run_id": self.run_id,
+                "spec": str(self.spec.path),
+                "team": self.team,
+                "session_id": self.leader.session.id if self.leader else None,
+                "jobs": self.jobs,
+                "backend": self.backend,
+                "halt": self.halt.text,
+                "total": counts["total"],
+                "resumed": counts["resumed"],
+                "resumed_from": (self.previous or {}).get("run_id"),
+                "resume_requested": self.options.resume,
+            }
+        )
+        self.save_record(force=True)
+
+    def _drain(self) -> None:
+        events, batch, sink = self.events, self.batch, self.sink
+        while events:
+            event = events.popleft()
+            if isinstance(event, Forward):
+                if sink is not None:
+                    sink(event.record)
+            else:
+                batch.feed(event)
+
+    def _wait(self, timeout: float) -> None:
+        if self.events or self.signal is not None:
+            return
+        self._selector.select(max(0.0, timeout))
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _loop(self) -> None:
+        batch = self.batch
+        while True:
+            self._drain()
+            if self.signal is not None:
+                batch.interrupt(signal.Signals(self.signal).name)
+                return
+            if self.leader_error is not None:
+                raise ShoalError(f"the run's leader stopped: {self.leader_error!r}")
+            now = time.monotonic()
+            batch.tick(now)
+            if batch.done:
+                return
+            self.save_record()
+            deadline = batch.next_deadline()
+            timeout = MAX_WAIT_S if deadline is None else min(MAX_WAIT_S, deadline - now)
+            self._wait(timeout)
+
+    def _finish(self) -> RunOutcome:
+        self._drain()
+        self.batch.abandon()
+        if self.joblog is not None:
+            self.joblog.close()
+        report = self.batch.report(**self.meta())
+        record = self.records.save(self.team, self.spec.path, report)
+        errors: list[str] = []
+        for path, writer in ((self.options.report, write_json), (self.options.junit, write_junit)):
+            if path is None:
+                continue
+            try:
+                writer(path, report)
+            except (ShoalError, OSError) as exc:
+                errors.append(f"could not write {path}: {exc}")
+        result = {
+            "type": "result",
+            "subtype": report["status"],
+            "exit_code": report["exit_code"],
+            "run_id": self.run_id,
+            "team": self.team,
+            "session_id": report["session_id"],
+            "counts": report["counts"],
+            "duration_s": report["duration_s"],
+            "halted": report["halted"],
+            "interrupted": report["interrupted"],
+            "files": report["files"],
+            "errors": errors,
+        }
+        self.emit(result)
+        if self.leader is not None:
+            self.leader.session.close()
+        self._close_fds()
+        code = report["exit_code"]
+        if errors and code == EXIT_OK:
+            code = EXIT_FAILED
+        return RunOutcome(code, report, record)
