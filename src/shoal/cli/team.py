@@ -155,7 +155,13 @@ def join(
 @common_options
 def leave(team_name: str, name: str, as_json: bool) -> None:
     """Leave TEAM as NAME (the member stays listed as departed)."""
-    member = _teams().leave(team_name, name)
+    from shoal.teams.tasklist import TaskList
+
+    teams = _teams()
+    member = teams.leave(team_name, name)
+    released = TaskList(teams, team_name).release_member(name)
+    if released and not as_json:
+        click.echo(f"its tasks went back to pending: {', '.join(str(t.id) for t in released)}")
     if as_json:
         print_json(member.model_dump(mode="json"))
     else:

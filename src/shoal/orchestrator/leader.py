@@ -55,10 +55,13 @@ from shoal.orchestrator.session import Session, SessionState
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
+from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 
 EventSink = Callable[[dict[str, Any]], None]
 
+# How often the shared task list is checked for tasks of members that are gone.
+RELEASE_INTERVAL_S = 5.0
 # state.json is rewritten at most this often by the loop (requests from users force a write).
 PERSIST_INTERVAL_S = 0.2
 
@@ -109,6 +112,7 @@ class Leader:
         self._pidfds: dict[str, int] = {}
         self._task_json: dict[str, tuple[AnyTaskState, orjson.Fragment]] = {}
         self._last_persist = 0.0
+        self._last_release = 0.0
         self._identity = current_identity()
         self._inbox: Inbox | None = None
         self.swarm = Swarm(self)
@@ -495,6 +499,7 @@ class Leader:
         self.read_output()
         self.check_stalls(now)
         self.cleanup_orphans()
+        self.release_orphaned_tasks(now)
         self.notify()
         self.evict(now)
         self.start_pending()
@@ -628,6 +633,23 @@ class Leader:
                 }
             )
             self._deliver(task, text, status="running", msg_id=None)
+
+    def release_orphaned_tasks(self, now: float) -> None:
+        """Every few seconds: list tasks owned by members that died or left go back to pending
+        (teammates this leader runs are settled at once when they end)."""
+        if now - self._last_release < RELEASE_INTERVAL_S:
+            return
+        self._last_release = now
+        try:
+            released = TaskList(self.teams, self.team).release_orphaned()
+        except ShoalError as exc:
+            self.note(f"could not check the task list: {exc}")
+            return
+        if released:
+            self.note(
+                "tasks of departed members went back to pending: "
+                + ", ".join(f"{t.id} ({t.subject})" for t in released)
+            )
 
     def cleanup_orphans(self) -> None:
         """Kill shell tasks whose owning agent has exited or left the team."""
