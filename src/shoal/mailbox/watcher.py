@@ -26,7 +26,8 @@ from watchdog.observers.polling import PollingObserver
 logging.getLogger("watchdog").addHandler(logging.NullHandler())
 logging.getLogger("watchdog").propagate = False
 
-RECONCILE_INTERVAL_S = 2.0
+RECONCILE_INTERVAL_S = 5.0
+OBSERVER_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.1
 
 Wake = Callable[[], None]
@@ -39,7 +40,9 @@ class _Handler(FileSystemEventHandler):
     def on_any_event(self, event: FileSystemEvent) -> None:
         # Only arrivals in new/ matter: a created or moved-in file. Claims (new -> cur) and
         # acks are our own doing and need no wake-up.
-        if event.event_type not in ("created", "moved", "modified"):
+        if event.event_type not in ("created", "moved", "modified", "deleted"):
+            return
+        if event.event_type == "deleted" and not self.watcher._dirs:
             return
         path = event.dest_path if event.event_type == "moved" else event.src_path
         path = os.fsdecode(path)
@@ -47,6 +50,8 @@ class _Handler(FileSystemEventHandler):
         inbox, _, sub = parent.rpartition("/")
         if sub == "new":
             self.watcher.wake(inbox)
+        elif parent in self.watcher._dirs:
+            self.watcher.wake_dir(parent)
 
 
 class _OverflowHook(logging.Filter):
@@ -73,6 +78,7 @@ class Watcher:
         self._watches: dict[str, ObservedWatch] = {}
         self._roots: set[str] = set()
         self._seen: dict[str, int] = {}
+        self._dirs: dict[str, list[Wake]] = {}
         self.reconcile_interval = reconcile_interval
         if force_polling is None:
             force_polling = os.environ.get("SHOAL_WATCHER", "").lower() == "poll"
@@ -85,7 +91,9 @@ class Watcher:
             from watchdog.observers.inotify import InotifyObserver
 
             try:
-                self._observer = InotifyObserver()
+                # The timeout only bounds how soon a stop is noticed (events wake the threads
+                # at once); a long one keeps idle watchers from waking every second.
+                self._observer = InotifyObserver(timeout=OBSERVER_TIMEOUT_S)
             except OSError as exc:
                 self._use_polling(self._unavailable(exc))
         self._observer.daemon = True
@@ -114,6 +122,30 @@ class Watcher:
             if key not in self._watches:
                 self._watches[key] = self._schedule(key)
                 self._roots.add(key)
+
+    def watch_dir(self, path: Path, wake: Wake) -> None:
+        """Call `wake()` when a file in directory `path` (not below it) is created, changed,
+        moved in or out, or removed — e.g. a team's task list."""
+        key = os.fspath(path)
+        with self._lock:
+            self._dirs.setdefault(key, []).append(wake)
+            # No watch to be had: the caller's periodic look still finds the changes.
+            if key not in self._watches:
+                with contextlib.suppress(OSError):
+                    self._watches[key] = self._observer.schedule(
+                        _Handler(self), key, recursive=False
+                    )
+
+    def unwatch_dir(self, path: Path, wake: Wake) -> None:
+        key = os.fspath(path)
+        with self._lock:
+            wakers = self._dirs.get(key, [])
+            if wake in wakers:
+                wakers.remove(wake)
+
+    def wake_dir(self, key: str) -> None:
+        for wake in list(self._dirs.get(key, ())):
+            wake()
 
     def _covered(self, key: str) -> bool:
         return any(key.startswith(root + os.sep) for root in self._roots)

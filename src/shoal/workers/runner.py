@@ -14,6 +14,7 @@ import os
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,9 @@ from shoal.workers.brains import Brain, ScriptedBrain, TurnAborted, TurnContext,
 
 # Kinds read even while a turn runs.
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
-# How often an idle teammate looks at the task list (a stat; it is read only when changed).
-IDLE_RECHECK_S = 1.0
+# How often an idle teammate looks at the task list anyway (a stat; it is read only when
+# changed). Changes wake it at once through the watcher; this is the safety net.
+IDLE_RECHECK_S = 10.0
 RECENT_ACTIVITIES = 5
 # A task whose turn failed this many times is no longer claimed automatically.
 MAX_TASK_FAILURES = 3
@@ -85,6 +87,7 @@ class TeammateRunner:
         self._tool_uses = 0
         self._tasklist_mtime = -1.0
         self._inbox: Inbox | None = None
+        self._unwatch_tasks: Callable[[], None] | None = None
         self.ready = asyncio.Event()
 
     @property
@@ -121,6 +124,12 @@ class TeammateRunner:
             loop.call_soon_threadsafe(wake.set)
 
         self._inbox.add_waker(wake_loop)
+        self._watcher = self._inbox._watcher
+        if self._watcher is not None and self.config.claim_tasks:
+            self._watcher.watch_dir(self.layout.tasklist_dir(self.team), wake_loop)
+            self._unwatch_tasks = lambda: self._watcher.unwatch_dir(
+                self.layout.tasklist_dir(self.team), wake_loop
+            )
         self._set_status(
             state="idle",
             started_at=time.time(),
@@ -178,6 +187,8 @@ class TeammateRunner:
     def _finish(self) -> None:
         if self._inbox is not None:
             self._inbox.close()
+        if self._unwatch_tasks is not None:
+            self._unwatch_tasks()
         with contextlib.suppress(ShoalError, OSError):
             self.tasks.release_member(self.name)
         with contextlib.suppress(ShoalError, OSError):
