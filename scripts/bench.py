@@ -13,8 +13,10 @@ direction that is better), target, and PASS/MISS against the target. The machine
 and noisy, so every ratio compares numbers taken in the same run, and throughput trials are
 repeated (best of N, shoal and baseline alternating).
 
-Everything runs in a temporary SHOAL_HOME with real processes (multiprocessing, spawn start
-method, so each child is a fresh interpreter). Set SHOAL_BENCH_PROFILE=DIR to run every child
+Everything runs in a temporary SHOAL_HOME with real processes (multiprocessing's forkserver:
+each child is a fork of a clean single-threaded server that has imported shoal). CPU time per
+message (all threads of a process) is reported beside wall-clock rates, since it is much less
+disturbed by other load on the machine. Set SHOAL_BENCH_PROFILE=DIR to run every child
 under cProfile and dump `DIR/{function}-{pid}.prof` files for `python -m pstats` (or run the
 whole thing under `py-spy record --subprocesses`). A throughput trial stops timing after
 `--cap` seconds; what is left on disk then is counted as unhandled, not lost.
@@ -35,6 +37,7 @@ import cProfile
 import fcntl
 import functools
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -55,7 +58,18 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from shoal.mailbox.schema import AnyMessage
 
-CTX = mp.get_context("spawn")
+# Children come from a fork server that has imported shoal already: every child is a fresh fork
+# of a clean, single-threaded process (no inherited watcher threads or locks), without paying
+# for a new interpreter and the imports each time. Baseline children run no shoal code.
+CTX = mp.get_context("forkserver")
+PRELOAD = [
+    "__main__",
+    "shoal.mailbox.inbox",
+    "shoal.mailbox.router",
+    "shoal.teams.store",
+    "json",
+    "fcntl",
+]
 TEAM_LEAD = "team-lead"
 RECEIVER = "bob"
 PROFILE_ENV = "SHOAL_BENCH_PROFILE"
@@ -122,6 +136,11 @@ class Config:
     workdir: Path
     repeats: int  # trials of each throughput measurement (best is reported)
     cap_s: float  # a throughput trial stops timing after this long (the rest counted, not lost)
+
+    @property
+    def home(self) -> Path:
+        """This section's SHOAL_HOME (also in the environment while the section runs)."""
+        return self.workdir / "home"
 
 
 SectionFn = Callable[[Config], SectionResult]
@@ -281,8 +300,8 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float:
     """Nearest-rank percentile of an already sorted sequence."""
     if not sorted_values:
         return float("nan")
-    rank = max(1, min(len(sorted_values), round(pct / 100.0 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
+    rank = math.ceil(pct / 100.0 * len(sorted_values) - 1e-9)
+    return sorted_values[min(max(rank, 1), len(sorted_values)) - 1]
 
 
 def paced(n: int, rate: float) -> Iterator[int]:
@@ -360,10 +379,13 @@ def shoal_latency_receiver(home: str, team: str, conn: Connection) -> None:
             conn.send(("pong", now - int(extra["t"])))
 
     conn.send(("ready", inbox.watcher_mode))
+    cpu = time.process_time()  # all threads of this process (watcher threads included)
+    handled = 0
     deadline = time.monotonic() + 600
     while not stop and time.monotonic() < deadline:
-        inbox.process(handler, timeout=1.0)
-    conn.send(("done", latencies, inbox.quarantined))
+        handled += inbox.process(handler, timeout=1.0) is not None
+    cpu_us = (time.process_time() - cpu) / max(handled, 1) * 1e6
+    conn.send(("done", latencies, inbox.quarantined, cpu_us))
 
 
 def shoal_sender(
@@ -381,7 +403,7 @@ def shoal_sender(
     maildir = Maildir.open(layout.inbox_dir(team, RECEIVER))  # opened once
     conn.send("ready")
     go.wait()
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     if mode == "send":
         for i in range(n):
             send(directory, to=RECEIVER, sender=TEAM_LEAD, data={"seq": i}, durable=durable)
@@ -389,7 +411,7 @@ def shoal_sender(
         for i in range(n):
             msg = make_message(sender=TEAM_LEAD, to=RECEIVER, data={"seq": i})
             maildir.deliver(encode(msg), durable=durable)
-    conn.send(time.monotonic() - start)
+    conn.send((time.monotonic() - start, (time.process_time() - cpu) / n * 1e6))
 
 
 def shoal_receiver(
@@ -418,6 +440,7 @@ def shoal_receiver(
     seen.clear()
     conn.send(("ready", inbox.watcher_mode))
     go.wait()
+    cpu = time.process_time()  # all threads of this process (watcher threads included)
     deadline = time.monotonic() + cap_s
     end = time.monotonic()
     while handled < n:
@@ -427,8 +450,8 @@ def shoal_receiver(
         if inbox.process(handler, timeout=min(remaining, 5.0)) is not None:
             handled += 1
             end = time.monotonic()
-    left = len(maildir.pending()) + len(maildir.claimed())
-    conn.send(("done", end, sorted(seen), handled, left, inbox.quarantined))
+    cpu_us = (time.process_time() - cpu) / max(handled, 1) * 1e6
+    conn.send(("done", end, sorted(seen), handled, cpu_us))
 
 
 def shoal_team_updater(home: str, team: str, k: int, go: MpEvent, conn: Connection) -> None:
@@ -462,14 +485,18 @@ def pipe_latency_receiver(conn: Connection) -> None:
     """One-way multiprocessing.Pipe: record receipt time - send time of each object."""
     latencies: list[tuple[int, int]] = []
     conn.send(("ready", "pipe"))
+    cpu = time.process_time()
+    handled = 0
     while True:
         obj = conn.recv()
         now = time.time_ns()
         if obj is None:
             break
+        handled += 1
         if obj["seq"] >= 0:
             latencies.append((obj["seq"], now - obj["t"]))
-    conn.send(("done", latencies))
+    cpu_us = (time.process_time() - cpu) / max(handled, 1) * 1e6
+    conn.send(("done", latencies, cpu_us))
 
 
 def make_bare_maildir(root: Path) -> Path:
@@ -525,9 +552,9 @@ def bare_fill(root: str, seqs: range, durable: bool = False) -> None:
 def bare_sender(root: str, n: int, durable: bool, go: MpEvent, conn: Connection) -> None:
     conn.send("ready")
     go.wait()
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     bare_fill(root, range(n), durable)
-    conn.send(time.monotonic() - start)
+    conn.send((time.monotonic() - start, (time.process_time() - cpu) / n * 1e6))
 
 
 def bare_receiver(
@@ -543,6 +570,7 @@ def bare_receiver(
     handled = 0
     conn.send(("ready", "listdir poll 0.5 ms"))
     go.wait()
+    cpu = time.process_time()
     deadline = time.monotonic() + cap_s
     end = time.monotonic()
     while handled < n and time.monotonic() < deadline:
@@ -572,8 +600,8 @@ def bare_receiver(
             seen.add(obj["data"]["seq"])
             handled += 1
             end = time.monotonic()
-    left = len(os.listdir(new)) + len(os.listdir(cur))
-    conn.send(("done", end, sorted(seen), handled, left, 0))
+    cpu_us = (time.process_time() - cpu) / max(handled, 1) * 1e6
+    conn.send(("done", end, sorted(seen), handled, cpu_us))
 
 
 def json_flock_updater(path: str, k: int, go: MpEvent, conn: Connection) -> None:
@@ -668,15 +696,21 @@ def measure_shoal_latency(home: Path, n: int, rate: float, warmup: int) -> dict[
                 bare_deliver(str(inbox_dir), data)
             calls[phase].append(time.time_ns() - t)
         send(directory, to=RECEIVER, sender=TEAM_LEAD, data={"stop": True})
-        _, lat, quarantined = rx.expect(120)
+        _, lat, quarantined, cpu_us = rx.expect(120)
         rx.finish()
-    out: dict[str, Any] = {"mode": mode, "ping_ms": ping_ns / 1e6, "quarantined": quarantined}
+    out: dict[str, Any] = {
+        "mode": mode,
+        "ping_ms": ping_ns / 1e6,
+        "quarantined": quarantined,
+        "rx_cpu_us": cpu_us,
+    }
     for phase in LATENCY_PHASES:
         out[phase] = summarize_latency(lat.get(phase, []), n, calls[phase])
     return out
 
 
-def measure_pipe_latency(n: int, rate: float, warmup: int) -> Latency:
+def measure_pipe_latency(n: int, rate: float, warmup: int) -> tuple[Latency, float]:
+    """The baseline: a one-way Pipe at the same pace; also the child's CPU us per message."""
     with children() as kids:
         rx = spawn(pipe_latency_receiver)
         kids.append(rx)
@@ -689,9 +723,9 @@ def measure_pipe_latency(n: int, rate: float, warmup: int) -> Latency:
             rx.conn.send({"seq": i, "t": t})
             calls.append(time.time_ns() - t)
         rx.conn.send(None)
-        _, lat = rx.expect(60)
+        _, lat, cpu_us = rx.expect(60)
         rx.finish()
-    return summarize_latency(lat, n, calls)
+    return summarize_latency(lat, n, calls), float(cpu_us)
 
 
 @dataclass
@@ -701,24 +735,52 @@ class Throughput:
     lost: int  # neither handled nor still on disk, or handled twice
     unhandled: int  # still on disk when the time cap ran out (not lost)
     receiver_mode: str
+    receiver_cpu_us: float  # CPU time (all threads) of the receiver process per message
+    sender_cpu_us: float | None  # CPU time of the sender process per message
 
 
-def _receiver_result(rx: Child, n: int, t0: float) -> tuple[float, int, int]:
-    """(rate, lost, unhandled) from a receiver's "done" report."""
-    _, end, seen, handled, left, quarantined = rx.expect(900)
-    unique = set(seen) & set(range(n))
-    lost = n - len(unique) - left + (handled - len(unique)) + quarantined
+def leftover(root: Path) -> tuple[list[int], int]:
+    """Seqs of the message files still waiting in a maildir's new/ and cur/ (read with the json
+    module), and how many files went to bad/."""
+    waiting = []
+    for sub in ("new", "cur"):
+        for name in os.listdir(root / sub):
+            if not name.startswith("."):
+                with open(root / sub / name, "rb") as fh:
+                    waiting.append(int(json.load(fh)["data"]["seq"]))
+    try:
+        bad = sum(1 for name in os.listdir(root / "bad") if not name.endswith(".error"))
+    except FileNotFoundError:
+        bad = 0
+    return waiting, bad
+
+
+def _receiver_result(rx: Child, n: int, t0: float, root: Path) -> tuple[float, int, int, float]:
+    """(rate, lost, unhandled, cpu us/msg) from a receiver's report and what is left on disk.
+
+    Call once nothing sends any more. Lost: a seq neither handled nor waiting on disk, handled
+    twice, handled and still waiting, or quarantined in bad/. Unhandled: still waiting (the
+    receiver ran out of time).
+    """
+    _, end, seen, handled, cpu_us = rx.expect(900)
+    left, bad = leftover(root)
+    want = set(range(n))
+    unique = set(seen) & want
+    lost = len(want - unique - set(left)) + (handled - len(unique)) + len(unique & set(left))
+    lost += bad
     rate = handled / (end - t0) if end > t0 else 0.0
-    return rate, lost, left
+    return rate, lost, len(left), float(cpu_us)
 
 
 def run_pair(
     sender: tuple[ChildFn, tuple[Any, ...]],
     receiver: tuple[ChildFn, tuple[Any, ...]],
     n: int,
+    root: Path,
     prepare: Callable[[], None] | None = None,
 ) -> Throughput:
-    """Start a receiver and a sender process, release both at once, time n deliveries+acks."""
+    """Start a receiver and a sender process, release both at once, time n deliveries+acks
+    into the maildir at `root`."""
     go = CTX.Event()
     with children() as kids:
         rx = spawn(receiver[0], *receiver[1], go)
@@ -732,20 +794,21 @@ def run_pair(
         time.sleep(0.1)  # let both settle into their wait
         t0 = time.monotonic()
         go.set()
-        send_elapsed = float(tx.expect(900))
-        rate, lost, left = _receiver_result(rx, n, t0)
+        send_elapsed, send_cpu = tx.expect(900)
+        rate, lost, left, rx_cpu = _receiver_result(rx, n, t0, root)
         tx.finish()
         rx.finish()
-    return Throughput(rate, n / send_elapsed, lost, left, mode)
+    return Throughput(rate, n / send_elapsed, lost, left, mode, rx_cpu, send_cpu)
 
 
 def run_drain(
     receiver: tuple[ChildFn, tuple[Any, ...]],
     n: int,
+    root: Path,
     fill: Callable[[], None],
     prepare: Callable[[], None] | None = None,
 ) -> Throughput:
-    """Start a receiver, fill its inbox with n messages, then time how fast it drains them."""
+    """Start a receiver, fill its maildir at `root` with n messages, time how fast it drains."""
     go = CTX.Event()
     with children() as kids:
         rx = spawn(receiver[0], *receiver[1], go)
@@ -757,9 +820,9 @@ def run_drain(
         time.sleep(0.1)
         t0 = time.monotonic()
         go.set()
-        rate, lost, left = _receiver_result(rx, n, t0)
+        rate, lost, left, rx_cpu = _receiver_result(rx, n, t0, root)
         rx.finish()
-    return Throughput(rate, None, lost, left, mode)
+    return Throughput(rate, None, lost, left, mode, rx_cpu, None)
 
 
 VARIANTS = ("send", "deliver", "bare")
@@ -767,17 +830,18 @@ VARIANTS = ("send", "deliver", "bare")
 
 def measure_throughput(cfg: Config, tag: str, n: int, durable: bool) -> dict[str, list[Throughput]]:
     """shoal `send()`, make_message+deliver and the bare loop, alternating, cfg.repeats times."""
-    home = cfg.workdir / "home"
+    home = cfg.home
     out: dict[str, list[Throughput]] = {v: [] for v in VARIANTS}
     for rep in range(cfg.repeats):
         for variant in VARIANTS:
             if variant == "bare":
-                root = str(make_bare_maildir(cfg.workdir / f"bare-{tag}-{rep}"))
+                root = make_bare_maildir(cfg.workdir / f"bare-{tag}-{rep}")
                 out["bare"].append(
                     run_pair(
-                        (bare_sender, (root, n, durable)),
-                        (bare_receiver, (root, n, durable, cfg.cap_s)),
+                        (bare_sender, (str(root), n, durable)),
+                        (bare_receiver, (str(root), n, durable, cfg.cap_s)),
                         n,
+                        root,
                     )
                 )
                 continue
@@ -788,6 +852,7 @@ def measure_throughput(cfg: Config, tag: str, n: int, durable: bool) -> dict[str
                     (shoal_sender, (str(home), team, n, variant, durable)),
                     (shoal_receiver, (str(home), team, n, durable, cfg.cap_s)),
                     n,
+                    inbox,
                     prepare=functools.partial(shoal_fill, inbox, range(-1, 0)),
                 )
             )
@@ -796,18 +861,20 @@ def measure_throughput(cfg: Config, tag: str, n: int, durable: bool) -> dict[str
 
 def measure_drain(cfg: Config, n: int) -> dict[str, Throughput]:
     """Receiver alone draining a backlog of n messages: shoal Inbox.process vs the bare loop."""
-    home = cfg.workdir / "home"
+    home = cfg.home
     inbox = make_team(home, "drain")
     root = make_bare_maildir(cfg.workdir / "bare-drain")
     shoal = run_drain(
         (shoal_receiver, (str(home), "drain", n, False, cfg.cap_s)),
         n,
+        inbox,
         fill=lambda: shoal_fill(inbox, range(n)),
         prepare=lambda: shoal_fill(inbox, range(-1, 0)),
     )
     bare = run_drain(
         (bare_receiver, (str(root), n, False, cfg.cap_s)),
         n,
+        root,
         fill=lambda: bare_fill(str(root), range(n)),
     )
     return {"shoal": shoal, "bare": bare}
@@ -826,7 +893,7 @@ def measure_team_updates(cfg: Config, procs: int, k: int) -> dict[str, Updates]:
     from shoal.core.paths import Layout
     from shoal.teams.store import Teams
 
-    home = cfg.workdir / "home"
+    home = cfg.home
     team = "upd"
     teams = Teams(Layout(home))
     teams.create(team, description="0")
@@ -866,18 +933,24 @@ def best(trials: list[Throughput]) -> Throughput:
     return max(trials, key=lambda t: t.rate)
 
 
+def min_cpu(trials: list[Throughput], sender: bool = False) -> float | None:
+    """The lowest CPU us/msg over trials (of the sender, or of the receiver)."""
+    values = [t.sender_cpu_us if sender else t.receiver_cpu_us for t in trials]
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
 @section("mailbox", "mailbox: maildir latency, throughput and team-file updates")
 def mailbox_section(cfg: Config) -> SectionResult:
     res = SectionResult()
     rows, notes = res.rows, res.notes
-    home = cfg.workdir / "home"
-    os.environ["SHOAL_HOME"] = str(home)  # children inherit it; every call passes it too
+    home = cfg.home
     lower = "make_message+deliver [lower-level]"
 
     # 1. send -> handler latency at a fixed pace, against a one-way Pipe
     rate, n_lat, warmup = 500.0, (600 if cfg.quick else 2000), 50
     lat = measure_shoal_latency(home, n_lat, rate, warmup)
-    pipe = measure_pipe_latency(n_lat, rate, warmup)
+    pipe, pipe_cpu_us = measure_pipe_latency(n_lat, rate, warmup)
     for key, label in (("send", "send()"), ("deliver", lower)):
         s: Latency = lat[key]
         rows.append(Row(f"latency p50 @{rate:.0f}/s, {label}", "ms", s.p50_ms, pipe.p50_ms,
@@ -890,6 +963,8 @@ def mailbox_section(cfg: Config) -> SectionResult:
     for key, label in (("send", "send()"), ("deliver", "make_message+deliver")):
         rows.append(Row(f"  [info] sender-side call p50, {label} vs bare syscalls", "ms",
                         lat[key].call_p50_ms, bare_lat.call_p50_ms, "lower"))  # fmt: skip
+    rows.append(Row("  [info] receiver CPU per message, shoal Inbox vs Pipe child", "us",
+                    lat["rx_cpu_us"], pipe_cpu_us, "lower"))  # fmt: skip
     lat_lost = sum(lat[p].lost for p in LATENCY_PHASES) + lat["quarantined"]
     total = len(LATENCY_PHASES) * n_lat
     rows.append(Row(f"lost, latency runs ({total} msgs)", "count", lat_lost, pipe.lost,
@@ -915,10 +990,13 @@ def mailbox_section(cfg: Config) -> SectionResult:
             b = best(tp[key])
             rows.append(Row(f"1->1{sfx} handled+acked/s, {label}", "msg/s", b.rate, bare.rate,
                             "higher", "ratio >= 0.50", b.rate >= 0.5 * bare.rate))  # fmt: skip
-        for key in ("send", "deliver"):
-            b = best(tp[key])
-            rows.append(Row(f"  [info] 1->1{sfx} sender alone/s, {key}", "msg/s",
-                            b.sender_rate, bare.sender_rate, "higher"))  # fmt: skip
+        bare_tx_cpu = min_cpu(tp["bare"], sender=True)
+        for key, label in (("send", "send()"), ("deliver", "make_message+deliver")):
+            rows.append(Row(f"  [info] 1->1{sfx} sender CPU/msg, {label}", "us",
+                            min_cpu(tp[key], sender=True), bare_tx_cpu, "lower"))  # fmt: skip
+        rows.append(Row(f"  [info] 1->1{sfx} receiver CPU/msg, Inbox.process", "us",
+                        min_cpu(tp["send"] + tp["deliver"]), min_cpu(tp["bare"]),
+                        "lower"))  # fmt: skip
         lost = sum(t.lost for k in ("send", "deliver") for t in tp[k])
         bare_lost = sum(t.lost for t in tp["bare"])
         runs = 2 * cfg.repeats
@@ -933,7 +1011,7 @@ def mailbox_section(cfg: Config) -> SectionResult:
         )
         if any(capped.values()):
             notes.append(
-                f"1->1{sfx}: hit the {cfg.cap_s:.0f} s cap with messages still unhandled "
+                f"1->1{sfx}: hit the {cfg.cap_s:g} s cap with messages still unhandled "
                 f"(on disk, not lost): {capped}"
             )
 
@@ -942,11 +1020,14 @@ def mailbox_section(cfg: Config) -> SectionResult:
     drain = measure_drain(cfg, n_drain)
     rows.append(Row(f"  [info] receiver alone draining {n_drain} queued", "msg/s",
                     drain["shoal"].rate, drain["bare"].rate, "higher"))  # fmt: skip
+    rows.append(Row("  [info] receiver CPU/msg while draining", "us",
+                    drain["shoal"].receiver_cpu_us, drain["bare"].receiver_cpu_us,
+                    "lower"))  # fmt: skip
     d_lost = drain["shoal"].lost
     rows.append(Row(f"lost, drain ({n_drain} msgs)", "count", d_lost, drain["bare"].lost,
                     "lower", "== 0", d_lost == 0))  # fmt: skip
     if drain["shoal"].unhandled:
-        notes.append(f"drain: hit the {cfg.cap_s:.0f} s cap with "
+        notes.append(f"drain: hit the {cfg.cap_s:g} s cap with "
                      f"{drain['shoal'].unhandled} messages still queued (not lost)")  # fmt: skip
 
     # 4. contended team-file updates
@@ -1032,6 +1113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{s.name:12} {s.title}")
         return 0
     chosen = select(args.only)
+    CTX.set_forkserver_preload(PRELOAD)
     repeats = args.repeats or (2 if args.quick else 3)
     cap_s = args.cap or (10.0 if args.quick else 30.0)
     workdir = Path(tempfile.mkdtemp(prefix="shoal-bench-", dir=args.tmpdir))
@@ -1050,13 +1132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     missed = 0
     failed = 0
+    saved_home = os.environ.get("SHOAL_HOME")
     try:
         for sec in chosen:
             t0 = time.monotonic()
             secdir = workdir / sec.name
             secdir.mkdir(mode=0o700)
+            cfg = Config(args.quick, secdir, repeats, cap_s)
+            os.environ["SHOAL_HOME"] = str(cfg.home)  # children inherit it, so nothing strays
             try:
-                result = sec.run(Config(args.quick, secdir, repeats, cap_s))
+                result = sec.run(cfg)
             except BenchError as exc:
                 failed += 1
                 print(f"== {sec.title} ==\nERROR: {exc}\n", flush=True)
@@ -1064,15 +1149,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             elapsed = time.monotonic() - t0
             print(render_table(sec.title, result))
-            print(f"  ({elapsed:.1f} s)\n", flush=True)
+            load = os.getloadavg()[0]
+            print(f"  ({elapsed:.1f} s; load average now {load:.2f})\n", flush=True)
             missed += sum(1 for r in result.rows if r.passed is False)
             report["sections"][sec.name] = {
                 "title": sec.title,
                 "seconds": elapsed,
+                "loadavg_after": load,
                 "rows": [r.to_json() for r in result.rows],
                 "notes": result.notes,
             }
     finally:
+        if saved_home is None:
+            os.environ.pop("SHOAL_HOME", None)
+        else:
+            os.environ["SHOAL_HOME"] = saved_home
         if args.keep:
             print(f"kept {workdir}")
         else:

@@ -109,6 +109,7 @@ class Inbox:
                     self._watcher.unregister(self.maildir.path, wake)
                 self._extra_wakers.clear()
                 self._registered = False
+            self.maildir.close()
 
     def __enter__(self) -> Inbox:
         return self.start()

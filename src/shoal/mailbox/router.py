@@ -8,6 +8,8 @@ name is an error and no inbox is ever created by sending.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +85,25 @@ def make_message(
 
 def deliver_to(inbox: Path, message: AnyMessage, *, durable: bool = False) -> str:
     """Deliver an already-built message into one inbox directory (which must exist)."""
-    return Maildir.open(inbox).deliver(encode(message), durable=durable)
+    return _maildir(inbox).deliver(encode(message), durable=durable)
+
+
+_OPENED: dict[Path, Maildir] = {}
+
+
+def _maildir(inbox: Path) -> Maildir:
+    """The inbox at `inbox`, fully checked (no symlinks, all four directories) the first time
+    this process uses it; later sends only check that it is still a real directory."""
+    opened = _OPENED.get(inbox)
+    if opened is not None:
+        try:
+            still = stat.S_ISDIR(os.lstat(inbox).st_mode)  # gone, or swapped for a link?
+        except FileNotFoundError:
+            still = False
+        if still:
+            return opened
+    opened = _OPENED[inbox] = Maildir.open(inbox)
+    return opened
 
 
 UdsSender = Callable[[str, bytes], None]
@@ -122,5 +142,5 @@ def send(
     else:
         targets = [(to, directory.inbox(to))]
     for _, inbox in targets:
-        Maildir.open(inbox).deliver(raw, durable=durable)
+        _maildir(inbox).deliver(raw, durable=durable)
     return SendResult(message.id, message, [name for name, _ in targets])

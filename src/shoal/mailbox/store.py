@@ -63,6 +63,7 @@ class Maildir:
         self.new = path / "new"
         self.cur = path / "cur"
         self.bad = path / "bad"
+        self._handled_fd: int | None = None
 
     @classmethod
     def create(cls, path: Path, home: Path) -> Maildir:
@@ -227,21 +228,34 @@ class Maildir:
             return {line.strip().decode() for line in fh if line.strip()}
 
     def mark_handled(self, message_id: str, *, durable: bool = False) -> None:
-        """Append `message_id` to the handled log (one O_APPEND write, atomic for short lines)."""
-        fd = os.open(
-            self.handled_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE
-        )
-        try:
-            os.write(fd, message_id.encode() + b"\n")
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Append `message_id` to the handled log (one O_APPEND write, atomic for short lines).
+
+        The log stays open between messages (a reader handles many)."""
+        if self._handled_fd is None:
+            self._handled_fd = os.open(
+                self.handled_log,
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                FILE_MODE,
+            )
+        os.write(self._handled_fd, message_id.encode() + b"\n")
+        if durable:
+            os.fsync(self._handled_fd)
+
+    def close(self) -> None:
+        """Close the handled log if it is open."""
+        if self._handled_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._handled_fd)
+            self._handled_fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def compact_handled(self, keep: set[str]) -> None:
         """Rewrite the handled log keeping only `keep` (ids whose files are still in `cur/`)."""
         from shoal.core.jsonio import atomic_write
 
+        self.close()  # the next append opens the new file
         atomic_write(self.handled_log, b"".join(i.encode() + b"\n" for i in sorted(keep)))
 
     # -- housekeeping ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver, ObservedWatch
@@ -54,6 +55,31 @@ class _Handler(FileSystemEventHandler):
             self.watcher.wake_dir(parent)
 
 
+def _maildir_observer(timeout: float) -> BaseObserver:
+    """An inotify observer that asks the kernel only for arrivals: files created or moved in,
+    and removals. Claims (renames out of `new/`), writes and closes raise no event at all, so a
+    message costs one event, and watchdog never holds an unpaired rename for 0.5 s."""
+    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
+    from watchdog.observers.inotify_c import InotifyConstants as C
+    from watchdog.observers.inotify_c import InotifyFD
+
+    mask = C.IN_CREATE | C.IN_MOVED_TO | C.IN_DELETE | C.IN_DELETE_SELF
+
+    class MaildirEmitter(InotifyEmitter):
+        def get_event_mask_from_filter(self) -> Any:
+            return mask
+
+    class MaildirObserver(InotifyObserver):
+        def __init__(self) -> None:
+            self._inotify_fd = InotifyFD()
+            self._inotify_fd.start()
+            BaseObserver.__init__(
+                self, MaildirEmitter, timeout=timeout, inotify_fd=self._inotify_fd
+            )
+
+    return MaildirObserver()
+
+
 class _OverflowHook(logging.Filter):
     """Sees watchdog's "queue overflowed" log record and asks for a reconcile."""
 
@@ -79,6 +105,7 @@ class Watcher:
         self._roots: set[str] = set()
         self._seen: dict[str, int] = {}
         self._dirs: dict[str, list[Wake]] = {}
+        self._specs: dict[str, tuple[str, bool]] = {}
         self.reconcile_interval = reconcile_interval
         if force_polling is None:
             force_polling = os.environ.get("SHOAL_WATCHER", "").lower() == "poll"
@@ -88,12 +115,10 @@ class Watcher:
         if force_polling:
             self._use_polling("SHOAL_WATCHER=poll asked for polling")
         else:
-            from watchdog.observers.inotify import InotifyObserver
-
             try:
                 # The timeout only bounds how soon a stop is noticed (events wake the threads
                 # at once); a long one keeps idle watchers from waking every second.
-                self._observer = InotifyObserver(timeout=OBSERVER_TIMEOUT_S)
+                self._observer = _maildir_observer(OBSERVER_TIMEOUT_S)
             except OSError as exc:
                 self._use_polling(self._unavailable(exc))
         self._observer.daemon = True
@@ -120,7 +145,7 @@ class Watcher:
         key = os.fspath(root)
         with self._lock:
             if key not in self._watches:
-                self._watches[key] = self._schedule(key)
+                self._watches[key] = self._schedule(key, key, recursive=True)
                 self._roots.add(key)
 
     def watch_dir(self, path: Path, wake: Wake) -> None:
@@ -132,9 +157,7 @@ class Watcher:
             # No watch to be had: the caller's periodic look still finds the changes.
             if key not in self._watches:
                 with contextlib.suppress(OSError):
-                    self._watches[key] = self._observer.schedule(
-                        _Handler(self), key, recursive=False
-                    )
+                    self._watches[key] = self._schedule(key, key, recursive=False)
 
     def unwatch_dir(self, path: Path, wake: Wake) -> None:
         key = os.fspath(path)
@@ -156,11 +179,13 @@ class Watcher:
         with self._lock:
             self._wakers.setdefault(key, []).append(wake)
             if key not in self._watches and not self._covered(key):
-                self._watches[key] = self._schedule(key)
+                # Only new/ is watched: that is where messages arrive.
+                self._watches[key] = self._schedule(key, os.path.join(key, "new"), recursive=False)
 
-    def _schedule(self, key: str) -> ObservedWatch:
+    def _schedule(self, key: str, path: str, *, recursive: bool) -> ObservedWatch:
+        self._specs[key] = (path, recursive)
         try:
-            return self._observer.schedule(_Handler(self), key, recursive=True)
+            return self._observer.schedule(_Handler(self), path, recursive=recursive)
         except OSError as exc:
             if self.mode == "polling":
                 raise
@@ -175,10 +200,11 @@ class Watcher:
             self._observer.daemon = True
             self._observer.start()
             for other in list(self._watches):
+                where, deep = self._specs[other]
                 self._watches[other] = self._observer.schedule(
-                    _Handler(self), other, recursive=True
+                    _Handler(self), where, recursive=deep
                 )
-            return self._observer.schedule(_Handler(self), key, recursive=True)
+            return self._observer.schedule(_Handler(self), path, recursive=recursive)
 
     def unregister(self, inbox: Path, wake: Wake) -> None:
         """Stop waking `wake` for `inbox`; the watch goes when nobody wants it."""
