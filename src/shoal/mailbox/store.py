@@ -64,6 +64,11 @@ class Maildir:
         self.cur = path / "cur"
         self.bad = path / "bad"
         self._handled_fd: int | None = None
+        # String forms for the per-message paths (pathlib joins cost more than the syscalls).
+        self._dir = os.fspath(path)
+        self._tmp_s = os.fspath(self.tmp)
+        self._new_s = os.fspath(self.new)
+        self._cur_s = os.fspath(self.cur)
 
     @classmethod
     def create(cls, path: Path, home: Path) -> Maildir:
@@ -102,7 +107,7 @@ class Maildir:
             )
         while True:
             name = unique_name()
-            tmp = self.tmp / name
+            tmp = f"{self._tmp_s}/{name}"
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
             except FileExistsError:
@@ -122,7 +127,7 @@ class Maildir:
                 raise
             os.close(fd)
             try:
-                os.link(tmp, self.new / name)
+                os.link(tmp, f"{self._new_s}/{name}")
             except FileExistsError:
                 os.unlink(tmp)
                 continue
@@ -136,7 +141,7 @@ class Maildir:
     def pending(self) -> list[str]:
         """Names in `new/`, oldest first."""
         try:
-            names = os.listdir(self.new)
+            names = os.listdir(self._new_s)
         except FileNotFoundError:
             return []
         names.sort()
@@ -154,7 +159,7 @@ class Maildir:
     def read(self, sub: str, name: str) -> bytes:
         """Read a message file without following a symlink (ELOOP -> UnsafePathError)."""
         try:
-            fd = os.open(self.path / sub / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(f"{self._dir}/{sub}/{name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafePathError(f"{self.path / sub / name} is a symlink") from None
@@ -175,7 +180,7 @@ class Maildir:
     def claim(self, name: str) -> bool:
         """Move `new/name` to `cur/name`; False when someone else claimed it first."""
         try:
-            os.rename(self.new / name, self.cur / name)
+            os.rename(f"{self._new_s}/{name}", f"{self._cur_s}/{name}")
         except FileNotFoundError:
             return False
         return True
@@ -183,7 +188,7 @@ class Maildir:
     def ack(self, name: str) -> None:
         """Remove a handled message from `cur/`."""
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.cur / name)
+            os.unlink(f"{self._cur_s}/{name}")
 
     def quarantine(self, sub: str, name: str, reason: str) -> None:
         """Move `sub/name` into `bad/` with a `.error` file beside it saying why."""

@@ -465,6 +465,7 @@ class TeamDirectory:
         self.teams = teams
         self.team = team
         self.layout = teams.layout
+        self._known: dict[str, tuple[TeamFile, Path]] = {}
 
     @property
     def lead_name(self) -> str:
@@ -472,14 +473,19 @@ class TeamDirectory:
 
     def inbox(self, name: str) -> Path:
         """The inbox of member `name`; UnknownRecipientError when there is no such member."""
-        validate_name(name, "recipient name")
         tf = self.teams.read(self.team)
+        hit = self._known.get(name)
+        if hit is not None and hit[0] is tf:  # same team file as last time: same answer
+            return hit[1]
+        validate_name(name, "recipient name")
         if tf.member(name) is None:
             known = ", ".join(m.name for m in tf.members)
             raise UnknownRecipientError(
                 f"no member {name!r} in team {self.team!r} (members: {known}); nothing was sent"
             )
-        return self.layout.inbox_dir(self.team, name)
+        path = self.layout.inbox_dir(self.team, name)
+        self._known[name] = (tf, path)
+        return path
 
     def broadcast(self, sender: str) -> list[tuple[str, Path]]:
         """Every alive member but the sender."""
