@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.cli.main import main
+from shoal.cli.entry import main
 
 if __name__ == "__main__":
     main()

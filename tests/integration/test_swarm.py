@@ -25,8 +25,10 @@ BACKENDS = ["process", "in-process", "tmux"]
 
 @pytest.fixture
 def leader(home: Path, cli: Cli, tmp_path: Path) -> Iterator[LeaderProc]:
-    proc = LeaderProc(home, env={"SHOAL_SHUTDOWN_TIMEOUT": "3",
-                                 "SHOAL_TMUX_SOCKET": f"shoal-test-{tmp_path.name}"})
+    proc = LeaderProc(
+        home,
+        env={"SHOAL_SHUTDOWN_TIMEOUT": "3", "SHOAL_TMUX_SOCKET": f"shoal-test-{tmp_path.name}"},
+    )
     yield proc
     cli("down", "--team", "t", env=FAST)
     proc.stop()
@@ -45,8 +47,11 @@ def events(home: Path) -> list[dict[str, Any]]:
 
 
 def messages(home: Path, kind: str) -> list[dict[str, Any]]:
-    return [e["message"] for e in events(home)
-            if e.get("type") == "message" and e["message"]["kind"] == kind]
+    return [
+        e["message"]
+        for e in events(home)
+        if e.get("type") == "message" and e["message"]["kind"] == kind
+    ]
 
 
 def states(home: Path) -> dict[str, MemberState]:
@@ -59,7 +64,8 @@ def test_teammates_take_dependent_tasks_talk_and_shut_down(
 ) -> None:
     script = tmp_path / "brain.toml"
     script.write_text(
-        '[[step]]\nwhen = "task"\nrun = "echo {subject} by {name} >> ' + str(tmp_path / "log")
+        '[[step]]\nwhen = "task"\nrun = "echo {subject} by {name} >> '
+        + str(tmp_path / "log")
         + '"\n[[step]]\nwhen = "task"\nsend = "{meta_tell}"\ntext = "{name} did {task_id}"\n'
         '[[step]]\nwhen = "message"\nresult = "noted {prompt}"\n'
     )
@@ -74,8 +80,10 @@ def test_teammates_take_dependent_tasks_talk_and_shut_down(
     c = tasks.add("gamma", blocked_by=[b.id], metadata={"tell": "ben"})
     wait_until(lambda: all(t.status == "completed" for t in tasks.list()), timeout=60)
     assert (tmp_path / "log").read_text().split("\n")[:3] == [
-        f"alpha by {tasks.get(a.id).owner}", f"beta by {tasks.get(b.id).owner}",
-        f"gamma by {tasks.get(c.id).owner}"]
+        f"alpha by {tasks.get(a.id).owner}",
+        f"beta by {tasks.get(b.id).owner}",
+        f"gamma by {tasks.get(c.id).owner}",
+    ]
     # They told each other, and every turn was reported to the lead.
     wait_until(lambda: len(messages(home, "task_notification")) >= 6, timeout=30)
     froms = {m["from"] for m in messages(home, "task_notification")}
@@ -88,16 +96,29 @@ def test_teammates_take_dependent_tasks_talk_and_shut_down(
     if backend != "in-process":
         for pid in pids:
             wait_until(lambda p=pid: not is_alive(p, None))
-    terminated = [e for e in events(home) if e.get("subtype") == "task_terminated"
-                  and e["task_id"] in (first["task_id"], second["task_id"])]
+    terminated = [
+        e
+        for e in events(home)
+        if e.get("subtype") == "task_terminated"
+        and e["task_id"] in (first["task_id"], second["task_id"])
+    ]
     assert sorted(e["status"] for e in terminated) == ["completed", "completed"]
 
 
 @pytest.mark.parametrize("backend", ["process", "in-process"])
-def test_prompt_turn_and_exec_brain(cli: Cli, leader: LeaderProc, home: Path,
-                                    backend: str) -> None:
-    info = spawn(cli, "eve", "--backend", backend, "--agent", "exec",
-                 "--cmd", "sh -c 'echo exec got: $0' {prompt}", "--prompt", "hello there")
+def test_prompt_turn_and_exec_brain(cli: Cli, leader: LeaderProc, home: Path, backend: str) -> None:
+    info = spawn(
+        cli,
+        "eve",
+        "--backend",
+        backend,
+        "--agent",
+        "exec",
+        "--cmd",
+        "sh -c 'echo exec got: $0' {prompt}",
+        "--prompt",
+        "hello there",
+    )
     wait_until(lambda: messages(home, "task_notification"), timeout=30)
     note = messages(home, "task_notification")[0]
     assert note["from"] == "eve" and note["data"]["status"] == "completed"
@@ -119,8 +140,9 @@ def test_names_taken_and_invalid(cli: Cli, leader: LeaderProc) -> None:
     assert missing.returncode == 2 and "--cmd" in missing.stderr
 
 
-def test_tmux_absent_is_a_clear_error_without_fallback(cli: Cli, home: Path,
-                                                       tmp_path: Path) -> None:
+def test_tmux_absent_is_a_clear_error_without_fallback(
+    cli: Cli, home: Path, tmp_path: Path
+) -> None:
     empty = tmp_path / "empty-path"
     empty.mkdir()
     proc = LeaderProc(home, env={"PATH": str(empty)})
@@ -151,8 +173,9 @@ def test_a_teammate_that_will_not_shut_down_is_killed(
         assert responses[0]["data"]["approve"] is False
 
 
-def test_plan_mode_approve_and_reject(cli: Cli, leader: LeaderProc, home: Path,
-                                      tmp_path: Path) -> None:
+def test_plan_mode_approve_and_reject(
+    cli: Cli, leader: LeaderProc, home: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "written.txt"
     spawn(cli, "pat", "--backend", "process", "--plan-mode")
     tasks = TaskList(Teams(Layout(home)), "t")
@@ -170,8 +193,12 @@ def test_plan_mode_approve_and_reject(cli: Cli, leader: LeaderProc, home: Path,
     second = tasks.add("write again", metadata={"run": f"echo again > {target}"})
     wait_until(lambda: (teams.read_status("t", "pat") or {}).get("awaiting_approval"))
     assert cli("reject", "--team", "t", "pat", "--feedback", "not now").returncode == 0
-    wait_until(lambda: any("plan rejected: not now" in (m["data"].get("result") or "")
-                           for m in messages(home, "task_notification")))
+    wait_until(
+        lambda: any(
+            "plan rejected: not now" in (m["data"].get("result") or "")
+            for m in messages(home, "task_notification")
+        )
+    )
     assert target.read_text() == "ok\n"
     # The rejected task went back to the list (with the reason) for another plan.
     wait_until(lambda: "plan rejected" in tasks.get(second.id).metadata.get("last_error", ""))
@@ -200,9 +227,13 @@ def test_ui_message_buffer_is_capped(cli: Cli, leader: LeaderProc, home: Path) -
     for i in range(60):
         send(directory, to="bea", sender="team-lead", kind="progress", data={"activity": str(i)})
     teams = Teams(Layout(home))
-    wait_until(lambda: len((teams.read_status("t", "bea") or {}).get("messages", [])) == 50
-               and teams.read_status("t", "bea")["messages"][-1]["kind"] == "progress"  # type: ignore[index]
-               and not os.listdir(home / "teams/t/inboxes/bea/new"))
+    wait_until(
+        lambda: (
+            len((teams.read_status("t", "bea") or {}).get("messages", [])) == 50
+            and teams.read_status("t", "bea")["messages"][-1]["kind"] == "progress"  # type: ignore[index]
+            and not os.listdir(home / "teams/t/inboxes/bea/new")
+        )
+    )
 
 
 def test_worker_without_inotify_polls_and_gets_everything(
@@ -304,8 +335,13 @@ def test_teammates_outlive_a_crashed_leader_and_are_adopted(cli: Cli, home: Path
         notes = [e.get("text", "") for e in events(home) if e.get("subtype") == "note"]
         assert any("adopted teammate ada" in n for n in notes)
         assert cli("send", "--team", "t", "ada", "still there?").returncode == 0
-        wait_until(lambda: any("still there?" in (m["data"].get("result") or "")
-                               for m in messages(home, "task_notification")), timeout=30)
+        wait_until(
+            lambda: any(
+                "still there?" in (m["data"].get("result") or "")
+                for m in messages(home, "task_notification")
+            ),
+            timeout=30,
+        )
         assert cli("down", "--team", "t").returncode == 0
         wait_until(lambda: not is_alive(info["pid"], None))
         assert states(home)["ada"] is MemberState.LEFT

@@ -61,8 +61,14 @@ def _default_team(layout: Layout, explicit: str | None) -> str:
 )
 @click.option("--detach", "-d", is_flag=True, help="Run the leader in the background.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print task events.")
+@click.option(
+    "--no-board",
+    "board_off",
+    is_flag=True,
+    help="Print events as lines even on a terminal (no live board).",
+)
 @common_options
-def up(jobs: int, detach: bool, quiet: bool) -> None:
+def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     """Start the team's leader (creating the team if needed; default team 'default').
 
     The leader owns the team's background tasks. Run again after a crash, it resumes the last
@@ -77,9 +83,12 @@ def up(jobs: int, detach: bool, quiet: bool) -> None:
     from shoal.orchestrator.cleanup import CleanupRegistry
     from shoal.orchestrator.leader import Leader
 
+    # On a terminal the lead's pane shows the live board; elsewhere, one line per event.
+    use_board = sys.stdout.isatty() and not quiet and not board_off
+
     def show(event: dict[str, Any]) -> None:
         line = _event_line(event)
-        if line and not quiet:
+        if line and not quiet and not use_board:
             click.echo(line)
 
     leader = Leader(layout, team, jobs=jobs, on_event=show)
@@ -94,10 +103,40 @@ def up(jobs: int, detach: bool, quiet: bool) -> None:
     )
     for note in leader.notes:
         click.echo(f"note: {note}", err=True)
+    _offer_tmux_status(layout, team)
+    if use_board:
+        from shoal.ui.board import start_board
+        from shoal.ui.source import FileSource
+
+        board = start_board(FileSource(layout, team), events=5)
+
+        def stop_board() -> None:
+            board.stop()
+            board.join(2)
+
+        cleanup.register("board", stop_board)
     try:
         leader.run()
     finally:
         cleanup.run_all()
+
+
+def _offer_tmux_status(layout: Layout, team: str) -> None:
+    """Inside tmux, on a terminal: offer to show the task pill in tmux's status line."""
+    if not (os.environ.get("TMUX") and sys.stdin.isatty()):
+        return
+    from shoal.ui.tmux import install_tmux_status, tmux_status_hint
+
+    hint = tmux_status_hint(layout.home, team)
+    if hint is None:
+        return
+    if click.confirm("Show shoal's task pill in this tmux server's status line?", default=False):
+        try:
+            install_tmux_status(hint)
+        except ShoalError as exc:
+            click.echo(f"shoal: warning: {exc}", err=True)
+    else:
+        click.echo(f"(to do it later: {hint.command})", err=True)
 
 
 def _detach(layout: Layout, team: str, jobs: int) -> None:

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from shoal.ui.pill_fast import run_if_pill
+import click
 
-# tmux runs `shoal pill` every few seconds: answer it before click and pydantic are imported
-# (the console script imports this module, so a check inside main() would come too late).
-run_if_pill(sys.argv)
-
-from typing import Any  # noqa: E402
-
-import click  # noqa: E402
-
-from shoal import __version__  # noqa: E402
-from shoal.cli.common import Env, common_options  # noqa: E402
-from shoal.core.errors import EXIT_INTERRUPTED, ShoalError  # noqa: E402
+from shoal import __version__
+from shoal.cli.common import Env, common_options
+from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
 
 
 class ShoalGroup(click.Group):
@@ -55,6 +48,9 @@ def _register() -> None:
     cli.add_command(mail.inbox)
     cli.add_command(leader.up)
     cli.add_command(leader.down)
+    from shoal.cli import run
+
+    cli.add_command(run.run)
     cli.add_command(attach.attach)
     for command in (tasks.sh, tasks.ps, tasks.logs, tasks.stop, tasks.wait, tasks.events):
         cli.add_command(command)

@@ -55,6 +55,16 @@ class _Handler(FileSystemEventHandler):
             self.watcher.wake_dir(parent)
 
 
+class _TreeHandler(FileSystemEventHandler):
+    """Wakes on any change below a directory (views redraw on it)."""
+
+    def __init__(self, wake: Wake) -> None:
+        self.wake = wake
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.wake()
+
+
 def _maildir_observer(timeout: float) -> BaseObserver:
     """An inotify observer that asks the kernel only for arrivals: files created or moved in,
     and removals. Claims (renames out of `new/`), writes and closes raise no event at all, so a
@@ -158,6 +168,19 @@ class Watcher:
             if key not in self._watches:
                 with contextlib.suppress(OSError):
                     self._watches[key] = self._schedule(key, key, recursive=False)
+
+    def watch_tree(self, path: Path, wake: Wake) -> Callable[[], None]:
+        """Call `wake()` on files created, moved in or removed anywhere below `path` (e.g. a
+        session or status directory a view shows); returns a function that stops it. Appends
+        to a file are not reported (the observer's mask is for arrivals)."""
+        with self._lock:
+            watch = self._observer.schedule(_TreeHandler(wake), os.fspath(path), recursive=True)
+
+        def stop() -> None:
+            with self._lock, contextlib.suppress(KeyError, OSError):
+                self._observer.unschedule(watch)
+
+        return stop
 
     def unwatch_dir(self, path: Path, wake: Wake) -> None:
         key = os.fspath(path)

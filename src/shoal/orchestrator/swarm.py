@@ -438,6 +438,7 @@ class Swarm:
         if run.ready:
             return
         run.ready = True
+        self._update_teammate(run, is_idle=True)
         self.leader.emit(
             {
                 "type": "system",

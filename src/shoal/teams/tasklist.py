@@ -235,15 +235,11 @@ class TaskList:
     def _read(self, directory: Path, task_id: int) -> TaskItem:
         path = directory / f"{task_id}.json"
         try:
-            raw = read_bytes_nofollow(path)
+            raw = _read_regular(path)
         except FileNotFoundError:
             raise NotFoundError(
                 f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
             ) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise CorruptFileError(path, "is a symlink; refusing to follow it") from None
-            raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
         try:
             item = TaskItem.model_validate(orjson.loads(raw))
         except orjson.JSONDecodeError as exc:
@@ -324,13 +320,9 @@ class TaskList:
     def _read_highwatermark(self, directory: Path) -> int:
         path = directory / HIGHWATERMARK_NAME
         try:
-            raw = read_bytes_nofollow(path)
+            raw = _read_regular(path)
         except FileNotFoundError:
             return 0
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise CorruptFileError(path, "is a symlink; refusing to follow it") from None
-            raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
         text = raw.decode("ascii", "replace").strip()
         if not text.isdigit() or not text.isascii():
             raise CorruptFileError(
@@ -505,7 +497,7 @@ class TaskList:
                 new = new.model_copy(update={"updated_at": iso_now()})
                 self._write(directory, new)
             for other in edits.values():
-                self._write(directory, other)
+                self._write(directory, other.model_copy(update={"updated_at": iso_now()}))
         if isinstance(owner, str) and owner != snap.items[task_id].owner:
             self._notify(new, assigned_by)
         return new
@@ -736,6 +728,24 @@ def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     except TypeError as exc:
         raise UsageError(f"task metadata must be plain JSON: {exc}") from None
     return meta
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; a symlink, FIFO, directory or unreadable file is a
+    CorruptFileError naming it (FileNotFoundError passes through)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise CorruptFileError(path, "is a symlink; refusing to follow it")
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptFileError(path, "is not a regular file")
+    try:
+        return read_bytes_nofollow(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptFileError(path, "is a symlink; refusing to follow it") from None
+        raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
 
 
 def _refuse_link(path: Path) -> None:

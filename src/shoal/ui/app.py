@@ -25,13 +25,14 @@ from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 from textual.worker import get_current_worker
 
 from shoal.core.errors import ShoalError
-from shoal.ui.board import member_line, task_line
+from shoal.ui.board import member_line, task_lines
 from shoal.ui.details import member_detail, task_detail
 from shoal.ui.source import Snapshot, SwarmSource
 from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 
 OUTPUT_TAIL_LINES = 15
 FOLLOW_START_BYTES = 64 * 1024
+FOLLOW_MAX_LINES = 10_000
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,6 @@ class Overview(SwarmScreen):
         Binding("a", "approve", "Approve"),
         Binding("r", "reject", "Reject"),
         Binding("f", "follow", "Follow"),
-        Binding("tab", "focus_next", "Switch table", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -129,7 +129,7 @@ class Overview(SwarmScreen):
                         t.description,
                     ),
                 )
-                for t in (task_line(row, now) for row in snapshot.tasks)
+                for t in task_lines(snapshot, now)
             ],
         )
         _fill(
@@ -279,11 +279,12 @@ class OutputScreen(SwarmScreen):
         self.task_id = task_id
         self.read_offset: int | None = None
         self._pending = b""
+        self._error: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Label(f"output of {self.task_id} (following)", id="title")
-        yield Log(id="output", auto_scroll=True)
+        yield Log(id="output", auto_scroll=True, max_lines=FOLLOW_MAX_LINES)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -294,22 +295,21 @@ class OutputScreen(SwarmScreen):
         log = self.query_one("#output", Log)
         try:
             if self.read_offset is None:
-                data, end = source.read_output(self.task_id, 0)
-                while len(data) == 1 << 20:  # skip to the last window of a large output
-                    data, end = source.read_output(self.task_id, end)
-                start = data.rfind(b"\n", 0, max(0, len(data) - FOLLOW_START_BYTES))
-                data = data[start + 1 :] if len(data) > FOLLOW_START_BYTES else data
-                self.read_offset = end
+                start = max(0, source.output_size(self.task_id) - FOLLOW_START_BYTES)
+                data, self.read_offset = source.read_output(self.task_id, start)
+                if start > 0:  # begin on a whole line
+                    data = data[data.find(b"\n") + 1 :]
             else:
                 data, self.read_offset = source.read_output(self.task_id, self.read_offset)
         except (ShoalError, OSError) as exc:
-            log.write_line(f"[cannot read output: {exc}]")
+            if str(exc) != self._error:
+                self._error = str(exc)
+                log.write_line(f"[cannot read output: {exc}]")
             return
         if data:
-            text = (self._pending + data).decode("utf-8", errors="replace")
-            lines = text.split("\n")
-            self._pending = lines.pop().encode()
-            log.write_lines(lines)
+            # Split bytes, not text: a chunk may end inside a multi-byte character.
+            *lines, self._pending = (self._pending + data).split(b"\n")
+            log.write_lines([ln.decode("utf-8", errors="replace") for ln in lines])
         row = snapshot.task(self.task_id)
         if row is not None and row.status in ("completed", "failed", "killed"):
             if self._pending:
@@ -380,7 +380,7 @@ class SwarmApp(App[None]):
         self.sub_title = f"team {self.source.team}"
         self.push_screen(Overview())
         if self.watch_files:
-            self._signal = ChangeSignal(self.source.watch_paths(), fallback=self.fallback)
+            self._signal = ChangeSignal(self.source.watch_paths, fallback=self.fallback)
             self.run_worker(self._watch_loop, thread=True, group="watch", exit_on_error=False)
 
     def on_unmount(self) -> None:
@@ -423,6 +423,8 @@ class SwarmApp(App[None]):
                 message, severity = fn(), "information"
             except ShoalError as exc:
                 message, severity = f"{what} failed: {exc}", "error"
+            except Exception as exc:  # a bug or an I/O error: say so, keep the app running
+                message, severity = f"{what} failed: {exc!r}", "error"
             self.call_from_thread(self._done, message, severity)
 
         self.run_worker(run, thread=True, group="actions", exit_on_error=False)

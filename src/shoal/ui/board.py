@@ -27,6 +27,8 @@ from shoal.ui.status import (
     member_icon,
     one_line,
     rich_color,
+    status_icon,
+    status_style,
     status_text,
     task_age,
     task_icon,
@@ -112,12 +114,20 @@ def member_line(member: MemberRow) -> MemberLine:
     )
 
 
-def task_line(task: TaskRow, now: float) -> TaskLine:
-    """The board's view of a task: icon, id, type, status, age, description."""
+def task_line(task: TaskRow, now: float, member: MemberRow | None = None) -> TaskLine:
+    """The board's view of a task: icon, id, type, status, age, description.
+
+    A running teammate task shows its activity; when its member's status file is known
+    (`member`), that live view wins over the leader's copy in the task record.
+    """
     icon, style = task_icon(task.record)
     description = str(task.record.get("description") or "")
     if task.type == "in_process_teammate" and task.status == "running":
-        activity = describe_teammate_activity(teammate_facts_from_task(task.record))
+        facts = teammate_facts_from_task(task.record)
+        if member is not None and member.status and member.state not in ("dead", "left"):
+            facts = member.facts
+            icon, style = status_icon("running", facts.flags), status_style("running", facts.flags)
+        activity = describe_teammate_activity(facts)
         description = f"{description} · {activity}" if description else activity
     return TaskLine(
         icon=icon,
@@ -128,6 +138,14 @@ def task_line(task: TaskRow, now: float) -> TaskLine:
         age=task_age(task.record, now),
         description=description,
     )
+
+
+def task_lines(snapshot: Snapshot, now: float) -> list[TaskLine]:
+    """`task_line` of every task, teammates joined with their member's status."""
+    return [
+        task_line(row, now, snapshot.member(row.message_target) if row.message_target else None)
+        for row in snapshot.tasks
+    ]
 
 
 def event_line(event: Mapping[str, Any]) -> str | None:
@@ -196,7 +214,7 @@ def render_board(snapshot: Snapshot, *, now: float | None = None, events: int = 
     tasks.add_column("STATUS", no_wrap=True)
     tasks.add_column("AGE", justify="right", no_wrap=True)
     tasks.add_column("DESCRIPTION", overflow="ellipsis", no_wrap=True)
-    for t in (task_line(row, now) for row in snapshot.tasks):
+    for t in task_lines(snapshot, now):
         tasks.add_row(
             Text(t.icon, style=t.icon_style),
             t.id,
@@ -234,7 +252,7 @@ def board_lines(
             lines.append(line.rstrip())
     else:
         lines.append("no members")
-    tlines = [task_line(row, now) for row in snapshot.tasks]
+    tlines = task_lines(snapshot, now)
     if tlines:
         type_w = max(len(t.type) for t in tlines)
         status_w = max(len(t.status) for t in tlines)
@@ -296,7 +314,7 @@ class Board:
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Show the board until `stop()` is called or `stop` is set (checked every tick)."""
-        with ChangeSignal(self.source.watch_paths(), fallback=self.fallback) as signal:
+        with ChangeSignal(self.source.watch_paths, fallback=self.fallback) as signal:
             self._signal = signal
 
             def done() -> bool:

@@ -280,18 +280,18 @@ def member_detail(member: MemberRow) -> RenderableType:
         ("type", member.agent_type),
         ("backend", member.backend),
         ("pid", member.pid),
+        ("task", s.get("task_id")),
         ("current task", s.get("current_task")),
         ("watcher", s.get("watcher")),
         ("prompt", member.prompt),
         *_progress_rows(progress),
+        ("last result", one_line(s.get("last_result"), 200) if s.get("last_result") else None),
     ]
     parts: list[RenderableType | None] = [head, _fields(fields)]
     plan = member.pending_plan
     if plan is not None and member.facts.awaiting_approval:
-        data = plan.get("data")
-        plan_text = data.get("plan", "") if isinstance(data, Mapping) else ""
         text = Text("Plan awaiting approval (a approve, r reject)", style="bold yellow")
-        text.append("\n" + str(plan_text))
+        text.append("\n" + str(plan.get("plan") or ""))
         parts.append(text)
     recent = s.get("recent_activities")
     if isinstance(recent, list):

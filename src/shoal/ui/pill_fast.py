@@ -7,6 +7,7 @@ Only the standard library, orjson and `shoal.ui.pill` are imported. The team fil
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,11 +15,17 @@ from typing import Any
 
 import orjson
 
-from shoal.core.names import NAME_PATTERN
-from shoal.core.paths import resolve_home
 from shoal.ui.pill import pill_for
 
 _OPTIONS = ("--home", "--team")
+# shoal.core.names.NAME_PATTERN (tested equal); importing it would pull in `secrets`/`hashlib`.
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
+
+
+def resolve_home(home: str | os.PathLike[str] | None = None) -> Path:
+    """shoal.core.paths.resolve_home without its imports: `home`, $SHOAL_HOME or ~/.shoal."""
+    raw = home if home is not None else os.environ.get("SHOAL_HOME") or Path.home() / ".shoal"
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(raw))))
 
 
 class PillError(Exception):

@@ -18,7 +18,7 @@ import orjson
 from pydantic import ValidationError
 
 from shoal.core.errors import NotFoundError, ShoalError, UsageError
-from shoal.core.output import read_output_delta, tail_lines
+from shoal.core.output import output_size, read_output_delta, tail_lines
 from shoal.core.paths import Layout
 from shoal.core.tasks import AnyTaskState, parse_task_state
 from shoal.teams.models import LEAD_NAME
@@ -94,7 +94,7 @@ class MemberRow:
     prompt: str | None = None
     status: JsonDict = field(default_factory=dict)
     pending_plan: JsonDict | None = None
-    """The latest plan_approval_request message from this member (from the lead's events)."""
+    """{request_id, plan} of the plan this member waits on (status file, else lead events)."""
 
     @property
     def is_lead(self) -> bool:
@@ -148,6 +148,8 @@ class SwarmSource(Protocol):
 
     def output_tail(self, task_id: str, lines: int = 20) -> list[str]: ...
 
+    def output_size(self, task_id: str) -> int: ...
+
     def read_output(self, task_id: str, offset: int) -> tuple[bytes, int]: ...
 
     def stop_task(self, task_id: str) -> JsonDict: ...
@@ -179,15 +181,29 @@ def read_jsonl(path: Path, max_bytes: int | None = None) -> Iterator[JsonDict]:
 
 
 def plan_requests(events: Iterable[JsonDict]) -> dict[str, JsonDict]:
-    """The latest `plan_approval_request` message per sender, from the lead's event records."""
+    """{request_id, plan} of the latest `plan_approval_request` per sender in lead events."""
     latest: dict[str, JsonDict] = {}
     for event in events:
         msg = event.get("message")
         if event.get("type") != "message" or not isinstance(msg, dict):
             continue
-        if msg.get("kind") == "plan_approval_request" and isinstance(msg.get("from"), str):
-            latest[msg["from"]] = msg
+        data = msg.get("data")
+        if (
+            msg.get("kind") == "plan_approval_request"
+            and isinstance(msg.get("from"), str)
+            and isinstance(data, dict)
+            and data.get("request_id")
+        ):
+            latest[msg["from"]] = {"request_id": str(data["request_id"]), "plan": data.get("plan")}
     return latest
+
+
+def status_plan(status: Mapping[str, Any] | None) -> JsonDict | None:
+    """{request_id, plan} when a member's status file says what plan it waits on."""
+    pending = (status or {}).get("awaiting_approval")
+    if isinstance(pending, dict) and pending.get("request_id"):
+        return {"request_id": str(pending["request_id"]), "plan": pending.get("plan")}
+    return None
 
 
 def task_rows(raw_tasks: Any) -> tuple[list[TaskRow], list[str]]:
@@ -232,8 +248,20 @@ class FileSource:
     # -- reading ---------------------------------------------------------------------------------
 
     def watch_paths(self) -> list[Path]:
-        """Directories whose changes call for a redraw: the team's and the sessions'."""
-        return [self.layout.team_dir(self.team), self.layout.sessions_dir]
+        """Directories whose changes call for a redraw: member status files and the session.
+
+        Not the whole team directory: its inboxes are watched by the leader and by control
+        clients, and overlapping recursive watches in one process confuse watchdog. A change
+        of the team file alone (a member joining) shows on the next fallback tick.
+        """
+        paths = [self.layout.status_dir(self.team)]
+        try:
+            session_dir = self._session_dir()
+        except ShoalError:
+            session_dir = None
+        if session_dir is not None:
+            paths.append(session_dir)
+        return paths
 
     def _session_dir(self) -> Path | None:
         sid = self.teams.read(self.team).lead_session_id
@@ -285,7 +313,7 @@ class FileSource:
                     backend=m.backend,
                     prompt=str(prompt) if prompt else None,
                     status=status,
-                    pending_plan=plans.get(m.name),
+                    pending_plan=status_plan(status) or plans.get(m.name),
                 )
             )
         members.sort(key=lambda r: (r.started_at, r.name))
@@ -317,6 +345,10 @@ class FileSource:
         """The last `lines` lines of the task's output ([] before there is any)."""
         return tail_lines(self._output_path(task_id), lines, max_bytes=max(4096, lines * 400))
 
+    def output_size(self, task_id: str) -> int:
+        """The size of the task's output so far (0 before there is any)."""
+        return output_size(self._output_path(task_id))
+
     def read_output(self, task_id: str, offset: int) -> tuple[bytes, int]:
         """Output bytes from `offset` (at most 1 MiB); returns (data, new offset)."""
         return read_output_delta(self._output_path(task_id), offset, 1 << 20)
@@ -340,21 +372,24 @@ class FileSource:
         return send(directory, to=to, sender=LEAD_NAME, kind="text", text=text).id
 
     def pending_plan(self, member: str) -> JsonDict | None:
-        """The latest plan_approval_request from `member` in the lead's whole event stream."""
+        """{request_id, plan} that `member` waits on: its status file says, else the latest
+        plan_approval_request from it in the lead's whole event stream."""
+        found = status_plan(self.teams.read_status(self.team, member))
+        if found is not None:
+            return found
         session_dir = self._session_dir()
         if session_dir is None:
             return None
         return plan_requests(read_jsonl(session_dir / "events.jsonl")).get(member)
 
     def answer_plan(self, member: str, approve: bool, feedback: str | None = None) -> str:
-        """Approve or reject `member`'s latest plan; the request id answered."""
+        """Approve or reject `member`'s pending plan; the request id answered."""
         from shoal.mailbox.router import send
 
-        request = self.pending_plan(member)
-        data = request.get("data") if request else None
-        if not isinstance(data, dict) or not data.get("request_id"):
+        pending = self.pending_plan(member)
+        if pending is None:
             raise NotFoundError(f"{member} has not asked for plan approval; nothing was sent")
-        request_id = str(data["request_id"])
+        request_id = str(pending["request_id"])
         send(
             self.teams.directory(self.team),
             to=member,

@@ -56,11 +56,17 @@ def pill_command(home: str | os.PathLike[str], team: str) -> str:
 
 
 def tmux_status_hint(
-    home: str | os.PathLike[str], team: str, env: Mapping[str, str] | None = None
+    home: str | os.PathLike[str],
+    team: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    socket: str | None = None,
 ) -> TmuxStatusHint | None:
-    """The status-line setting for `team`, or None when not running inside tmux ($TMUX unset)."""
-    tmux = (os.environ if env is None else env).get("TMUX", "")
-    socket = tmux.split(",", 1)[0]
+    """The status-line setting for `team` on the tmux server this process runs under ($TMUX),
+    or on `socket` (e.g. a dedicated `-L shoal-{team}` server's); None when there is neither."""
+    if socket is None:
+        tmux = (os.environ if env is None else env).get("TMUX", "")
+        socket = tmux.split(",", 1)[0]
     if not socket:
         return None
     # `#` starts a tmux format; a literal one in a path must be doubled.

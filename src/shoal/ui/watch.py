@@ -18,17 +18,20 @@ FALLBACK_TICK_S = 1.0
 
 
 class ChangeSignal:
-    """Set by file changes under `paths`; `wait` blocks until one (or the fallback tick)."""
+    """Set by file changes under `paths`; `wait` blocks until one (or the fallback tick).
+
+    `paths` may be a function, asked again on every wait (a new session moves the files).
+    """
 
     def __init__(
         self,
-        paths: Sequence[Path],
+        paths: Sequence[Path] | Callable[[], Sequence[Path]],
         *,
         fallback: float = FALLBACK_TICK_S,
         watcher: Any | None = None,
     ) -> None:
         self.fallback = fallback
-        self._paths = list(paths)
+        self._paths = paths
         self._event = threading.Event()
         self._closed = False
         self._watcher = watcher
@@ -43,10 +46,22 @@ class ChangeSignal:
             self._watcher = shared_watcher()
         return self._watcher
 
+    def _wanted(self) -> list[Path]:
+        if callable(self._paths):
+            try:
+                return list(self._paths())
+            except Exception:  # e.g. a team file being replaced: keep what is watched
+                return list(self._unwatch)
+        return list(self._paths)
+
     def _watch_new(self) -> None:
-        """Watch every path that exists and is not watched yet."""
+        """Watch every wanted path that exists; drop watches of paths no longer wanted."""
+        wanted = self._wanted()
         with self._lock:
-            for path in self._paths:
+            for path in [p for p in self._unwatch if p not in wanted]:
+                with contextlib.suppress(Exception):
+                    self._unwatch.pop(path)()
+            for path in wanted:
                 if self._closed or path in self._unwatch or not path.is_dir():
                     continue
                 watcher = self._get_watcher()

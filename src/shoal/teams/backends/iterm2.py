@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from shoal.core.errors import ShoalError, UsageError
+from shoal.core.names import validate_name
 from shoal.core.procs import is_alive, process_start_time, terminate
 from shoal.teams.backends.base import BackendUnavailable, Handle, SpawnSpec
 
@@ -162,6 +163,12 @@ class ITerm2Backend:
 
     def spawn(self, spec: SpawnSpec) -> Handle:
         iterm2 = self._api()
+        validate_name(spec.team, "team name")
+        validate_name(spec.name, "member name")
+        if not os.path.isdir(spec.cwd):
+            raise ShoalError(
+                f"cannot start teammate {spec.name!r}: working directory {spec.cwd} does not exist"
+            )
         settings = build_profile_settings(spec)
         current = _session_uuid(self._env)
 
@@ -207,7 +214,9 @@ class ITerm2Backend:
             return
         session_id = handle.pane_id
         started = self._started.pop(session_id, None)
-        if handle.pid is not None:
+        if handle.pid is not None and started is not None:
+            # Only a process known by pid + start time is signalled (never a reused pid);
+            # closing the session hangs up whatever runs in it in any case.
             terminate(handle.pid, started, grace=STOP_GRACE_S, group=True)
 
         async def close(connection: Any) -> None:

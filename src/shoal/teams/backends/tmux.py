@@ -43,10 +43,10 @@ NOT_INSTALLED = "tmux is not installed (apt-get install tmux)"
 # Size of the detached session of the dedicated server (a client resizes it when it attaches),
 # large enough that a full window of tiled panes still fits.
 DETACHED_SIZE = ("200", "60")
-# Variables that describe the terminal or tmux itself: the pane gets its own from tmux.
-_NOT_FORWARDED = frozenset(
-    {"TMUX", "TMUX_PANE", "TERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "COLUMNS", "LINES"}
-)
+# Our variables a worker needs to behave as it would under the process backend (the pane
+# otherwise gets the tmux server's environment). Not all of ours: tmux refuses a command line
+# over 16 KiB, and a user's environment can be that large.
+_FORWARDED = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL", "LC_CTYPE")
 # stderr of a tmux client whose server is not (or no longer) running, or is just exiting
 # because its last session went ("no current target" from list-panes -a).
 _NO_SERVER = re.compile(
@@ -82,8 +82,11 @@ class TmuxError(ShoalError):
 
 
 def socket_name(team: str) -> str:
-    """The socket name (`tmux -L`) of a team's dedicated server — shared with `shoal attach`."""
-    return f"shoal-{validate_name(team, 'team name')}"
+    """The socket name (`tmux -L`) of a team's dedicated server — shared with `shoal attach`.
+
+    `$SHOAL_TMUX_SOCKET` overrides it (two homes with a team of the same name, tests)."""
+    validate_name(team, "team name")
+    return os.environ.get("SHOAL_TMUX_SOCKET") or f"shoal-{team}"
 
 
 def session_name(team: str) -> str:
@@ -174,8 +177,9 @@ def _parse_pane(line: str, *, shoal_only: bool = True) -> PaneInfo | None:
 
 
 def _forwarded_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """The worker's environment: ours (as the process backend gives it) plus the spec's."""
-    env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
+    """The variables the pane's command gets on top of the server's: our SHOAL_* and
+    PATH-like ones, then the spec's."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("SHOAL_") or k in _FORWARDED}
     env.update(extra)
     return env
 
@@ -218,7 +222,7 @@ class TmuxBackend:
         self._socket_name = socket_name
         self._cap = panes_per_window
         self._environ = environ
-        self._started: dict[str, float | None] = {}  # pane id -> its process's start time
+        self._started: dict[int, float | None] = {}  # pane pid -> its start time
 
     # -- where the panes live ------------------------------------------------------------
 
@@ -308,10 +312,10 @@ class TmuxBackend:
             try:
                 self._decorate(server, spec, pane)
             except ShoalError:
-                self._remove_pane(server, pane.pane_id, pane.pid)
+                self._remove_pane(server, pane.pane_id, pane.pid, None)
                 raise
         assert pane.pid is not None  # tmux always reports the pid of a new pane
-        self._started[pane.pane_id] = process_start_time(pane.pid)
+        self._started[pane.pid] = process_start_time(pane.pid)
         return Handle(
             backend=self.name,
             pid=pane.pid,
@@ -323,24 +327,25 @@ class TmuxBackend:
         server = self._server_of(handle)
         if server is None or handle.pane_id is None:
             # No way to ask tmux: fall back to the pid (what a restarted leader may hold).
-            return is_alive(handle.pid, self._started.get(handle.pane_id or ""))
-        pane = self._find_pane(server, handle.pane_id)
+            return is_alive(handle.pid, self._started.get(handle.pid or -1))
+        pane = self._find_pane(server, handle.pane_id, handle.pid)
         return pane is not None and not pane.dead
 
     def kill(self, handle: Handle) -> None:
         server = self._server_of(handle)
         pane = None
         if server is not None and handle.pane_id is not None:
-            pane = self._find_pane(server, handle.pane_id)
+            pane = self._find_pane(server, handle.pane_id, handle.pid)
         if pane is None:
             # The pane is gone; a process that outlived it (ignoring SIGHUP) still goes, but
             # only when we know it is the same process (pid + start time).
-            started = self._started.pop(handle.pane_id or "", None)
+            started = self._started.pop(handle.pid or -1, None)
             if handle.pid is not None and started is not None:
                 terminate(handle.pid, started, grace=STOP_GRACE_S, group=True)
             return
         assert server is not None
-        self._remove_pane(server, pane.pane_id, None if pane.dead else pane.pid)
+        started = self._started.pop(pane.pid or -1, None)
+        self._remove_pane(server, pane.pane_id, None if pane.dead else pane.pid, started)
 
     def close(self, team: str) -> None:
         for server in self._servers(team):
@@ -351,7 +356,7 @@ class TmuxBackend:
                 if not (_server_gone(res) or _GONE.search(res.stderr)):
                     _check(res, f"cannot close tmux window {window} of team {team!r}")
             for pane in panes:
-                self._started.pop(pane.pane_id, None)
+                self._started.pop(pane.pid or -1, None)
             if server.socket_name is not None and not self.panes(server):
                 # No shoal window is left on the dedicated server: it goes too.
                 res = _tmux(server, "kill-server")
@@ -413,14 +418,16 @@ class TmuxBackend:
             lock.release()
 
     @staticmethod
-    def _find_pane(server: Server, pane_id: str) -> PaneInfo | None:
+    def _find_pane(server: Server, pane_id: str, pid: int | None) -> PaneInfo | None:
+        """The shoal pane `pane_id` — if it still runs `pid`: a server that exited and came
+        back numbers its panes from %0 again, so an old handle must not find a new pane."""
         res = _tmux(server, "list-panes", "-a", "-F", _PANE_FORMAT)
         if _server_gone(res):
             return None
         for line in _check(res, f"cannot list tmux panes to find {pane_id}"):
             pane = _parse_pane(line)
             if pane is not None and pane.pane_id == pane_id:
-                return pane
+                return pane if pid is None or pane.pid == pid else None
         return None
 
     @staticmethod
@@ -451,7 +458,8 @@ class TmuxBackend:
         """Split a team window with room, else open a new one (the first pane runs the
         command from the window's creation)."""
         what = f"cannot create a tmux pane for member {spec.name!r} of team {spec.team!r}"
-        options = ["-c", spec.cwd, *(f"-e{k}={v}" for k, v in env.items())]
+        cwd = os.path.abspath(spec.cwd)  # tmux would take a relative one from its own cwd
+        options = ["-c", cwd, *(f"-e{k}={v}" for k, v in env.items())]
         fmt = ["-P", "-F", _PANE_FORMAT]
         panes = self.panes(server, spec.team)
         counts: dict[str, int] = {}
@@ -520,9 +528,9 @@ class TmuxBackend:
             args += [";", "set-option", "-p", "-t", target, option, value]
         _check(_tmux(server, *args), what)
 
-    def _remove_pane(self, server: Server, pane_id: str, pid: int | None) -> None:
+    @staticmethod
+    def _remove_pane(server: Server, pane_id: str, pid: int | None, started: float | None) -> None:
         """TERM the pane's process group (grace, KILL), then kill the pane itself."""
-        started = self._started.pop(pane_id, None)
         if pid is not None:
             terminate(pid, started, grace=STOP_GRACE_S, group=True)
         res = _tmux(server, "kill-pane", "-t", pane_id)
@@ -548,7 +556,7 @@ class TmuxBackend:
 
         def stop(pane: PaneInfo) -> None:
             assert pane.pid is not None
-            terminate(pane.pid, self._started.get(pane.pane_id), grace=STOP_GRACE_S, group=True)
+            terminate(pane.pid, self._started.get(pane.pid), grace=STOP_GRACE_S, group=True)
 
         with ThreadPoolExecutor(max_workers=min(16, len(live))) as pool:
             list(pool.map(stop, live))

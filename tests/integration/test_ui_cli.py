@@ -1,0 +1,187 @@
+"""`shoal pill`, `shoal ps --watch`, `shoal ui` and the tmux status line, as real processes."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.core.paths import Layout
+from shoal.core.tasks import TaskStatus, update_task
+from shoal.ui.tmux import install_tmux_status, tmux_status_hint
+from tests.conftest import Cli, wait_until
+from tests.unit.test_ui_fixtures import TASK_IDS, build_swarm
+
+COLOR_CODE = re.compile(rb"\x1b\[[0-9;]*3[0-9]m|\x1b\[9[0-7]m")
+
+
+def test_pill(cli: Cli, layout: Layout) -> None:
+    build_swarm(layout)
+    out = cli("pill", "--team", "demo")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "7 background tasks\n", "")
+    out = cli("--home", str(layout.home), "--team", "demo", "pill")
+    assert out.stdout == "7 background tasks\n"
+    out = cli("pill", "--json")
+    assert out.returncode == 0 and '"label": "7 background tasks"' in out.stdout
+    assert "status-right" in cli("pill", "--help").stdout
+
+
+def test_pill_is_empty_when_nothing_runs(cli: Cli) -> None:
+    assert cli("team", "create", "quiet").returncode == 0
+    out = cli("pill", "--team", "quiet")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+
+
+def test_pill_errors(cli: Cli, layout: Layout) -> None:
+    out = cli("pill")
+    assert out.returncode == 2
+    assert out.stderr == "shoal: error: no team exists yet; start a leader with `shoal up`\n"
+    build_swarm(layout)
+    out = cli("pill", "--team", "nope")
+    assert out.returncode == 1
+    assert out.stderr == "shoal: error: no team 'nope' (create it with `shoal team create nope`)\n"
+
+
+def test_pill_fast_path_skips_click_and_pydantic(cli: Cli, layout: Layout) -> None:
+    build_swarm(layout)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "shoal", "pill", "--team", "demo"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SHOAL_HOME": str(layout.home)},
+        check=True,
+    )
+    assert out.stdout == "7 background tasks\n"
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()}
+    assert "shoal.ui.pill_fast" in imported
+    assert not imported & {"click", "pydantic", "rich", "psutil", "watchdog", "shoal.cli.common"}
+
+
+def _write_completed(layout: Layout, task_id: str) -> None:
+    from shoal.orchestrator.session import Session
+
+    session = Session(layout, "01fixturesession")
+    state = session.read_state()
+    task = state.tasks[task_id]
+    done = update_task(task, status=TaskStatus.COMPLETED, end_time=task.start_time + 1)
+    session.write_state(state.model_copy(update={"tasks": {**state.tasks, task_id: done}}))
+
+
+def test_ps_watch_prints_plain_blocks_when_piped(layout: Layout) -> None:
+    build_swarm(layout)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "ps", "--watch", "--team", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "SHOAL_HOME": str(layout.home)},
+    )
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    seen = b""
+
+    def read() -> bytes:
+        nonlocal seen
+        seen += proc.stdout.read() or b""  # type: ignore[union-attr]
+        return seen
+
+    try:
+        wait_until(lambda: b"mmcpmon01" in read(), timeout=30)
+        assert not COLOR_CODE.search(seen)
+        assert seen.startswith(b"team demo  session 01fixturesession")
+        _write_completed(layout, TASK_IDS["shell"])
+        wait_until(lambda: read().count(b"TASKS") == 2, timeout=30)
+        assert b"\xe2\x9c\x94 bshell001  shell     completed" in seen.split(b"\n\n")[-1]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+
+
+def _run_in_pty(argv: list[str], env: dict[str, str], until: bytes) -> bytes:
+    """Run `argv` on a pseudo-terminal until its output contains `until`; the output."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + 30
+    try:
+        while until not in out and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        os.close(master)
+    return out
+
+
+def test_ps_watch_on_a_terminal(layout: Layout) -> None:
+    build_swarm(layout)
+    env = {**os.environ, "SHOAL_HOME": str(layout.home), "COLUMNS": "140", "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    argv = [sys.executable, "-m", "shoal", "ps", "--watch", "--team", "demo"]
+    out = _run_in_pty(argv, env, b"mmcpmon01")
+    assert b"mmcpmon01" in out and COLOR_CODE.search(out)
+    assert b"MEMBERS" not in out  # the rich board, not plain lines
+    out = _run_in_pty(argv, {**env, "NO_COLOR": "1"}, b"mmcpmon01")
+    assert b"MEMBERS" in out and not COLOR_CODE.search(out)
+
+
+def test_ps_watch_refuses_json(cli: Cli, layout: Layout) -> None:
+    build_swarm(layout)
+    out = cli("ps", "--watch", "--json", "--team", "demo")
+    assert out.returncode == 2 and "--watch shows the live board" in out.stderr
+
+
+def test_ui_needs_a_terminal(cli: Cli, layout: Layout) -> None:
+    build_swarm(layout)
+    out = cli("ui", "--team", "demo")
+    assert out.returncode == 2
+    assert "`shoal ui` needs a terminal" in out.stderr
+
+
+@pytest.fixture
+def tmux_socket(tmp_path: Path) -> Iterator[str]:
+    """A tmux server of our own (its own socket), killed at teardown."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    sock = str(tmp_path / "tmux.sock")
+    subprocess.run(
+        ["tmux", "-S", sock, "-f", "/dev/null", "new-session", "-d", "-s", "t"], check=True
+    )
+    try:
+        yield sock
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], check=False, capture_output=True)
+
+
+def test_tmux_status_line_shows_the_pill(layout: Layout, tmux_socket: str) -> None:
+    build_swarm(layout)
+    hint = tmux_status_hint(layout.home, "demo", env={"TMUX": f"{tmux_socket},1,0"})
+    assert hint is not None
+    install_tmux_status(hint)
+    shown = subprocess.run(
+        ["tmux", "-S", tmux_socket, "show-options", "-gv", "status-right"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert shown == hint.status_right
+    # What tmux runs every status-interval prints the pill.
+    command = hint.status_right[2:-1].replace("##", "#")
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
+    assert out.stdout == "7 background tasks\n"
