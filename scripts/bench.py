@@ -28,7 +28,6 @@ Adding a section: write `def my_section(cfg: Config) -> SectionResult` and decor
 # shoal ships no py.typed marker yet, so a bare `mypy scripts/bench.py` (which finds shoal through
 # the editable install) would refuse to analyse it; with `mypy` (files = src, scripts) or
 # MYPYPATH=src the shoal imports are fully type-checked.
-# mypy: disable-error-code="import-untyped"
 from __future__ import annotations
 
 import argparse
@@ -43,6 +42,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1049,6 +1049,306 @@ def mailbox_section(cfg: Config) -> SectionResult:
         "(blocking) + json.load / json.dump(indent=2) + os.replace on a copy of the same file."
     )
     return res
+
+
+# ------------------------------------------------------------------------------------------
+# the leader (issue: task framework) and swarms
+# ------------------------------------------------------------------------------------------
+
+
+def _shoal_cli(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run `python -m shoal ARGS` against `home`; BenchError on failure."""
+    out = subprocess.run(
+        [sys.executable, "-m", "shoal", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "SHOAL_HOME": str(home)},
+    )
+    if out.returncode != 0:
+        raise BenchError(f"shoal {' '.join(args[:3])}...: {out.stderr.strip()[-400:]}")
+    return out
+
+
+def _timed(argv: list[str], stdin_path: Path, **kw: Any) -> float:
+    """Wall-clock seconds of `argv` fed `stdin_path` on its standard input."""
+    with open(stdin_path, "rb") as stdin:
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, stdin=stdin, **kw)
+        return time.perf_counter() - t0
+
+
+def _leader_pid(home: Path, team: str) -> int:
+    from shoal.core.paths import Layout
+    from shoal.orchestrator.leader import leader_alive
+
+    alive = leader_alive(Layout(home), team)
+    if alive is None:
+        raise BenchError(f"no leader running for {team}")
+    return alive[0]
+
+
+def _cpu_percent(pids: list[int], seconds: float) -> float:
+    """CPU used by `pids` over `seconds`, in percent of one core."""
+    import psutil
+
+    procs = [psutil.Process(p) for p in pids]
+
+    def total() -> float:
+        s = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = p.cpu_times()
+                s += t.user + t.system
+        return s
+
+    before = total()
+    time.sleep(seconds)
+    return (total() - before) / seconds * 100
+
+
+@section("leader", "leader: background shell tasks")
+def bench_leader(cfg: Config) -> SectionResult:
+    n = 300 if cfg.quick else 1000
+    home = cfg.workdir / "leader-home"
+    result = SectionResult()
+    cmds = cfg.workdir / "cmds.txt"
+    cmds.write_text("true\n" * n)
+    _shoal_cli(home, "up", "--team", "bench", "--jobs", "2", "--detach", "--quiet")
+    try:
+        shoal_s = []
+        for _ in range(cfg.repeats):
+            t0 = time.perf_counter()
+            _shoal_cli(home, "sh", "--team", "bench", "--batch", str(cmds))
+            _shoal_cli(home, "wait", "--team", "bench")
+            shoal_s.append(time.perf_counter() - t0)
+        xargs_s = [
+            _timed(["xargs", "-P2", "-I{}", "sh", "-c", "{}"], stdin_path=cmds)
+            for _ in range(cfg.repeats)
+        ]
+        parallel = shutil.which("parallel")
+        par_s = (
+            [
+                _timed(
+                    [parallel, "-j2", "--joblog", str(cfg.workdir / "joblog")],
+                    stdin_path=cmds,
+                    stdout=subprocess.DEVNULL,
+                )
+                for _ in range(cfg.repeats)
+            ]
+            if parallel
+            else []
+        )
+        best = min(shoal_s)
+        result.rows.append(
+            Row(
+                f"{n} `true` tasks at --jobs 2 vs xargs -P2",
+                "s",
+                best,
+                min(xargs_s),
+                "lower",
+                "<= 2x",
+                best <= 2 * min(xargs_s),
+            )
+        )
+        if par_s:
+            result.rows.append(
+                Row(
+                    f"{n} `true` tasks at --jobs 2 vs GNU parallel -j2",
+                    "s",
+                    best,
+                    min(par_s),
+                    "lower",
+                    "< 1x",
+                    best < min(par_s),
+                )
+            )
+        else:
+            result.notes.append("GNU parallel is not installed (apt-get install parallel)")
+        result.notes.append(
+            "shoal's time includes two CLI calls (sh --batch, wait) and the "
+            "leader's state, event and history writes for every task"
+        )
+        # The leader idle with 50 sleeping tasks.
+        sleepers = cfg.workdir / "sleep.txt"
+        sleepers.write_text("sleep 300\n" * 50)
+        _shoal_cli(home, "sh", "--team", "bench", "--batch", str(sleepers))
+        pid = _leader_pid(home, "bench")
+        time.sleep(2)
+        cpu = _cpu_percent([pid], 5 if cfg.quick else 10)
+        result.rows.append(
+            Row("leader CPU, 50 tasks sleeping", "%", cpu, None, "lower", "< 1%", cpu < 1.0)
+        )
+    finally:
+        _shoal_cli(home, "down", "--team", "bench")
+    # One full tick with 1,000 tracked (running) tasks, measured in-process.
+    from shoal.core.config import Limits
+    from shoal.core.paths import Layout
+    from shoal.orchestrator.leader import Leader
+
+    leader = Leader(Layout(cfg.workdir / "tick-home"), "tick", limits=Limits()).start()
+    try:
+        leader.submit([leader.make_shell_task(["sleep 300"]) for _ in range(1000)])
+        leader.tick()  # start times read, first output deltas
+        samples = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            leader.tick()
+            samples.append((time.perf_counter() - t0) * 1000)
+        files = [t.output_file for t in leader.registry.get_all_tasks()]
+        base = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            for f in files:
+                os.stat(f)
+            base.append((time.perf_counter() - t0) * 1000)
+        tick = statistics.median(samples)
+        result.rows.append(
+            Row(
+                "one tick, 1,000 running tasks (median of 20)",
+                "ms",
+                tick,
+                statistics.median(base),
+                "lower",
+                "< 5 ms",
+                tick < 5.0,
+            )
+        )
+        result.notes.append("the tick's baseline is one bare os.stat of each output file")
+    finally:
+        leader.shutdown()
+    return result
+
+
+def _bare_pythons(n: int) -> float:
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(n)]
+    for p in procs:
+        p.wait()
+    return time.perf_counter() - t0
+
+
+@section("swarm", "swarm: teammates ready, memory, idle CPU")
+def bench_swarm(cfg: Config) -> SectionResult:
+    import psutil
+
+    result = SectionResult()
+    home = cfg.workdir / "swarm-home"
+    sizes = {
+        "process": 40 if cfg.quick else 150,
+        "tmux": 4 if cfg.quick else 16,
+        "in-process": 200 if cfg.quick else 1000,
+    }
+    for backend, n in sizes.items():
+        team = f"sw-{backend.replace('-', '')}"
+        env_extra = {"SHOAL_TMUX_SOCKET": f"shoal-bench-{os.getpid()}"}
+        os.environ.update(env_extra)
+        _shoal_cli(home, "up", "--team", team, "--detach", "--quiet")
+        try:
+            pid = _leader_pid(home, team)
+            rss0 = psutil.Process(pid).memory_info().rss
+            names = [f"m{i}" for i in range(n)]
+            t0 = time.perf_counter()
+            _shoal_cli(home, "spawn", "--team", team, "--backend", backend, *names)
+            ready = time.perf_counter() - t0
+            base = _bare_pythons(n)
+            target = "< 2 s" if backend == "in-process" else "all ready"
+            passed = ready < 2.0 if backend == "in-process" else True
+            result.rows.append(
+                Row(
+                    f"{n} {backend} teammates ready vs {n} `python -c pass`",
+                    "s",
+                    ready,
+                    base,
+                    "lower",
+                    target,
+                    passed,
+                )
+            )
+            if backend == "in-process":
+                rss = (psutil.Process(pid).memory_info().rss - rss0) / n / 1024 / 1024
+                result.rows.append(
+                    Row(
+                        "RSS per in-process teammate",
+                        "MiB",
+                        rss,
+                        None,
+                        "lower",
+                        "< 1 MiB",
+                        rss < 1.0,
+                    )
+                )
+            # Reachable: every one answers a message.
+            from shoal.core.paths import Layout
+            from shoal.mailbox.router import send
+            from shoal.teams.store import Teams
+
+            teams = Teams(Layout(home))
+            directory = teams.directory(team)
+            for name in names:
+                send(directory, to=name, sender="team-lead", text="ping")
+            deadline = time.monotonic() + 120
+            answered = 0
+            while time.monotonic() < deadline:
+                answered = sum(
+                    1
+                    for nm in names
+                    if (teams.read_status(team, nm) or {}).get("last_result") == "done: ping"
+                )
+                if answered == n:
+                    break
+                time.sleep(0.2)
+            result.rows.append(
+                Row(
+                    f"{backend} teammates that answered a message",
+                    "count",
+                    answered,
+                    n,
+                    "higher",
+                    f"= {n}",
+                    answered == n,
+                )
+            )
+            if backend == "process":
+                polling = sum(
+                    1
+                    for nm in names
+                    if (teams.read_status(team, nm) or {}).get("watcher") == "polling"
+                )
+                limit = Path("/proc/sys/fs/inotify/max_user_instances").read_text().strip()
+                result.notes.append(
+                    f"{polling} of {n} process teammates fell back to polling (no inotify "
+                    f"instance left; the limit is {limit} per user, shared with every process)"
+                )
+        finally:
+            _shoal_cli(home, "down", "--team", team, timeout=300)
+    # The whole team idle: the leader and 50 process teammates with nothing to do.
+    _shoal_cli(home, "up", "--team", "idle", "--detach", "--quiet")
+    try:
+        from shoal.core.paths import Layout
+        from shoal.teams.store import Teams
+
+        _shoal_cli(
+            home, "spawn", "--team", "idle", "--backend", "process", *[f"i{k}" for k in range(50)]
+        )
+        time.sleep(3)  # let start-up settle
+        members = Teams(Layout(home)).read("idle").members
+        pids = [m.pid for m in members if m.pid]
+        cpu = _cpu_percent(pids, 5 if cfg.quick else 15)
+        result.rows.append(
+            Row(
+                "leader + 50 idle process teammates, CPU",
+                "%",
+                cpu,
+                None,
+                "lower",
+                "< 1%",
+                cpu < 1.0,
+            )
+        )
+    finally:
+        _shoal_cli(home, "down", "--team", "idle", timeout=300)
+    return result
 
 
 # ------------------------------------------------------------------------------------------

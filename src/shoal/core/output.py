@@ -67,6 +67,12 @@ def read_output_delta(
         raise ValueError(f"offset must be >= 0, got {offset}")
     if max_bytes <= 0:
         raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return b"", offset
+    if stat.S_ISREG(st.st_mode) and st.st_size <= offset:
+        return b"", offset  # nothing new: no need to open it
     fd = _open_for_read(path)
     if fd is None:
         return b"", offset

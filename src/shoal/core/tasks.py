@@ -408,12 +408,8 @@ T = TypeVar("T", bound=TaskStateBase)
 _IMMUTABLE_FIELDS: Final = frozenset({"id", "type"})
 
 
-def update_task(task: T, **changes: Any) -> T:
-    """A copy of `task` with `changes`; the same object when nothing changes.
-
-    A status change must be allowed by TRANSITIONS (else IllegalTransition); moving to a terminal
-    status sets `end_time` to now unless given or already set.
-    """
+def _checked_changes(task: TaskStateBase, changes: dict[str, Any]) -> dict[str, Any] | None:
+    """The changes to apply (end_time filled in on a terminal move), or None for no change."""
     fields = type(task).model_fields
     for name in changes:
         if name not in fields:
@@ -421,15 +417,39 @@ def update_task(task: T, **changes: Any) -> T:
         if name in _IMMUTABLE_FIELDS:
             raise TypeError(f"task {task.id}: field {name!r} cannot change")
     if all(getattr(task, name) == value for name, value in changes.items()):
-        return task
+        return None
     if "status" in changes:
         new_status = TaskStatus(changes["status"])
         check_transition(task.id, task.status, new_status)
+        changes = {**changes, "status": new_status}
         if new_status in TERMINAL_STATUSES and "end_time" not in changes and task.end_time is None:
             changes["end_time"] = time.time()
+    return changes
+
+
+def update_task(task: T, **changes: Any) -> T:
+    """A copy of `task` with `changes`; the same object when nothing changes.
+
+    A status change must be allowed by TRANSITIONS (else IllegalTransition); moving to a terminal
+    status sets `end_time` to now unless given or already set.
+    """
+    checked = _checked_changes(task, changes)
+    if checked is None:
+        return task
     # model_copy(update=...) skips validation; re-validate so no change can build an invalid
     # record (nested model instances are reused as they are, so this stays cheap).
-    return type(task).model_validate({**dict(task), **changes})
+    return type(task).model_validate({**dict(task), **checked})
+
+
+def evolve(task: T, **changes: Any) -> T:
+    """`update_task` for values the caller built itself (already typed and valid): the same
+    field and transition checks, without re-validating the whole record. The leader's hot path
+    (a task started, read, finished) uses it; anything from outside goes through
+    `update_task`."""
+    checked = _checked_changes(task, changes)
+    if checked is None:
+        return task
+    return task.model_copy(update=checked)
 
 
 def transition(task: T, new_status: TaskStatus | str, **changes: Any) -> T:
@@ -550,7 +570,7 @@ class TaskRegistry:
             current = self._tasks.get(task_id)
             if current is None or not current.is_terminal or current.notified:
                 return False
-            self._store(update_task(current, notified=True))
+            self._store(evolve(current, notified=True))
             return True
 
     def evict(self, now: float) -> list[AnyTaskState]:

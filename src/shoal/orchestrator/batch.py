@@ -54,10 +54,11 @@ if TYPE_CHECKING:
     from shoal.orchestrator.leader import Leader
 
 # Shell tasks handed to the leader ahead of free job slots, so a slot never waits for this
-# thread: at least this many, or `jobs` when that is more.
-MIN_PREFETCH: Final = 4
+# thread: at least this many, or 4 x `jobs` when that is more. They are handed out in batches
+# of half of it (each hand-out is one state.json write and one wake-up of the leader).
+MIN_PREFETCH: Final = 16
 # The run record (what --resume reads) is rewritten at most this often while the run goes on.
-RECORD_INTERVAL_S: Final = 0.5
+RECORD_INTERVAL_S: Final = 1.0
 # The longest the engine sleeps without a reason to wake (it also checks the leader thread).
 MAX_WAIT_S: Final = 0.5
 # Environment of every task: which spec task and which attempt it is.
@@ -155,6 +156,11 @@ class ShellRequest:
     description: str
     cwd: str
     env: dict[str, str]
+    timeout: float | None = None
+    """The attempt's timeout: its start must reach the engine at once (to arm the timer)."""
+    urgent: bool = True
+    """Its end must reach the engine at once (something waits for it). A failure always does;
+    a success nothing waits for may wait for the engine's next pass."""
 
 
 class ShellExecutor(Protocol):
@@ -178,10 +184,10 @@ class AgentDispatcher(Protocol):
 
     `start` brings up the spec's members on `backend` in the run's team. `dispatch` hands one
     attempt of a task to its member and returns a handle; the attempt's `Started` and
-    `Finished` events come through the same path as shell tasks' (the `report` callback the
-    factory receives), keyed by that handle. `stop` ends an attempt (a `Finished` with status
-    killed follows); `close` shuts the members down. The engine gives each member one task at
-    a time.
+    `Finished` events come through the same path as shell tasks' (the `Poster` the factory
+    receives; True wakes the engine), keyed by that handle. `stop` ends an attempt (a
+    `Finished` with status killed follows); `close` shuts the members down. The engine gives
+    each member one task at a time.
     """
 
     def start(self, members: Sequence[MemberSpec], backend: str) -> None: ...
@@ -193,7 +199,9 @@ class AgentDispatcher(Protocol):
     def close(self) -> None: ...
 
 
-AgentDispatcherFactory = Callable[["Leader", Callable[[ExecEvent], None]], AgentDispatcher]
+Poster = Callable[[ExecEvent, bool], None]
+"""Queue an executor event for the engine; the flag says whether to wake it now."""
+AgentDispatcherFactory = Callable[["Leader", Poster], AgentDispatcher]
 
 
 def agent_dispatcher_factory() -> AgentDispatcherFactory | None:
@@ -271,6 +279,7 @@ class TaskRun:
     carried: Mapping[str, Any] | None = None
     """The previous run's record, for a task --resume did not run again."""
     waiting_on: int = 0
+    _json: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def final(self) -> bool:
@@ -278,7 +287,21 @@ class TaskRun:
         return self.status in FINAL_STATUSES
 
     def to_json(self) -> dict[str, Any]:
-        """The task as it appears in the report."""
+        """The task as it appears in the report (cached until the task moves: the run record
+        is rewritten often, and most tasks do not change between two writes)."""
+        last = self.attempts[-1] if self.attempts else None
+        key = (
+            self.status,
+            self.reason,
+            len(self.attempts),
+            last.status if last else None,
+            last.handle if last else None,
+        )
+        if self._json is None or self._json[0] != key:
+            self._json = (key, self._to_json())
+        return self._json[1]
+
+    def _to_json(self) -> dict[str, Any]:
         spec = self.spec
         base = {
             "id": spec.id,
@@ -355,7 +378,7 @@ class BatchRun:
         self.halt = halt or HaltPolicy()
         # With a halt policy, hand out only what can start at once: a task queued ahead in the
         # leader would start the moment a failing task's slot frees, before the halt applies.
-        self.prefetch = 0 if self.halt.when != "never" else max(MIN_PREFETCH, jobs)
+        self.prefetch = 0 if self.halt.when != "never" else max(MIN_PREFETCH, 4 * jobs)
         self.tasks: dict[str, TaskRun] = {t.id: TaskRun(t) for t in spec.tasks}
         self.carried = dict(carried or {})
         self._emit_cb = emit
@@ -496,6 +519,13 @@ class BatchRun:
             return 0  # slots are covered: refill in batches, not one by one
         return max(0, free)
 
+    def quiet_ends(self) -> int:
+        """How many uneventful ends (successes nothing waits for) may pass before the engine
+        must look again: enough to refill job slots in batches, too few for a slot to idle."""
+        if self.jobs <= 0:
+            return max(1, self._shell_inflight // 2)
+        return max(1, self._shell_inflight - self.jobs - self.prefetch // 2)
+
     def _submit_shell(self, batch: list[TaskRun]) -> None:
         requests = []
         for run in batch:
@@ -508,6 +538,8 @@ class BatchRun:
                     description=f"[{spec.id}] {label}",
                     cwd=spec.cwd,
                     env={**spec.env, ENV_TASK: spec.id, ENV_ATTEMPT: str(number)},
+                    timeout=spec.timeout,
+                    urgent=bool(self._dependents[spec.id]) or self.halt.when != "never",
                 )
             )
         handles = self.shell.submit(requests)
@@ -810,10 +842,12 @@ class LeaderShellExecutor:
     a small thread pool, so a task slow to die never holds up the scheduler.
     """
 
-    def __init__(self, post: Callable[[ExecEvent], None], *, forward: bool = False) -> None:
+    def __init__(self, post: Poster, *, forward: bool = False) -> None:
         self._post = post
         self._forward = forward
         self._known: set[str] = set()
+        self._timed: set[str] = set()
+        self._urgent: set[str] = set()
         self._leader: Leader | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shoal-run-stop")
 
@@ -841,6 +875,10 @@ class LeaderShellExecutor:
                 out.append(Refused(str(exc)))
                 continue
             self._known.add(task.id)
+            if req.timeout is not None:
+                self._timed.add(task.id)
+            if req.urgent:
+                self._urgent.add(task.id)
             tasks.append(task)
             out.append(task.id)
         if tasks:
@@ -871,19 +909,27 @@ class LeaderShellExecutor:
 
     def on_leader_event(self, record: dict[str, Any]) -> None:
         """Translate a leader event for the engine (ours only; all of them when forwarding)."""
+        # Only what changes the schedule wakes the engine at once: an end something waits for,
+        # a failure, or the start of an attempt with a timeout to arm. The rest waits for the
+        # engine's next pass (see _Driver.post).
         if self._forward:
-            self._post(Forward(record))
+            self._post(Forward(record), False)
         task_id = record.get("task_id")
         if task_id not in self._known:
             return
         subtype = record.get("subtype")
         if subtype == "task_started":
-            self._post(Started(task_id, float(record.get("ts") or time.time())))
+            at = float(record.get("ts") or time.time())
+            self._post(Started(task_id, at), task_id in self._timed)
         elif subtype == "task_terminated":
             self._known.discard(task_id)
-            self._post(self._finished(task_id, record))
+            self._timed.discard(task_id)
+            finished = self._finished(task_id, record)
+            urgent = task_id in self._urgent or finished.status != TaskStatus.COMPLETED.value
+            self._urgent.discard(task_id)
+            self._post(finished, urgent)
         elif subtype == "task_stalled":
-            self._post(Stalled(task_id, str(record.get("prompt") or "")))
+            self._post(Stalled(task_id, str(record.get("prompt") or "")), False)
 
     def _finished(self, task_id: str, record: dict[str, Any]) -> Finished:
         state: Any = self.leader.registry.get(task_id)
@@ -988,7 +1034,11 @@ class _Driver:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self.signal: int | None = None
+        self.sleeping = False
+        self.quiet_ends = 0
+        self.quiet_budget = 1
         self.leader_error: BaseException | None = None
+        self.leader_exited = False
         self.executor = LeaderShellExecutor(self.post, forward=options.forward_leader_events)
         self.joblog: JoblogWriter | None = None
         self.leader: Leader | None = None
@@ -1007,11 +1057,22 @@ class _Driver:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def post(self, event: ExecEvent) -> None:
-        """From any thread: queue an executor event and wake the engine."""
+    def post(self, event: ExecEvent, wake: bool = True) -> None:
+        """From any thread: queue an executor event (and wake the engine if it sleeps).
+
+        Quiet ends (successes nothing waits for) wake it only once `quiet_budget` of them are
+        queued, so a thousand trivial tasks cost a few dozen passes of the engine, not a
+        thousand GIL hand-overs; MAX_WAIT_S bounds the delay either way.
+        """
         self.events.append(event)
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b".")
+        if not wake and isinstance(event, Finished):
+            self.quiet_ends += 1
+            wake = self.quiet_ends >= self.quiet_budget
+        # The engine sets `sleeping` before it looks at the queue, and this reads it after
+        # appending: either the engine sees the event or this sees it sleeping.
+        if wake and self.sleeping:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b".")
 
     def emit(self, event: dict[str, Any]) -> None:
         """A run event: into the session's event stream (once there is one) and to the sink."""
@@ -1132,6 +1193,9 @@ class _Driver:
             leader.run(stop)
         except BaseException as exc:  # the engine must hear of it, not wait forever
             self.leader_error = exc
+        finally:
+            # It also returns when asked to stop from outside (`shoal down --team T`).
+            self.leader_exited = True
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_w, b"x")
 
@@ -1178,6 +1242,7 @@ class _Driver:
 
     def _drain(self) -> None:
         events, batch, sink = self.events, self.batch, self.sink
+        self.quiet_ends = 0  # a count racing with this only makes the next wake earlier
         while events:
             event = events.popleft()
             if isinstance(event, Forward):
@@ -1187,12 +1252,16 @@ class _Driver:
                 batch.feed(event)
 
     def _wait(self, timeout: float) -> None:
-        if self.events or self.signal is not None:
-            return
-        self._selector.select(max(0.0, timeout))
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
+        self.sleeping = True
+        try:
+            if self.events or self.signal is not None:
+                return
+            self._selector.select(max(0.0, timeout))
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_r, 4096):
+                    pass
+        finally:
+            self.sleeping = False
 
     def _loop(self) -> None:
         batch = self.batch
@@ -1203,11 +1272,15 @@ class _Driver:
                 return
             if self.leader_error is not None:
                 raise ShoalError(f"the run's leader stopped: {self.leader_error!r}")
+            if self.leader_exited:
+                batch.interrupt("its leader was stopped (shoal down)")
+                return
             now = time.monotonic()
             batch.tick(now)
             if batch.done:
                 return
             self.save_record()
+            self.quiet_budget = batch.quiet_ends()
             deadline = batch.next_deadline()
             timeout = MAX_WAIT_S if deadline is None else min(MAX_WAIT_S, deadline - now)
             self._wait(timeout)

@@ -43,9 +43,8 @@ from shoal.core.tasks import (
     TaskRegistry,
     TaskStatus,
     TaskType,
+    evolve,
     new_task_id,
-    transition,
-    update_task,
 )
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
@@ -111,6 +110,7 @@ class Leader:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._pidfds: dict[str, int] = {}
         self._task_json: dict[str, tuple[AnyTaskState, orjson.Fragment]] = {}
+        self._exited: set[str] = set()  # keys whose pidfd said "exited" since the last pass
         self._last_persist = 0.0
         self._last_release = 0.0
         self._identity = current_identity()
@@ -275,11 +275,18 @@ class Leader:
 
     def _set(self, task_id: str, **changes: Any) -> bool:
         """Change fields of a task (same values: no change, no write)."""
-        return self._update(task_id, lambda t: update_task(t, **changes))
+        return self._update(task_id, lambda t: evolve(t, **changes))
 
     def _move(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
-        """Move a task through the transition table."""
-        return self._update(task_id, lambda t: transition(t, status, **changes))
+        """Move a task through the transition table (see `transition`; the values are the
+        leader's own, so the record is not re-validated)."""
+
+        def move(task: AnyTaskState) -> AnyTaskState:
+            if status == task.status:
+                return task if task.is_terminal else evolve(task, **changes)
+            return evolve(task, status=status, **changes)
+
+        return self._update(task_id, move)
 
     # -- submitting and stopping ----------------------------------------------------------------
 
@@ -356,7 +363,8 @@ class Leader:
                     Path(task.output_file),
                     cwd=task.cwd,
                     env={**os.environ, **env} if env else None,
-                    root=self.layout.home,
+                    # (the session's tasks/ directory was checked against symlinks when it
+                    # was made; the file itself is opened O_EXCL|O_NOFOLLOW)
                 )
             except (ShoalError, OSError) as exc:
                 message = str(exc)
@@ -393,7 +401,7 @@ class Leader:
             return final_member
         with self.lock:
             proc = self.procs.get(task_id)
-            self._update(task_id, lambda t: update_task(t, kill_reason=reason))
+            self._set(task_id, kill_reason=reason)
         if proc is not None:
             shell.kill(proc, self.limits.kill_grace)
         with self.lock:
@@ -470,6 +478,8 @@ class Leader:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self._wake_r, 4096):
                             pass
+                else:
+                    self._exited.add(key.data)
             with self.lock:
                 if time.monotonic() >= next_tick:
                     self.tick()
@@ -483,7 +493,7 @@ class Leader:
 
     def quick_tick(self) -> None:
         """The steps that must not wait for the next full tick: reap, notify, start, persist."""
-        self.reap()
+        self.reap(only_signalled=True)
         self.swarm.check()
         self.notify()
         self.evict(time.time())
@@ -505,9 +515,19 @@ class Leader:
         self.start_pending()
         self.persist()
 
-    def reap(self) -> None:
-        """Finish tasks whose process has ended, with the exit code they recorded."""
-        for task_id, proc in list(self.procs.items()):
+    def reap(self, *, only_signalled: bool = False) -> None:
+        """Finish tasks whose process has ended, with their exit code.
+
+        With `only_signalled`, look only at the tasks whose pidfd reported an exit (a quick
+        pass between ticks); a full tick looks at all of them.
+        """
+        exited, self._exited = self._exited, set()
+        if only_signalled:  # (plus any already reaped elsewhere)
+            ids = [i for i, p in self.procs.items() if i in exited or p.status is not None]
+        else:
+            ids = list(self.procs)
+        for task_id in ids:
+            proc = self.procs[task_id]
             if not proc.poll():
                 self._finish_shell(task_id, proc)
 
@@ -531,15 +551,15 @@ class Leader:
         self._unwatch(task_id)
         if not isinstance(task, LocalShellTaskState) or task.is_terminal:
             return
-        code = shell.recorded_exit(task.output_file)
-        if code is None and proc is not None:
-            status = proc.returncode()
-            if status is not None:
-                code = status if status >= 0 else 128 - status
+        # Our own child: its wait status is the wrapper's (= the command's) exit code. A task
+        # adopted after a restart has only what the wrapper recorded on disk.
+        code = proc.returncode() if proc is not None else None
+        if code is None:
+            code = shell.recorded_exit(task.output_file)
         self._read_delta(task)
         if killed or task.kill_reason:
             result = ShellResult(code=code if code is not None else 137, interrupted=True)
-            self._update(task_id, lambda t: transition(t, TaskStatus.KILLED, result=result))
+            self._move(task_id, TaskStatus.KILLED, result=result)
             if not task.kill_reason or task.kill_reason == "stopped on request":
                 # A kill the user asked for is not news: no notification, no 137 "failure".
                 self.registry.mark_notified(task_id)
@@ -552,20 +572,11 @@ class Leader:
                 if ended_unattended
                 else "ended without recording an exit code (killed?)"
             )
-            self._update(
-                task_id,
-                lambda t: transition(
-                    t, TaskStatus.FAILED, result=ShellResult(code=-1), error=error
-                ),
-            )
+            self._move(task_id, TaskStatus.FAILED, result=ShellResult(code=-1), error=error)
         elif code == 0:
-            self._update(
-                task_id, lambda t: transition(t, TaskStatus.COMPLETED, result=ShellResult(code=0))
-            )
+            self._move(task_id, TaskStatus.COMPLETED, result=ShellResult(code=0))
         else:
-            self._update(
-                task_id, lambda t: transition(t, TaskStatus.FAILED, result=ShellResult(code=code))
-            )
+            self._move(task_id, TaskStatus.FAILED, result=ShellResult(code=code))
 
     def _read_delta(self, task: LocalShellTaskState) -> int:
         """Advance the task's reported offset over new output (8 MiB a read); returns growth."""
@@ -575,7 +586,7 @@ class Leader:
         lines = data.count(b"\n")
         self._update(
             task.id,
-            lambda t: update_task(
+            lambda t: evolve(
                 t,
                 output_offset=offset,
                 last_reported_total_lines=t.last_reported_total_lines + lines,
@@ -621,7 +632,7 @@ class Leader:
             prompt = shell.looks_like_prompt(task.output_file)
             if prompt is None:
                 continue
-            self._update(task_id, lambda t: update_task(t, stall_notified=True))
+            self._set(task_id, stall_notified=True)
             text = stall_notification_xml(task, tail(task.output_file, 1024))
             self.emit(
                 {
@@ -867,10 +878,7 @@ class Leader:
                 with contextlib.suppress(ShoalError):
                     self.stop_task(task_id, reason="stopped on request")
             for task_id in list(self.queue):
-                self._update(
-                    task_id,
-                    lambda t: transition(t, TaskStatus.KILLED, kill_reason="leader shut down"),
-                )
+                self._move(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
             self.queue.clear()
             self.notify()
             self.persist(force=True)

@@ -116,7 +116,7 @@ def start(
         pid = os.posix_spawn(
             _SH,
             [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv],
-            os.environ if env is None else env,
+            os.environb if env is None else env,  # bytes: no decoding and re-encoding
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, fd, 1),
