@@ -339,3 +339,23 @@ def test_detach(cli: Cli, home: Path) -> None:
     assert leader_alive(Layout(home), "d") is not None
     assert cli("down", "--team", "d").returncode == 0
     assert leader_alive(Layout(home), "d") is None
+
+
+def test_sh_batch_starts_one_task_per_line(cli: Cli, leader: LeaderProc, tmp_path: Path) -> None:
+    batch = tmp_path / "cmds.txt"
+    batch.write_text("# a comment\necho one\n\necho two; exit 2\n  echo three  \n")
+    out = cli("sh", "--team", "t", "--batch", str(batch))
+    assert out.returncode == 0, out.stderr
+    ids = out.stdout.split()
+    assert len(ids) == 3
+    waited = cli("wait", "--team", "t", *ids)
+    assert waited.returncode == 1  # one failed
+    assert [task_record(cli, i)["status"] for i in ids] == ["completed", "failed", "completed"]
+    assert cli("logs", "--team", "t", ids[2]).stdout == "three\n"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n\n")
+    assert cli("sh", "--team", "t", "--batch", str(empty)).returncode == 2
+    both = cli("sh", "--team", "t", "--batch", str(batch), "--", "echo", "x")
+    assert both.returncode == 2
+    from_stdin = cli("sh", "--team", "t", "--batch", "-", input="echo piped\n")
+    assert from_stdin.returncode == 0 and len(from_stdin.stdout.split()) == 1

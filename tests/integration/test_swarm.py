@@ -347,3 +347,17 @@ def test_teammates_outlive_a_crashed_leader_and_are_adopted(cli: Cli, home: Path
         assert states(home)["ada"] is MemberState.LEFT
     finally:
         second.stop()
+
+
+def test_spawn_several_in_one_batch(cli: Cli, leader: LeaderProc, home: Path) -> None:
+    out = cli("spawn", "--team", "t", "--backend", "in-process", "--json", "x1", "x2", "x3")
+    assert out.returncode == 0, out.stderr
+    spawned = json.loads(out.stdout)
+    assert [s["name"] for s in spawned] == ["x1", "x2", "x3"]
+    assert len({s["task_id"] for s in spawned}) == 3
+    assert all(states(home)[n] is MemberState.IDLE for n in ("x1", "x2", "x3"))
+    dup = cli("spawn", "--team", "t", "--backend", "in-process", "y1", "y1")
+    assert dup.returncode == 2 and "twice" in dup.stderr
+    taken = cli("spawn", "--team", "t", "--backend", "in-process", "y2", "x1")
+    assert taken.returncode == 1 and "x1" in taken.stderr
+    assert "y2" not in states(home)  # checked before anything started
