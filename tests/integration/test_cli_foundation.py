@@ -157,3 +157,29 @@ def test_inbox_follow_prints_as_messages_arrive(cli: Cli, home: Path) -> None:
             follower.kill()
             follower.wait()
     wait_until(lambda: not os.listdir(home / "teams/alpha/inboxes/bob/cur"))
+
+
+def test_inbox_listens_for_unix_socket_peers(cli: Cli, home: Path, tmp_path: Path) -> None:
+    cli("team", "create", "alpha")
+    cli("team", "join", "alpha", "bob", "--pid", str(os.getpid()))
+    sock = tmp_path / "bob.sock"
+    listener = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "inbox", "bob", "--listen", str(sock), "--json"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "SHOAL_HOME": str(home)},
+    )
+    try:
+        wait_until(sock.exists)
+        sent = cli("send", "--team", "alpha", f"uds:{sock}", "over the socket", "--from", "carl")
+        assert sent.returncode == 0, sent.stderr
+        assert listener.stdout is not None
+        msg = json.loads(listener.stdout.readline())
+        assert msg["id"] == sent.stdout.strip() and msg["from"] == "carl"
+        listener.send_signal(signal.SIGINT)
+        assert listener.wait(timeout=10) == 130
+        assert not sock.exists()
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    gone = cli("send", "--team", "alpha", f"uds:{sock}", "nobody listens")
+    assert gone.returncode == 1 and "unreachable" in gone.stderr

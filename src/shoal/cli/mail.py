@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -104,9 +105,24 @@ def _message_text(msg: AnyMessage) -> str:
     default=None,
     help="With --follow: stop after this many seconds without a message.",
 )
+@click.option(
+    "--listen",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="SOCKET",
+    help="Also accept messages for NAME on this unix socket (peers send to uds:SOCKET); "
+    "implies --follow.",
+)
 @json_option
 @common_options
-def inbox(name: str, follow: bool, peek: bool, timeout: float | None, as_json: bool) -> None:
+def inbox(
+    name: str,
+    follow: bool,
+    peek: bool,
+    timeout: float | None,
+    listen: str | None,
+    as_json: bool,
+) -> None:
     """Print (and consume) the messages waiting in NAME's inbox, in priority order.
 
     With --json: a JSON array, or one JSON object per line with --follow.
@@ -118,8 +134,8 @@ def inbox(name: str, follow: bool, peek: bool, timeout: float | None, as_json: b
     directory = teams.directory(team)
     box = Inbox(Maildir.open(directory.inbox(name)), lead=LEAD_NAME)
     if peek:
-        if follow:
-            raise UsageError("--peek and --follow do not go together")
+        if follow or listen:
+            raise UsageError("--peek does not go with --follow or --listen")
         msgs = box.peek()
         if as_json:
             print_json([_message_json(m) for m in msgs])
@@ -127,7 +143,7 @@ def inbox(name: str, follow: bool, peek: bool, timeout: float | None, as_json: b
             for m in msgs:
                 click.echo(_message_text(m))
         return
-    if not follow:
+    if not follow and not listen:
         out = []
         for m in box.iterate(timeout=0):
             if as_json:
@@ -137,6 +153,14 @@ def inbox(name: str, follow: bool, peek: bool, timeout: float | None, as_json: b
         if as_json:
             print_json(out)
         return
+    listener = None
+    if listen:
+        from shoal.mailbox.uds import UdsListener
+
+        try:
+            listener = UdsListener(Path(listen), box.maildir).start()
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     try:
         with box:
             for m in box.iterate(timeout=timeout):
@@ -147,3 +171,6 @@ def inbox(name: str, follow: bool, peek: bool, timeout: float | None, as_json: b
                     sys.stdout.flush()
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    finally:
+        if listener is not None:
+            listener.close()
