@@ -33,8 +33,10 @@ def write_spec(directory: Path, text: str, name: str = "spec.toml") -> Path:
     return path
 
 
-def run(cli: Cli, spec: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return cli("run", str(spec), *args, env=FAST)
+def run(
+    cli: Cli, spec: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return cli("run", str(spec), *args, env={**FAST, **(env or {})})
 
 
 def report_of(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -541,30 +543,76 @@ def test_spec_errors_are_all_reported_and_nothing_is_created(cli: Cli, home: Pat
     assert sorted(os.listdir(home)) == []  # no team, no session, no run record
 
 
-def test_agent_tasks_need_teammates_and_fail_loudly(cli: Cli, home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["process", "tmux"])
+def test_a_mixed_spec_with_scripted_members(
+    cli: Cli, home: Path, tmp_path: Path, backend: str
+) -> None:
+    (tmp_path / "review.toml").write_text(
+        '[[step]]\nwhen = "task"\nrun = "cat built.txt && echo {name} > reviewed.txt"\n'
+    )
     spec = write_spec(
         tmp_path,
         """\
         [[member]]
         name = "reviewer"
         agent = "scripted"
+        script = "review.toml"
 
         [[task]]
         id = "build"
-        run = "touch @D/built"
+        run = "echo built > built.txt"
 
         [[task]]
         id = "review"
         prompt = "Review the build."
         assign = "reviewer"
         after = ["build"]
+
+        [[task]]
+        id = "ship"
+        run = "test -f reviewed.txt"
+        after = ["review"]
         """,
     )
-    out = run(cli, spec, "--backend", "tmux")
-    assert out.returncode == 2
-    assert "agent tasks need teammates, not available in this build" in out.stderr
-    assert f'{spec}:9: task "review"' in out.stderr and f'{spec}:1: member "reviewer"' in out.stderr
-    assert not (tmp_path / "built").exists() and os.listdir(home) == []
+    report = tmp_path / "report.json"
+    junit = tmp_path / "junit.xml"
+    out = run(cli, spec, "--backend", backend, "--report", str(report), "--junit", str(junit),
+              env={"SHOAL_TMUX_SOCKET": f"shoal-run-{tmp_path.name}"})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "reviewed.txt").read_text() == "reviewer\n"
+    tasks = {t["id"]: t for t in json.loads(report.read_text())["tasks"]}
+    assert [tasks[i]["status"] for i in ("build", "review", "ship")] == ["succeeded"] * 3
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    assert len(cases) == 3 and not any(c.find("failure") is not None for c in cases)
+    leftover = subprocess.run(["pgrep", "-f", f"--home {home} worker"], capture_output=True)
+    assert leftover.stdout == b""
+
+
+def test_a_failing_agent_task_is_retried_and_reported(
+    cli: Cli, home: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "flaky.toml").write_text(
+        '[[step]]\nwhen = "task"\nrun = "echo x >> tries; test $(wc -l < tries) -ge 2"\n'
+    )
+    spec = write_spec(
+        tmp_path,
+        """\
+        [[member]]
+        name = "flaky"
+        script = "flaky.toml"
+
+        [[task]]
+        id = "try"
+        prompt = "try it"
+        assign = "flaky"
+        retries = 1
+        """,
+    )
+    report = tmp_path / "report.json"
+    out = run(cli, spec, "--backend", "in-process", "--report", str(report))
+    assert out.returncode == 0, out.stderr
+    (task,) = json.loads(report.read_text())["tasks"]
+    assert task["status"] == "succeeded" and task["attempts"] == 2
 
 
 def test_bad_options_are_usage_errors(cli: Cli, home: Path, tmp_path: Path) -> None:

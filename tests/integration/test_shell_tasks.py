@@ -67,7 +67,11 @@ def test_a_planted_symlink_at_the_output_path_is_refused(tmp_path: Path) -> None
 def test_kill_takes_the_whole_group_and_records_it(tmp_path: Path) -> None:
     out = tmp_path / "k.output"
     proc = shell.start(["-c", "sleep 300 & sleep 300; wait"], out)
-    wait_until(lambda: shell.recorded_pid(out) is not None)
+    import psutil
+
+    # Both sleeps must be running: a TERM that lands before the shell forks the second one
+    # would (rightly) only be acted on after it, and the kill would escalate to KILL.
+    wait_until(lambda: len(psutil.Process(proc.pid).children()) == 2)
     shell.kill(proc, grace=5)
     assert not proc.poll()
     assert proc.returncode() == 143

@@ -182,7 +182,8 @@ class ShellExecutor(Protocol):
 class AgentDispatcher(Protocol):
     """How agent tasks (`prompt` + `assign`) reach teammates: the one seam teammates fill in.
 
-    `start` brings up the spec's members on `backend` in the run's team. `dispatch` hands one
+    `start` brings up the spec's members on `backend` in the run's team, working in `cwd`
+    (the spec's directory). `dispatch` hands one
     attempt of a task to its member and returns a handle; the attempt's `Started` and
     `Finished` events come through the same path as shell tasks' (the `Poster` the factory
     receives; True wakes the engine), keyed by that handle. `stop` ends an attempt (a
@@ -190,7 +191,7 @@ class AgentDispatcher(Protocol):
     each member one task at a time.
     """
 
-    def start(self, members: Sequence[MemberSpec], backend: str) -> None: ...
+    def start(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None: ...
 
     def dispatch(self, task: TaskSpec, member: MemberSpec, attempt: int) -> str: ...
 
@@ -205,8 +206,10 @@ AgentDispatcherFactory = Callable[["Leader", Poster], AgentDispatcher]
 
 
 def agent_dispatcher_factory() -> AgentDispatcherFactory | None:
-    """The dispatcher of this build for agent tasks: none yet (teammates are not built)."""
-    return None
+    """The dispatcher of this build for agent tasks: the spec's members as teammates."""
+    from shoal.orchestrator.batch_agents import dispatcher
+
+    return dispatcher
 
 
 def check_agents(spec: Spec, factory: AgentDispatcherFactory | None) -> None:
@@ -1159,7 +1162,7 @@ class _Driver:
                 self.agents = self.factory(leader, self.post)
                 self.batch.agents = self.agents
                 cleanup.register("agents", self.agents.close)
-                self.agents.start(self.spec.members, self.backend)
+                self.agents.start(self.spec.members, self.backend, str(self.spec.path.parent))
             thread = threading.Thread(
                 target=self._leader_loop, args=(leader, stop_loop), name="shoal-leader", daemon=True
             )

@@ -145,7 +145,8 @@ def junit_xml(report: Mapping[str, Any]) -> bytes:
         if tail:
             ET.SubElement(case, "system-out").text = tail
     ET.indent(root)
-    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+    data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return data + b"\n"
 
 
 def write_junit(path: Path, report: Mapping[str, Any]) -> None:

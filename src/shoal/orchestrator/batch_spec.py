@@ -25,9 +25,10 @@ import orjson
 
 from shoal.core.errors import InvalidNameError, UsageError
 from shoal.core.names import MAX_NAME_LENGTH, validate_name
+from shoal.teams.backends.base import BACKEND_NAMES
 from shoal.teams.models import LEAD_NAME
 
-BACKEND_CHOICES: Final = ("process", "tmux", "iterm2", "in-process", "auto")
+BACKEND_CHOICES: Final = BACKEND_NAMES
 AGENT_KINDS: Final = ("scripted", "exec")
 TASK_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

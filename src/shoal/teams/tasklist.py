@@ -760,8 +760,15 @@ def _refuse_link(path: Path) -> None:
 
 
 def _next_claimable(snap: TaskSnapshot, name: str) -> TaskItem | None:
+    # A task whose metadata says `"auto_claim": false` is only ever given by assignment (e.g.
+    # the attempts of a batch run, whose engine decides retries itself).
     for item in snap.sorted():
-        if item.status == "pending" and item.owner in (None, name) and not snap.open_blockers(item):
+        if (
+            item.status == "pending"
+            and item.owner in (None, name)
+            and (item.metadata or {}).get("auto_claim", True) is not False
+            and not snap.open_blockers(item)
+        ):
             return item
     return None
 

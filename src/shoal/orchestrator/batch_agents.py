@@ -1,0 +1,154 @@
+"""Agent tasks of a batch run: the spec's members as teammates, each attempt a list task.
+
+An attempt becomes an entry of the team's shared task list, assigned to its member and marked
+`auto_claim: false` (only this assignment gives it out; the run's engine decides retries).
+The member runs it as a turn and reports to the lead with a `task_notification` naming the
+list task; that report is the attempt's `Finished`. Stopping an attempt aborts the member's
+current turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from shoal.core.errors import ShoalError
+from shoal.mailbox.router import send
+from shoal.orchestrator.batch import Finished, Poster, Started
+from shoal.orchestrator.batch_spec import MemberSpec, TaskSpec
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.tasklist import TaskList
+
+if TYPE_CHECKING:
+    from shoal.orchestrator.leader import Leader
+
+READY_TIMEOUT_S = 120.0
+
+
+class TeammateDispatcher:
+    """The AgentDispatcher of this build (see shoal.orchestrator.batch.AgentDispatcher)."""
+
+    def __init__(self, leader: Leader, post: Poster) -> None:
+        self.leader = leader
+        self.post = post
+        self.tasks = TaskList(leader.teams, leader.team)
+        self._lock = threading.Lock()
+        self._by_item: dict[int, str] = {}  # list task id -> handle
+        self._attempts: dict[str, tuple[int, str, float]] = {}  # handle -> (item, member, t0)
+        self._members: list[str] = []
+        previous = leader.on_event
+
+        def on_event(record: dict[str, Any]) -> None:
+            if previous is not None:
+                previous(record)
+            self._on_event(record)
+
+        leader.on_event = on_event
+
+    def start(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None:
+        """Spawn every member and wait until all are ready (or say which could not start)."""
+        if not members:
+            return
+        batch = [
+            {
+                "name": m.name,
+                "agent": m.agent,
+                "script": m.script,
+                "cmd": shlex.join(m.command) if m.command else None,
+                "prompt": m.prompt,
+                "backend": backend,
+                "plan_mode": m.plan_mode,
+                "worktree": m.worktree,
+                "cwd": cwd,
+            }
+            for m in members
+        ]
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def reply(result: Any, error: ShoalError | None) -> None:
+            outcome["result"], outcome["error"] = result, error
+            done.set()
+
+        self.leader.swarm.spawn_many(batch, reply)
+        if not done.wait(READY_TIMEOUT_S):
+            raise ShoalError(f"the run's teammates were not ready within {READY_TIMEOUT_S:g}s")
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        self._members = [m.name for m in members]
+
+    def dispatch(self, task: TaskSpec, member: MemberSpec, attempt: int) -> str:
+        """Give one attempt of `task` to `member`; returns the attempt's handle."""
+        handle = f"{task.id}#{attempt}"
+        item = self.tasks.add(
+            task.description or task.id,
+            description=task.prompt or "",
+            metadata={"auto_claim": False, "run_task": task.id, "attempt": attempt},
+        )
+        with self._lock:
+            self._by_item[item.id] = handle
+            self._attempts[handle] = (item.id, member.name, time.time())
+        self.tasks.update(item.id, owner=member.name, assigned_by=LEAD_NAME)
+        self.post(Started(handle, time.time()), True)
+        return handle
+
+    def _on_event(self, record: dict[str, Any]) -> None:
+        if record.get("type") != "message":
+            return
+        msg = record.get("message") or {}
+        if msg.get("kind") != "task_notification":
+            return
+        data = msg.get("data") or {}
+        item_id = data.get("list_task_id")
+        with self._lock:
+            handle = self._by_item.pop(item_id, None) if isinstance(item_id, int) else None
+            attempt = self._attempts.pop(handle, None) if handle else None
+        if handle is None or attempt is None:
+            return
+        status = data.get("status", "failed")
+        self.post(
+            Finished(
+                handle,
+                status if status in ("completed", "failed", "killed") else "failed",
+                exit_code=0 if status == "completed" else 1,
+                started_at=attempt[2],
+                ended_at=time.time(),
+                output_file=data.get("output_file"),
+                error=None if status == "completed" else str(data.get("result") or "")[-500:],
+            ),
+            True,
+        )
+        with contextlib.suppress(ShoalError):
+            self.tasks.update(attempt[0], status="deleted")  # the run's report keeps it
+
+    def stop(self, handle: str, reason: str) -> None:
+        """Abort the attempt's turn; its member reports it killed."""
+        with self._lock:
+            attempt = self._attempts.get(handle)
+        if attempt is None:
+            return
+        with contextlib.suppress(ShoalError):
+            send(
+                self.leader.teams.directory(self.leader.team),
+                to=attempt[1],
+                sender=LEAD_NAME,
+                kind="control",
+                data={
+                    "request_id": f"stop-{handle}",
+                    "op": "abort_turn",
+                    "args": {"reason": reason},
+                },
+            )
+
+    def close(self) -> None:
+        """Shut the members down (the handshake; the leader kills who is left)."""
+        self.leader.swarm.shutdown_all()
+
+
+def dispatcher(leader: Leader, post: Poster) -> TeammateDispatcher:
+    """The factory `run_batch` calls."""
+    return TeammateDispatcher(leader, post)
