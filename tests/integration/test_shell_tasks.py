@@ -69,9 +69,11 @@ def test_kill_takes_the_whole_group_and_records_it(tmp_path: Path) -> None:
     proc = shell.start(["-c", "sleep 300 & sleep 300; wait"], out)
     import psutil
 
-    # Both sleeps must be running: a TERM that lands before the shell forks the second one
-    # would (rightly) only be acted on after it, and the kill would escalate to KILL.
-    wait_until(lambda: len(psutil.Process(proc.pid).children()) == 2)
+    # Both sleeps must be running (exec'd, not just forked): a TERM that lands while the shell
+    # forks its foreground command is only acted on after that command ends, and the kill
+    # rightly escalates to KILL after the grace.
+    wait_until(lambda: [c.cmdline() for c in psutil.Process(proc.pid).children()]
+               == [["sleep", "300"]] * 2)
     shell.kill(proc, grace=5)
     assert not proc.poll()
     assert proc.returncode() == 143

@@ -34,6 +34,17 @@ _WRAPPER = (
     'if [ "$1" = -c ]; then eval "$2"; else "$@"; fi'
 )
 _NAME = "shoal"
+_DEFAULT_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGPIPE,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCHLD,
+    signal.SIGALRM,
+)
 _SH = "/bin/sh"
 
 # Shell exit code for "command not found" / "not executable".
@@ -123,6 +134,10 @@ def start(
                 (os.POSIX_SPAWN_DUP2, fd, 2),
             ],
             setsid=True,
+            # A task starts with default signal handling and nothing blocked, whatever the
+            # leader's threads have set (a shell cannot trap a signal ignored on entry).
+            setsigmask=(),
+            setsigdef=_DEFAULT_SIGNALS,
         )
     finally:
         os.close(fd)
