@@ -165,7 +165,9 @@ def test_inbox_listens_for_unix_socket_peers(cli: Cli, home: Path, tmp_path: Pat
     sock = tmp_path / "bob.sock"
     listener = subprocess.Popen(
         [sys.executable, "-m", "shoal", "inbox", "bob", "--listen", str(sock), "--json"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "SHOAL_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SHOAL_HOME": str(home)},
     )
     try:
         wait_until(sock.exists)

@@ -576,8 +576,17 @@ def test_a_mixed_spec_with_scripted_members(
     )
     report = tmp_path / "report.json"
     junit = tmp_path / "junit.xml"
-    out = run(cli, spec, "--backend", backend, "--report", str(report), "--junit", str(junit),
-              env={"SHOAL_TMUX_SOCKET": f"shoal-run-{tmp_path.name}"})
+    out = run(
+        cli,
+        spec,
+        "--backend",
+        backend,
+        "--report",
+        str(report),
+        "--junit",
+        str(junit),
+        env={"SHOAL_TMUX_SOCKET": f"shoal-run-{tmp_path.name}"},
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "reviewed.txt").read_text() == "reviewer\n"
     tasks = {t["id"]: t for t in json.loads(report.read_text())["tasks"]}
@@ -588,9 +597,7 @@ def test_a_mixed_spec_with_scripted_members(
     assert leftover.stdout == b""
 
 
-def test_a_failing_agent_task_is_retried_and_reported(
-    cli: Cli, home: Path, tmp_path: Path
-) -> None:
+def test_a_failing_agent_task_is_retried_and_reported(cli: Cli, home: Path, tmp_path: Path) -> None:
     (tmp_path / "flaky.toml").write_text(
         '[[step]]\nwhen = "task"\nrun = "echo x >> tries; test $(wc -l < tries) -ge 2"\n'
     )

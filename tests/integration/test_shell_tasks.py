@@ -72,8 +72,9 @@ def test_kill_takes_the_whole_group_and_records_it(tmp_path: Path) -> None:
     # Both sleeps must be running (exec'd, not just forked): a TERM that lands while the shell
     # forks its foreground command is only acted on after that command ends, and the kill
     # rightly escalates to KILL after the grace.
-    wait_until(lambda: [c.cmdline() for c in psutil.Process(proc.pid).children()]
-               == [["sleep", "300"]] * 2)
+    wait_until(
+        lambda: [c.cmdline() for c in psutil.Process(proc.pid).children()] == [["sleep", "300"]] * 2
+    )
     shell.kill(proc, grace=5)
     assert not proc.poll()
     assert proc.returncode() == 143
