@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +127,6 @@ class MemberRun:
     log_file: Path | None = None
     shutdown_approved: bool = False
     stop_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Swarm:

@@ -9,7 +9,7 @@ import os
 import secrets
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -518,10 +518,3 @@ def _remove_worktree(path: Path) -> None:
         capture_output=True,
         check=False,
     )
-
-
-def iter_teams(teams: Teams) -> Iterator[TeamFile]:
-    """Valid team files only."""
-    for tf in teams.all():
-        if isinstance(tf, TeamFile):
-            yield tf

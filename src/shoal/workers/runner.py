@@ -31,7 +31,7 @@ from shoal.mailbox.watcher import Watcher, shared_watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import Brain, ScriptedBrain, TurnAborted, TurnContext, TurnResult
+from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
 
 # Kinds read even while a turn runs.
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
@@ -467,8 +467,3 @@ class TeammateRunner:
         self._status.update(changes)
         self._status["messages"] = list(self._messages)
         self.teams.write_status(self.team, self.name, self._status)
-
-
-def default_brain() -> Brain:
-    """The embedded default brain (scripted, no script)."""
-    return ScriptedBrain()

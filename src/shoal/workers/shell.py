@@ -215,12 +215,6 @@ def kill(proc: ShellProcess, grace: float) -> None:
     proc.poll()  # reap our child now (it is gone or a zombie), so no zombie lingers
 
 
-def kill_group_now(pid: int) -> None:
-    """SIGKILL a whole task group at once (shutdown of a dead leader's leftovers)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def looks_like_prompt(output_file: str | Path) -> str | None:
     """The last line of the output if it looks like an interactive prompt, else None."""
     lines = [ln for ln in tail_lines(output_file, n=5) if ln.strip()]
