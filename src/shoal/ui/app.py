@@ -188,7 +188,20 @@ def _fill(table: DataTable[Any], rows: list[tuple[str, tuple[Any, ...]]]) -> Non
             table.move_cursor(row=table.get_row_index(keep))
 
 
-class TaskDetail(SwarmScreen):
+class _DetailScreen(SwarmScreen):
+    """A screen of one thing's details in a scrolling #detail area, redrawn on each snapshot."""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll():
+            yield Static(id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.update_snapshot(_swarm(self).snapshot)
+
+
+class TaskDetail(_DetailScreen):
     """One task, shown by kind, with its live output tail when it has output."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -203,15 +216,6 @@ class TaskDetail(SwarmScreen):
     def __init__(self, task_id: str) -> None:
         super().__init__()
         self.task_id = task_id
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        with VerticalScroll():
-            yield Static(id="detail")
-        yield Footer()
-
-    def on_mount(self) -> None:
-        self.update_snapshot(_swarm(self).snapshot)
 
     def update_snapshot(self, snapshot: Snapshot) -> None:
         row = snapshot.task(self.task_id)
@@ -231,7 +235,7 @@ class TaskDetail(SwarmScreen):
         return Selection("task", self.task_id)
 
 
-class MemberDetail(SwarmScreen):
+class MemberDetail(_DetailScreen):
     """One team member: its status, recent activities, messages and a pending plan."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -244,15 +248,6 @@ class MemberDetail(SwarmScreen):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.member_name = name
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        with VerticalScroll():
-            yield Static(id="detail")
-        yield Footer()
-
-    def on_mount(self) -> None:
-        self.update_snapshot(_swarm(self).snapshot)
 
     def update_snapshot(self, snapshot: Snapshot) -> None:
         member = snapshot.member(self.member_name)
