@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -11,9 +12,33 @@ from shoal import __version__
 from shoal.cli.common import Env, common_options
 from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
 
+# Command name -> "module:attribute". Modules are imported only when their command runs (or
+# for --help), so `shoal send` does not pay for textual, libtmux and the batch engine.
+COMMANDS: dict[str, str] = {
+    "up": "leader:up", "down": "leader:down", "demo": "swarm:demo", "run": "run:run",
+    "sh": "tasks:sh", "ps": "tasks:ps", "logs": "tasks:logs", "stop": "tasks:stop",
+    "wait": "tasks:wait", "events": "tasks:events", "team": "team:team",
+    "spawn": "swarm:spawn", "worker": "worker:worker", "send": "mail:send",
+    "inbox": "mail:inbox", "approve": "swarm:approve", "reject": "swarm:reject",
+    "task": "tasklist:task", "attach": "attach:attach", "pill": "ui:pill", "ui": "ui:ui",
+}  # fmt: skip
+
 
 class ShoalGroup(click.Group):
-    """A group that turns ShoalError into one `shoal: error:` line and its exit code."""
+    """A group that loads its commands on demand and turns ShoalError into one
+    `shoal: error:` line and its exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        command = getattr(importlib.import_module(f"shoal.cli.{module}"), attr)
+        assert isinstance(command, click.Command)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -37,35 +62,6 @@ def cli(ctx: click.Context) -> None:
     maildir inbox per member.
     """
     ctx.ensure_object(Env)
-
-
-def _register() -> None:
-    from shoal.cli import attach, leader, mail, tasklist, tasks, team
-
-    cli.add_command(team.team)
-    cli.add_command(tasklist.task)
-    cli.add_command(mail.send)
-    cli.add_command(mail.inbox)
-    cli.add_command(leader.up)
-    cli.add_command(leader.down)
-    from shoal.cli import run
-
-    cli.add_command(run.run)
-    cli.add_command(attach.attach)
-    for command in (tasks.sh, tasks.ps, tasks.logs, tasks.stop, tasks.wait, tasks.events):
-        cli.add_command(command)
-    from shoal.cli import swarm, worker
-
-    for command in (swarm.spawn, swarm.approve, swarm.reject, swarm.demo, worker.worker):
-        cli.add_command(command)
-
-    from shoal.cli import ui
-
-    cli.add_command(ui.pill)
-    cli.add_command(ui.ui)
-
-
-_register()
 
 
 def main() -> None:

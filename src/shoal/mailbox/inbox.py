@@ -77,6 +77,7 @@ class Inbox:
         self._recovered: list[Delivery] | None = None
         self._registered = False
         self._extra_wakers: list[Callable[[], None]] = []
+        self._interrupted = False
         self._last_janitor = 0.0
         self.quarantined = 0
 
@@ -91,6 +92,11 @@ class Inbox:
                 watcher.register(self.maildir.path, self._event.set)
                 self._registered = True
         return self
+
+    def interrupt(self) -> None:
+        """Make a `receive` waiting in another thread return None now."""
+        self._interrupted = True
+        self._event.set()
 
     def add_waker(self, wake: Callable[[], None]) -> None:
         """Also call `wake()` whenever a message may have arrived (e.g. to wake an event loop:
@@ -226,6 +232,9 @@ class Inbox:
                 if remaining <= 0:
                     return None
                 self._event.wait(remaining)
+            if self._interrupted:
+                self._interrupted = False
+                return None
 
     def _claim_next(self, where: Callable[[AnyMessage], bool] | None) -> Delivery | None:
         """Claim the best cached message (accepted by `where`); None when there is none."""
@@ -346,5 +355,5 @@ class Subscription:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop after the message being handled (if any) is done."""
         self._stop.set()
-        self.inbox._event.set()
+        self.inbox.interrupt()
         self._thread.join(timeout)
