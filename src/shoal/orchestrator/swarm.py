@@ -136,6 +136,7 @@ class Swarm:
         self.leader = leader
         self.members: dict[str, MemberRun] = {}
         self._backends: dict[str, Backend] = {}
+        self._ready_early: set[str] = set()
         inproc = InProcessBackend.shared()
         if inproc.factory is None:
             inproc.factory = self._in_process_factory
@@ -339,6 +340,9 @@ class Swarm:
             )
             if isinstance(plan.backend, InProcessBackend):
                 plan.backend.on_done(handle, leader.wake)
+                if plan.name in self._ready_early:
+                    self._ready_early.discard(plan.name)
+                    self._ready(self.members[plan.name])
             else:
                 leader.watch_pid(f"member:{plan.name}", handle.pid)
         leader.emit(
@@ -383,6 +387,17 @@ class Swarm:
         from shoal.workers.worker import runner_from_argv
 
         runner = runner_from_argv(self.leader.layout, spec.argv)
+        leader = self.leader
+
+        def ready() -> None:  # called on the in-process loop's thread
+            with leader.lock:
+                run = self.members.get(spec.name)
+                if run is not None:
+                    self._ready(run)
+                else:  # ready before `_start` has recorded it: it will look here
+                    self._ready_early.add(spec.name)
+
+        runner.config.on_ready = ready
         return runner.run()
 
     def _make_worktree(self, name: str, cwd: str) -> Path:

@@ -60,6 +60,9 @@ class RunnerConfig:
     claim_tasks: bool = True
     agent_type: str = "scripted"
     env: dict[str, str] = field(default_factory=dict)
+    # In-process teammates tell their lead (same process) they are ready by this call instead
+    # of a message through the inboxes.
+    on_ready: Callable[[], None] | None = None
 
 
 class TeammateRunner:
@@ -138,9 +141,12 @@ class TeammateRunner:
             backend=cfg.backend,
             task_id=cfg.task_id,
         )
-        await self._to_lead(
-            "idle_notification", data={"idle_reason": "ready"}, text=f"{self.name} is ready"
-        )
+        if cfg.on_ready is not None:
+            cfg.on_ready()  # a lead in this very process: told directly
+        else:
+            await self._to_lead(
+                "idle_notification", data={"idle_reason": "ready"}, text=f"{self.name} is ready"
+            )
         self.ready.set()
         try:
             await self._serve()
@@ -268,11 +274,15 @@ class TeammateRunner:
         await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
 
     async def _work_on_next_task(self) -> bool:
+        directory = self.layout.tasklist_dir(self.team)
         try:
-            mtime = os.stat(self.layout.tasklist_dir(self.team)).st_mtime
+            mtime = os.stat(directory).st_mtime
         except FileNotFoundError:
             return False
         if mtime == self._tasklist_mtime:
+            return False
+        if not any(n.endswith(".json") for n in os.listdir(directory)):
+            self._tasklist_mtime = mtime  # an empty list: nothing to lock and read
             return False
         item = None
         with contextlib.suppress(ShoalError):
