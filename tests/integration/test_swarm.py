@@ -299,8 +299,16 @@ def test_worker_dying_at_start_is_reported(home: Path, monkeypatch: pytest.Monke
     loop.start()
     try:
         tasks = TaskList(Teams(Layout(home)), "t")
-        # The worker command of this spawn exits at once (as a broken install would).
-        monkeypatch.setattr("shoal.orchestrator.swarm.sys.executable", "/bin/false")
+        # The worker command of this spawn fails at start (as a broken install would), once
+        # the test has given the new member a task.
+        gate = home / "gate"
+        broken = home / "broken-python"
+        broken.write_text(
+            f"#!/bin/sh\nwhile [ ! -f {gate} ]; do sleep 0.02; done\n"
+            "echo 'ImportError: a broken install' >&2\nexit 3\n"
+        )
+        broken.chmod(0o755)
+        monkeypatch.setattr("shoal.orchestrator.swarm.sys.executable", str(broken))
         got: dict[str, Any] = {}
         done = threading.Event()
 
@@ -310,8 +318,10 @@ def test_worker_dying_at_start_is_reported(home: Path, monkeypatch: pytest.Monke
 
         leader.swarm.spawn({"name": "dud", "backend": "process"}, answer)
         item = tasks.add("for dud", owner="dud")
+        gate.touch()
         assert done.wait(30)
         assert got["result"] is None and "died at start" in str(got["error"])
+        assert "a broken install" in str(got["error"])
         assert states(home)["dud"] is MemberState.DEAD
         wait_until(lambda: tasks.get(item.id).owner is None)
         (teammate,) = leader.registry.get_task_by_type("in_process_teammate")
