@@ -149,11 +149,13 @@ class Inbox:
                 msg = decode(self.maildir.read("new", name))
             except FileNotFoundError:
                 continue  # claimed by another reader
-            except (DecodeError, UnsafePathError, OSError) as exc:
+            except (DecodeError, UnsafePathError) as exc:
                 reason = exc.reason if isinstance(exc, DecodeError) else str(exc)
                 self.maildir.quarantine("new", name, reason)
                 self.quarantined += 1
                 continue
+            except OSError:
+                continue  # a passing failure (EMFILE, EIO): the message stays for the next look
             prio = priority(msg, self.lead)
             self._cache[name] = (prio, msg)
             heapq.heappush(self._heap, (prio, name))
@@ -172,9 +174,9 @@ class Inbox:
             for name in self.maildir.claimed():
                 try:
                     msg = decode(self.maildir.read("cur", name))
-                except FileNotFoundError:
-                    continue
-                except (DecodeError, UnsafePathError, OSError) as exc:
+                except OSError:
+                    continue  # gone, or a passing failure: the next reader recovers it
+                except (DecodeError, UnsafePathError) as exc:
                     reason = exc.reason if isinstance(exc, DecodeError) else str(exc)
                     self.maildir.quarantine("cur", name, reason)
                     self.quarantined += 1
@@ -341,16 +343,24 @@ class Subscription:
         self.callback = callback
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shoal-inbox", daemon=True)
+        self.last_error: str | None = None
 
     def start(self) -> None:
         self.inbox.start()
         self._thread.start()
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.is_set():
-            delivery = self.inbox.receive(timeout=0.5)
-            if delivery is not None:
-                self.inbox.run_handler(self.callback, delivery)
+            try:
+                delivery = self.inbox.receive(timeout=0.5)
+                if delivery is not None:
+                    self.inbox.run_handler(self.callback, delivery)
+                failures = 0
+            except Exception as exc:  # the reader must outlive a full disk or a vanished dir
+                failures += 1
+                self.last_error = repr(exc)
+                self._stop.wait(min(5.0, 0.05 * 2**failures))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop after the message being handled (if any) is done."""

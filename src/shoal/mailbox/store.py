@@ -274,8 +274,12 @@ class Maildir:
     ) -> list[str]:
         """Remove stale `tmp/` files (dead writer, or older than `stale_after`); returns them."""
         now = time.time() if now is None else now
-        removed = []
-        for name in os.listdir(self.tmp):
+        removed: list[str] = []
+        try:
+            names = os.listdir(self.tmp)
+        except FileNotFoundError:
+            return removed  # the inbox is gone (team deleted)
+        for name in names:
             path = self.tmp / name
             try:
                 age = now - os.lstat(path).st_mtime

@@ -69,11 +69,11 @@ class TaskError(ShoalError):
     """A task request was refused (unknown task, already finished)."""
 
 
-def notification_id(task_id: str, end_time: float | None) -> str:
-    """A message id fixed by the task, so a notification re-sent after a crash is deduplicated."""
-    millis = int((end_time or 0) * 1000)
-    tail_bytes = hashlib.sha256(task_id.encode()).digest()[:10]
-    return str(ULID.from_bytes(millis.to_bytes(6, "big") + tail_bytes))
+def notification_id(task_id: str) -> str:
+    """A message id fixed by the task alone (a task ends once), so a notification re-sent after
+    a crash — even with another end time — is the same message and handled once."""
+    digest = hashlib.sha256(task_id.encode()).digest()
+    return str(ULID.from_bytes(digest[:16]))
 
 
 class Leader:
@@ -110,7 +110,8 @@ class Leader:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._pidfds: dict[str, int] = {}
         self._task_json: dict[str, tuple[AnyTaskState, orjson.Fragment]] = {}
-        self._exited: set[str] = set()  # keys whose pidfd said "exited" since the last pass
+        self._exited: set[str] = set()
+        self._step_errors: dict[str, str] = {}  # keys whose pidfd said "exited" since the last pass
         self._last_persist = 0.0
         self._last_release = 0.0
         self._identity = current_identity()
@@ -491,29 +492,44 @@ class Leader:
         self._stopping = True
         self.wake()
 
+    def _step(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one step of a pass; a failure (a full disk, a broken team file) is reported and
+        the leader carries on, rather than taking every task down with it."""
+        try:
+            fn()
+        except Exception as exc:
+            message = f"{name} failed: {exc!r}"
+            if self._step_errors.get(name) != message:  # once per new error, not every pass
+                self._step_errors[name] = message
+                with contextlib.suppress(Exception):
+                    self.note(message)
+        else:
+            self._step_errors.pop(name, None)
+
     def quick_tick(self) -> None:
         """The steps that must not wait for the next full tick: reap, notify, start, persist."""
-        self.reap(only_signalled=True)
-        self.swarm.check()
-        self.notify()
-        self.evict(time.time())
-        self.start_pending()
-        self.persist()
+        now = time.time()
+        self._step("reap", lambda: self.reap(only_signalled=True))
+        self._step("teammates", self.swarm.check)
+        self._step("notify", self.notify)
+        self._step("evict", lambda: self.evict(now))
+        self._step("start", self.start_pending)
+        self._step("persist", self.persist)
 
     def tick(self) -> None:
         """One full supervisor pass."""
         now = time.time()
-        self.reap()
-        self.swarm.check()
-        self.record_start_times()
-        self.read_output()
-        self.check_stalls(now)
-        self.cleanup_orphans()
-        self.release_orphaned_tasks(now)
-        self.notify()
-        self.evict(now)
-        self.start_pending()
-        self.persist()
+        self._step("reap", self.reap)
+        self._step("teammates", self.swarm.check)
+        self._step("start times", self.record_start_times)
+        self._step("output", self.read_output)
+        self._step("stall check", lambda: self.check_stalls(now))
+        self._step("orphan cleanup", self.cleanup_orphans)
+        self._step("task list", lambda: self.release_orphaned_tasks(now))
+        self._step("notify", self.notify)
+        self._step("evict", lambda: self.evict(now))
+        self._step("start", self.start_pending)
+        self._step("persist", self.persist)
 
     def reap(self, *, only_signalled: bool = False) -> None:
         """Finish tasks whose process has ended, with their exit code.
@@ -698,7 +714,7 @@ class Leader:
                 final,
                 text,
                 status=final.status.value,
-                msg_id=notification_id(final.id, final.end_time),
+                msg_id=notification_id(final.id),
             )
             self.emit(
                 {
@@ -751,7 +767,7 @@ class Leader:
                 self.swarm.on_message(msg)
             self.wake()
             return
-        if msg.data.op == "spawn":
+        if msg.data.op == "spawn" and not self._stopping:
             self._spawn_later(msg)
             return
         request_id = msg.data.request_id
@@ -839,6 +855,8 @@ class Leader:
 
     def handle_control(self, op: str, args: dict[str, Any]) -> Any:
         """Carry out one control request; returns JSON-able data or raises ShoalError."""
+        if self._stopping and op in ("sh", "spawn"):
+            raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
         if op == "ping":
             return {"session_id": self.session.id, "pid": os.getpid()}
         if op == "sh":
