@@ -370,3 +370,14 @@ def test_spawn_several_in_one_batch(cli: Cli, leader: LeaderProc, home: Path) ->
     taken = cli("spawn", "--team", "t", "--backend", "in-process", "y2", "x1")
     assert taken.returncode == 1 and "x1" in taken.stderr
     assert "y2" not in states(home)  # checked before anything started
+
+
+def test_down_after_a_leader_crash_stops_its_teammates(cli: Cli, home: Path) -> None:
+    leader = LeaderProc(home)
+    info = spawn(cli, "orphan", "--backend", "process")
+    leader.kill9()
+    out = cli("down", "--team", "t", "--json")
+    assert out.returncode == 0, out.stderr
+    assert info["task_id"] in json.loads(out.stdout)["killed_orphans"]
+    wait_until(lambda: not is_alive(info["pid"], None))
+    assert states(home)["orphan"] is MemberState.DEAD

@@ -16,7 +16,7 @@ from shoal.cli.common import (
     print_json,
     print_json_line,
 )
-from shoal.core.errors import EXIT_INTERRUPTED, UsageError
+from shoal.core.errors import EXIT_INTERRUPTED, ConflictError, UsageError
 from shoal.core.names import validate_name
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import send as route_send
@@ -143,15 +143,26 @@ def inbox(
             for m in msgs:
                 click.echo(_message_text(m))
         return
+    if name == LEAD_NAME:
+        from shoal.orchestrator.leader import leader_alive
+
+        if leader_alive(env.layout, team) is not None:
+            raise ConflictError(
+                f"the leader of team {team!r} reads {LEAD_NAME}'s inbox (its control channel); "
+                "use --peek to look without taking, or `shoal events` for what it received"
+            )
     if not follow and not listen:
-        out = []
-        for m in box.iterate(timeout=0):
-            if as_json:
-                out.append(_message_json(m))
-            else:
-                click.echo(_message_text(m))
+        taken = []
+        while (delivery := box.receive(timeout=0)) is not None:
+            taken.append(delivery)
         if as_json:
-            print_json(out)
+            print_json([_message_json(d.message) for d in taken])
+        else:
+            for d in taken:
+                click.echo(_message_text(d.message))
+        sys.stdout.flush()
+        for d in taken:  # acked once printed: a failed print leaves them to be read again
+            box.ack(d)
         return
     listener = None
     if listen:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -49,6 +50,16 @@ class ShoalGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("shoal: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as exc:  # a bug: one line, the traceback on request
+            if os.environ.get("SHOAL_DEBUG"):
+                raise
+            click.echo(
+                f"shoal: internal error: {exc!r} (run with SHOAL_DEBUG=1 for the traceback)",
+                err=True,
+            )
+            sys.exit(1)
 
 
 @click.group(cls=ShoalGroup, context_settings={"help_option_names": ["-h", "--help"]})

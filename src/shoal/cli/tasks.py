@@ -49,6 +49,12 @@ def _find(session: Session, task_id: str) -> dict[str, Any]:
     return task
 
 
+def _leader_runs(session: Session) -> bool:
+    from shoal.orchestrator.leader import leader_alive
+
+    return leader_alive(session.layout, session.team_name()) is not None
+
+
 def _age(task: dict[str, Any]) -> str:
     end = task.get("end_time") or time.time()
     secs = max(0.0, end - task.get("start_time", end))
@@ -215,6 +221,11 @@ def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
             return task
         time.sleep(POLL_S)
         task = _find(session, task_id)
+        if not is_terminal_task_status(task["status"]) and not _leader_runs(session):
+            raise ShoalError(
+                f"the leader of team {session.team_name()!r} is not running, so task "
+                f"{task_id} cannot finish; start it with `shoal up`"
+            )
 
 
 @click.command()

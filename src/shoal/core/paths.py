@@ -7,11 +7,14 @@ a symlink, so a planted link can never redirect a write.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
-from shoal.core.errors import UnsafePathError
+from shoal.core.errors import UnsafePathError, UsageError
 from shoal.core.names import validate_name
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -99,6 +102,8 @@ class Layout:
         return self.team_dir(team) / "worktrees"
 
     def session_dir(self, session: str) -> Path:
+        if not SESSION_ID.fullmatch(session):
+            raise UsageError(f"invalid session id {session!r} (letters, digits, '-' and '_')")
         return self.sessions_dir / session
 
     def ensure(self, path: Path) -> Path:

@@ -102,7 +102,9 @@ def _maildir(inbox: Path) -> Maildir:
             still = False
         if still:
             return opened
-    opened = _OPENED[inbox] = Maildir.open(inbox)
+    opened = Maildir.open(inbox)
+    if inbox.parent.name != "replies":  # one-off reply inboxes are not worth remembering
+        _OPENED[inbox] = opened
     return opened
 
 

@@ -52,7 +52,7 @@ from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.session import Session, SessionState
 from shoal.orchestrator.swarm import Swarm
-from shoal.teams.models import LEAD_NAME
+from shoal.teams.models import LEAD_NAME, TeamFile
 from shoal.teams.store import MemberState, Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
@@ -126,18 +126,31 @@ class Leader:
         """Become the team's leader: resume its last session or begin a new one."""
         if not self.teams.exists(self.team):
             self.teams.create(self.team)
-        tf = self.teams.read(self.team)
-        lead = tf.member(LEAD_NAME)
         me, my_start = self._identity
-        if (
-            lead is not None
-            and lead.pid not in (None, me)
-            and is_alive(lead.pid, lead.pid_started_at)
-        ):
-            raise ConflictError(
-                f"a leader already runs for team {self.team!r} (pid {lead.pid}); "
-                f"stop it with `shoal down --team {self.team}`"
+
+        def claim(tf: TeamFile) -> TeamFile:
+            # Checked and taken under the team file's lock: two `shoal up` at once, one leader.
+            lead = tf.member(LEAD_NAME)
+            if lead is None:
+                raise CorruptFileError(self.layout.team_file(self.team), "it lists no team-lead")
+            if lead.pid not in (None, me) and is_alive(lead.pid, lead.pid_started_at):
+                raise ConflictError(
+                    f"a leader already runs for team {self.team!r} (pid {lead.pid}); "
+                    f"stop it with `shoal down --team {self.team}`"
+                )
+            return tf.with_member(
+                lead.model_copy(
+                    update={
+                        "pid": me,
+                        "pid_started_at": my_start,
+                        "backend": "leader",
+                        "cwd": os.getcwd(),
+                    }
+                )
             )
+
+        tf = self.teams.update(self.team, claim)
+        _raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
         session_id = tf.lead_session_id
         resumed = False
         if session_id and Session(self.layout, session_id).state_file.exists():
@@ -155,9 +168,6 @@ class Leader:
             self.session = Session(self.layout, _new_session_id()).ensure()
         self.teams.update(
             self.team, lambda t: t.model_copy(update={"lead_session_id": self.session.id})
-        )
-        self.teams.update_member(
-            self.team, LEAD_NAME, pid=me, pid_started_at=my_start, backend="leader", cwd=os.getcwd()
         )
         self.persist(force=True)
         self.emit(
@@ -913,6 +923,17 @@ class Leader:
         for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _raise_fd_limit(want: int = 65536) -> None:
+    """Raise this process's soft limit of open files towards the hard limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _new_session_id() -> str:

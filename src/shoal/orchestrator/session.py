@@ -75,6 +75,10 @@ class Session:
     def output_file(self, task_id: str) -> Path:
         return self.tasks_dir / f"{task_id}.output"
 
+    def team_name(self) -> str:
+        """The team this session belongs to (from its state)."""
+        return self.read_state().team
+
     def ensure(self) -> Session:
         """Create the session directories (0700, no symlinks)."""
         for sub in ("tasks", "transcripts", "remote"):

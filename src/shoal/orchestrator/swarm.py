@@ -320,10 +320,13 @@ class Swarm:
             leader.mark_dirty()
         try:
             handle = plan.backend.spawn(spec)
-        except ShoalError as exc:
+        except Exception as exc:  # whatever the backend raised, the task must not hang
+            error = exc if isinstance(exc, ShoalError) else ShoalError(
+                f"cannot start teammate {plan.name!r} with backend {plan.backend.name}: {exc!r}"
+            )
             with leader.lock:
-                leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(exc))
-            collector.done(plan.name, None, exc)
+                leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(error))
+            collector.done(plan.name, None, error)
             return
         self._backends[plan.backend.name] = plan.backend
         with leader.lock:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shoal.core.names import NAME_PATTERN
+from shoal.core.paths import SESSION_ID
 
 LEAD_NAME = "team-lead"
 
@@ -73,6 +74,13 @@ class TeamFile(_Frozen):
     def _valid_team_name(cls, value: str) -> str:
         if not NAME_PATTERN.fullmatch(value):
             raise ValueError(f"invalid team name {value!r}")
+        return value
+
+    @field_validator("lead_session_id")
+    @classmethod
+    def _valid_session(cls, value: str | None) -> str | None:
+        if value is not None and not SESSION_ID.fullmatch(value):
+            raise ValueError(f"invalid session id {value!r}")
         return value
 
     def member(self, name: str) -> Member | None:

@@ -243,6 +243,12 @@ class Teams:
         terminated.
         """
         tf = self.read(team)
+        lead = tf.member(LEAD_NAME)
+        if lead is not None and is_alive(lead.pid, lead.pid_started_at):
+            raise ConflictError(
+                f"the leader of team {team!r} is running (pid {lead.pid}); "
+                f"stop it first with `shoal down --team {team}`"
+            )
         alive = [v.member for v in self.members(team) if v.alive and v.member.name != LEAD_NAME]
         if alive and not force:
             names = ", ".join(m.name for m in alive)

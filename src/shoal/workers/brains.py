@@ -283,7 +283,10 @@ class ScriptedBrain:
                 if code != 0 and not step.args.get("allow_fail"):
                     return TurnResult(False, f"command failed with exit code {code}: {tail}", count)
             elif step.kind == "write":
-                target = Path(ctx.cwd) / render(step.args["path"], ctx)
+                base = Path(ctx.cwd).resolve()
+                target = (base / render(step.args["path"], ctx)).resolve()
+                if not target.is_relative_to(base):
+                    return TurnResult(False, f"refused to write {target}: outside {base}", count)
                 target.write_text(render(step.args["text"], ctx))
                 result = f"wrote {target}"
             elif step.kind == "send":

@@ -25,7 +25,11 @@ from shoal.core.paths import Layout
 from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
 from shoal.mailbox.inbox import Delivery, Inbox
 from shoal.mailbox.router import send
-from shoal.mailbox.schema import AnyMessage, PlanApprovalResponseMessage
+from shoal.mailbox.schema import (
+    AnyMessage,
+    PlanApprovalResponseMessage,
+    TaskAssignmentMessage,
+)
 from shoal.mailbox.store import Maildir
 from shoal.mailbox.watcher import Watcher, shared_watcher
 from shoal.teams.models import LEAD_NAME
@@ -39,6 +43,8 @@ SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"}
 # changed). Changes wake it at once through the watcher; this is the safety net.
 IDLE_RECHECK_S = 10.0
 RECENT_ACTIVITIES = 5
+# Message texts kept in the status file (for views) are cut to this many characters.
+STATUS_TEXT_CAP = 500
 # A task whose turn failed this many times is no longer claimed automatically.
 MAX_TASK_FAILURES = 3
 
@@ -207,8 +213,13 @@ class TeammateRunner:
     # -- messages ----------------------------------------------------------------------------
 
     def _remember(self, msg: AnyMessage) -> None:
+        text = (
+            msg.text
+            if msg.text is None or len(msg.text) <= STATUS_TEXT_CAP
+            else (msg.text[:STATUS_TEXT_CAP] + "…")
+        )
         self._messages.append(
-            {"from": msg.from_, "kind": msg.kind, "text": msg.text, "sent_at": msg.sent_at}
+            {"from": msg.from_, "kind": msg.kind, "text": text, "sent_at": msg.sent_at}
         )
 
     async def _handle(self, delivery: Delivery) -> None:
@@ -216,16 +227,26 @@ class TeammateRunner:
         msg = delivery.message
         self._remember(msg)
         try:
-            if msg.kind in SIDE_KINDS:
-                await self._handle_side(msg)
-            elif msg.kind == "task_assignment":
-                task_id = msg.data.task_id  # type: ignore[attr-defined]
-                await self._assigned(int(task_id))
-            elif msg.kind == "text":
-                await self._run_turn(msg.text or msg.summary or "", None)
-            self._set_status(messages=list(self._messages))
+            await self._dispatch(msg)
+        except Exception as exc:  # one bad message must not end the teammate
+            await self._to_lead(
+                "text",
+                text=f"{self.name} could not handle a {msg.kind} message from {msg.from_}: {exc!r}",
+            )
         finally:
             self._inbox.ack(delivery)
+
+    async def _dispatch(self, msg: AnyMessage) -> None:
+        if msg.kind in SIDE_KINDS:
+            await self._handle_side(msg)
+        elif isinstance(msg, TaskAssignmentMessage):
+            task_id = msg.data.task_id
+            if isinstance(task_id, str) and not task_id.isdigit():
+                raise ValueError(f"task id {task_id!r} is not a task-list id")
+            await self._assigned(int(task_id))
+        elif msg.kind == "text":
+            await self._run_turn(msg.text or msg.summary or "", None)
+        self._set_status(messages=list(self._messages))
 
     async def _handle_side(self, msg: AnyMessage) -> None:
         if isinstance(msg, PlanApprovalResponseMessage):
