@@ -359,3 +359,15 @@ def test_sh_batch_starts_one_task_per_line(cli: Cli, leader: LeaderProc, tmp_pat
     assert both.returncode == 2
     from_stdin = cli("sh", "--team", "t", "--batch", "-", input="echo piped\n")
     assert from_stdin.returncode == 0 and len(from_stdin.stdout.split()) == 1
+
+
+def test_team_delete_and_lead_inbox_are_guarded_while_the_leader_runs(
+    cli: Cli, leader: LeaderProc
+) -> None:
+    refused = cli("team", "delete", "t", "--force")
+    assert refused.returncode == 1 and "shoal down" in refused.stderr
+    taking = cli("inbox", "team-lead", "--team", "t")
+    assert taking.returncode == 1 and "--peek" in taking.stderr
+    assert cli("inbox", "team-lead", "--team", "t", "--peek").returncode == 0
+    # The leader still answers (nothing of its control channel was taken).
+    assert cli("sh", "--team", "t", "--", "true").returncode == 0

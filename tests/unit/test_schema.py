@@ -107,3 +107,42 @@ def test_decode_gives_the_kind_model() -> None:
     back = decode(encode(msg))
     assert isinstance(back, ShutdownRequestMessage)
     assert back.data.request_id == "r9"
+
+
+def test_scripted_write_stays_inside_the_working_directory(tmp_path: object) -> None:
+    import asyncio
+    from pathlib import Path
+
+    from shoal.workers.brains import Script, ScriptedBrain, TurnContext
+
+    base = Path(str(tmp_path))
+    work = base / "work"
+    work.mkdir()
+
+    async def nothing(*_a: object) -> None:
+        return None
+
+    async def approve(_plan: str) -> tuple[bool, str | None]:
+        return True, None
+
+    def turn(path: str) -> tuple[bool, str]:
+        brain = ScriptedBrain(Script.parse({"step": [{"write": path, "text": "x"}]}))
+        ctx = TurnContext(
+            name="a",
+            team="t",
+            prompt="p",
+            cwd=str(work),
+            output_file=base / "out",
+            task=None,
+            send=nothing,
+            update_task=nothing,
+            approve_plan=approve,
+            activity=lambda _t: None,
+        )
+        result = asyncio.run(brain.turn(ctx))
+        return result.ok, result.result
+
+    assert turn("inside.txt")[0] and (work / "inside.txt").read_text() == "x"
+    ok, why = turn("../escape.txt")
+    assert not ok and "outside" in why and not (base / "escape.txt").exists()
+    assert not turn("/tmp/abs-escape-shoal.txt")[0]
