@@ -1220,6 +1220,70 @@ def bench_leader(cfg: Config) -> SectionResult:
     return result
 
 
+@section("run", "shoal run: a batch spec")
+def bench_run(cfg: Config) -> SectionResult:
+    n = 300 if cfg.quick else 1000
+    result = SectionResult()
+    spec = cfg.workdir / "bench-run.toml"
+    spec.write_text(
+        '[run]\nteam = "benchrun"\njobs = 2\n\n'
+        + "".join(f'[[task]]\nid = "t{i}"\nrun = "true"\n\n' for i in range(n))
+    )
+    cmds = cfg.workdir / "run-cmds.txt"
+    cmds.write_text("true\n" * n)
+    home = cfg.workdir / "run-home"
+    joblog = cfg.workdir / "run.joblog"
+    shoal_s = []
+    for _ in range(cfg.repeats):
+        t0 = time.perf_counter()
+        _shoal_cli(home, "run", str(spec), "--jobs", "2", "--joblog", str(joblog))
+        shoal_s.append(time.perf_counter() - t0)
+    xargs_s = [
+        _timed(["xargs", "-P2", "-I{}", "sh", "-c", "{}"], stdin_path=cmds)
+        for _ in range(cfg.repeats)
+    ]
+    best = min(shoal_s)
+    result.rows.append(
+        Row(
+            f"{n}-task spec at --jobs 2 (with --joblog) vs xargs -P2",
+            "s",
+            best,
+            min(xargs_s),
+            "lower",
+            "<= 2x",
+            best <= 2 * min(xargs_s),
+        )
+    )
+    parallel = shutil.which("parallel")
+    if parallel:
+        par_s = [
+            _timed(
+                [parallel, "-j2", "--joblog", str(cfg.workdir / "par.joblog")],
+                stdin_path=cmds,
+                stdout=subprocess.DEVNULL,
+            )
+            for _ in range(cfg.repeats)
+        ]
+        result.rows.append(
+            Row(
+                f"{n}-task spec vs GNU parallel -j2 --joblog",
+                "s",
+                best,
+                min(par_s),
+                "lower",
+                "< 1x",
+                best < min(par_s),
+            )
+        )
+    else:
+        result.notes.append("GNU parallel is not installed (apt-get install parallel)")
+    result.notes.append(
+        "shoal's time is the whole `shoal run` process: start-up, its own "
+        "leader, the joblog, the run record and the report"
+    )
+    return result
+
+
 def _bare_pythons(n: int) -> float:
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(n)]
