@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Any
 import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
-from shoal.core.errors import ShoalError
+from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
 from shoal.core.paths import Layout
 from shoal.core.procs import terminate
 
@@ -93,7 +94,13 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
 
     leader = Leader(layout, team, jobs=jobs, on_event=show)
     cleanup = CleanupRegistry()
-    cleanup.install_signals(lambda _sig: leader.request_stop())
+    interrupted: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        interrupted.append(signum)
+        leader.request_stop()
+
+    cleanup.install_signals(on_signal)
     leader.start()
     cleanup.register("leader", leader.shutdown)
     click.echo(
@@ -119,6 +126,8 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
         leader.run()
     finally:
         cleanup.run_all()
+    if signal.SIGINT in interrupted:
+        sys.exit(EXIT_INTERRUPTED)  # Ctrl-C; `shoal down` and SIGTERM are a normal stop
 
 
 def _offer_tmux_status(layout: Layout, team: str) -> None:
