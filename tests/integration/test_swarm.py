@@ -341,8 +341,13 @@ def test_teammates_outlive_a_crashed_leader_and_are_adopted(cli: Cli, home: Path
     assert is_alive(info["pid"], None)
     second = LeaderProc(home)
     try:
-        notes = [e.get("text", "") for e in events(home) if e.get("subtype") == "note"]
-        assert any("adopted teammate ada" in n for n in notes)
+        wait_until(
+            lambda: any(
+                "adopted teammate ada" in e.get("text", "")
+                for e in events(home)
+                if e.get("subtype") == "note"
+            )
+        )
         assert cli("send", "--team", "t", "ada", "still there?").returncode == 0
         wait_until(
             lambda: any(
