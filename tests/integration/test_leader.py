@@ -16,7 +16,7 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
-from shoal.orchestrator.leader import leader_alive
+from shoal.orchestrator.leader import leader_alive, leader_ready
 from shoal.orchestrator.session import current_session
 from tests.conftest import Cli, group_gone, wait_until
 
@@ -50,10 +50,7 @@ class LeaderProc:
         )
         layout = Layout(home)
         wait_until(
-            lambda: (
-                self.proc.poll() is not None
-                or (leader_alive(layout, team) or (0,))[0] == self.proc.pid
-            ),
+            lambda: self.proc.poll() is not None or leader_ready(layout, team) == self.proc.pid,
             timeout=30,
         )
         assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""

@@ -149,7 +149,7 @@ def _offer_tmux_status(layout: Layout, team: str) -> None:
 
 
 def _detach(layout: Layout, team: str, jobs: int) -> None:
-    from shoal.orchestrator.leader import leader_alive
+    from shoal.orchestrator.leader import leader_alive, leader_ready
 
     running = leader_alive(layout, team)
     if running is not None:
@@ -177,8 +177,7 @@ def _detach(layout: Layout, team: str, jobs: int) -> None:
         )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        alive = leader_alive(layout, team)
-        if alive is not None and alive[0] == proc.pid:
+        if leader_ready(layout, team) == proc.pid:
             click.echo(
                 f"leader of team {team} running in the background (pid {proc.pid}); log: {log_path}"
             )

@@ -321,8 +321,12 @@ class Swarm:
         try:
             handle = plan.backend.spawn(spec)
         except Exception as exc:  # whatever the backend raised, the task must not hang
-            error = exc if isinstance(exc, ShoalError) else ShoalError(
-                f"cannot start teammate {plan.name!r} with backend {plan.backend.name}: {exc!r}"
+            error = (
+                exc
+                if isinstance(exc, ShoalError)
+                else ShoalError(
+                    f"cannot start teammate {plan.name!r} with backend {plan.backend.name}: {exc!r}"
+                )
             )
             with leader.lock:
                 leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(error))
