@@ -1107,6 +1107,43 @@ def _cpu_percent(pids: list[int], seconds: float) -> float:
     return (total() - before) / seconds * 100
 
 
+def _against_xargs_and_parallel(
+    cfg: Config, result: SectionResult, what: str, shoal_s: float, cmds: Path
+) -> None:
+    """Rows of shoal's best time for the commands in `cmds` beside `xargs -P2` (target: within
+    2x) and GNU parallel `-j2 --joblog` (target: faster), each timed on the same commands."""
+    xargs_s = min(
+        _timed(["xargs", "-P2", "-I{}", "sh", "-c", "{}"], stdin_path=cmds)
+        for _ in range(cfg.repeats)
+    )
+    result.rows.append(
+        Row(f"{what} vs xargs -P2", "s", shoal_s, xargs_s, "lower", "<= 2x", shoal_s <= 2 * xargs_s)
+    )
+    parallel = shutil.which("parallel")
+    if parallel is None:
+        result.notes.append("GNU parallel is not installed (apt-get install parallel)")
+        return
+    par_s = min(
+        _timed(
+            [parallel, "-j2", "--joblog", str(cfg.workdir / "parallel.joblog")],
+            stdin_path=cmds,
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(cfg.repeats)
+    )
+    result.rows.append(
+        Row(
+            f"{what} vs GNU parallel -j2 --joblog",
+            "s",
+            shoal_s,
+            par_s,
+            "lower",
+            "< 1x",
+            shoal_s < par_s,
+        )
+    )
+
+
 @section("leader", "leader: background shell tasks")
 def bench_leader(cfg: Config) -> SectionResult:
     n = 300 if cfg.quick else 1000
@@ -1122,49 +1159,9 @@ def bench_leader(cfg: Config) -> SectionResult:
             _shoal_cli(home, "sh", "--team", "bench", "--batch", str(cmds))
             _shoal_cli(home, "wait", "--team", "bench")
             shoal_s.append(time.perf_counter() - t0)
-        xargs_s = [
-            _timed(["xargs", "-P2", "-I{}", "sh", "-c", "{}"], stdin_path=cmds)
-            for _ in range(cfg.repeats)
-        ]
-        parallel = shutil.which("parallel")
-        par_s = (
-            [
-                _timed(
-                    [parallel, "-j2", "--joblog", str(cfg.workdir / "joblog")],
-                    stdin_path=cmds,
-                    stdout=subprocess.DEVNULL,
-                )
-                for _ in range(cfg.repeats)
-            ]
-            if parallel
-            else []
+        _against_xargs_and_parallel(
+            cfg, result, f"{n} `true` tasks at --jobs 2", min(shoal_s), cmds
         )
-        best = min(shoal_s)
-        result.rows.append(
-            Row(
-                f"{n} `true` tasks at --jobs 2 vs xargs -P2",
-                "s",
-                best,
-                min(xargs_s),
-                "lower",
-                "<= 2x",
-                best <= 2 * min(xargs_s),
-            )
-        )
-        if par_s:
-            result.rows.append(
-                Row(
-                    f"{n} `true` tasks at --jobs 2 vs GNU parallel -j2",
-                    "s",
-                    best,
-                    min(par_s),
-                    "lower",
-                    "< 1x",
-                    best < min(par_s),
-                )
-            )
-        else:
-            result.notes.append("GNU parallel is not installed (apt-get install parallel)")
         result.notes.append(
             "shoal's time includes two CLI calls (sh --batch, wait) and the "
             "leader's state, event and history writes for every task"
@@ -1238,45 +1235,9 @@ def bench_run(cfg: Config) -> SectionResult:
         t0 = time.perf_counter()
         _shoal_cli(home, "run", str(spec), "--jobs", "2", "--joblog", str(joblog))
         shoal_s.append(time.perf_counter() - t0)
-    xargs_s = [
-        _timed(["xargs", "-P2", "-I{}", "sh", "-c", "{}"], stdin_path=cmds)
-        for _ in range(cfg.repeats)
-    ]
-    best = min(shoal_s)
-    result.rows.append(
-        Row(
-            f"{n}-task spec at --jobs 2 (with --joblog) vs xargs -P2",
-            "s",
-            best,
-            min(xargs_s),
-            "lower",
-            "<= 2x",
-            best <= 2 * min(xargs_s),
-        )
+    _against_xargs_and_parallel(
+        cfg, result, f"{n}-task spec at --jobs 2 (with --joblog)", min(shoal_s), cmds
     )
-    parallel = shutil.which("parallel")
-    if parallel:
-        par_s = [
-            _timed(
-                [parallel, "-j2", "--joblog", str(cfg.workdir / "par.joblog")],
-                stdin_path=cmds,
-                stdout=subprocess.DEVNULL,
-            )
-            for _ in range(cfg.repeats)
-        ]
-        result.rows.append(
-            Row(
-                f"{n}-task spec vs GNU parallel -j2 --joblog",
-                "s",
-                best,
-                min(par_s),
-                "lower",
-                "< 1x",
-                best < min(par_s),
-            )
-        )
-    else:
-        result.notes.append("GNU parallel is not installed (apt-get install parallel)")
     result.notes.append(
         "shoal's time is the whole `shoal run` process: start-up, its own "
         "leader, the joblog, the run record and the report"

@@ -49,12 +49,6 @@ def _find(session: Session, task_id: str) -> dict[str, Any]:
     return task
 
 
-def _leader_runs(session: Session) -> bool:
-    from shoal.orchestrator.leader import leader_alive
-
-    return leader_alive(session.layout, session.team_name()) is not None
-
-
 def _age(task: dict[str, Any]) -> str:
     end = task.get("end_time") or time.time()
     secs = max(0.0, end - task.get("start_time", end))
@@ -198,6 +192,9 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
 
 
 def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
+    from shoal.orchestrator.leader import leader_alive
+
+    team: str | None = None
     """Print the task's output (following it while it runs when `stream`); the final record."""
     task = _find(session, task_id)
     path = task["output_file"]
@@ -221,9 +218,13 @@ def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
             return task
         time.sleep(POLL_S)
         task = _find(session, task_id)
-        if not is_terminal_task_status(task["status"]) and not _leader_runs(session):
+        if team is None:
+            team = session.team_name()  # read once, only when following
+        if not is_terminal_task_status(task["status"]) and (
+            leader_alive(session.layout, team) is None
+        ):
             raise ShoalError(
-                f"the leader of team {session.team_name()!r} is not running, so task "
+                f"the leader of team {team!r} is not running, so task "
                 f"{task_id} cannot finish; start it with `shoal up`"
             )
 

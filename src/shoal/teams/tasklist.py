@@ -277,6 +277,15 @@ class TaskList:
                 continue
         return snap
 
+    def _existing(self, snap: TaskSnapshot, task_id: int) -> TaskItem:
+        """Task `task_id` of `snap`; its file's error if corrupt, NotFoundError if absent."""
+        if task_id in snap.errors:
+            raise snap.errors[task_id]
+        item = snap.items.get(task_id)
+        if item is None:
+            raise NotFoundError(f"no task {task_id} in team {self.team!r} (see `shoal task list`)")
+        return item
+
     def get(self, task_id: int) -> TaskItem:
         """Task `task_id`; NotFoundError naming id and team, CorruptFileError naming the file."""
         _check_id(task_id)
@@ -468,13 +477,7 @@ class TaskList:
         wanted_blocks = list(add_blocks)
         with self._locked() as directory:
             snap = self._snapshot(directory)
-            if task_id in snap.errors:
-                raise snap.errors[task_id]
-            old = snap.items.get(task_id)
-            if old is None:
-                raise NotFoundError(
-                    f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
-                )
+            old = self._existing(snap, task_id)
             changes: dict[str, Any] = {}
             if status is not None:
                 changes["status"] = status
@@ -560,13 +563,7 @@ class TaskList:
         _check_id(task_id)
         with self._locked() as directory:
             snap = self._snapshot(directory)
-            if task_id in snap.errors:
-                raise snap.errors[task_id]
-            item = snap.items.get(task_id)
-            if item is None:
-                raise NotFoundError(
-                    f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
-                )
+            item = self._existing(snap, task_id)
             self._raise_highwatermark(directory, task_id)
             os.unlink(directory / f"{task_id}.json")
             for other in snap.sorted():
@@ -599,13 +596,7 @@ class TaskList:
         self._check_member(name)
         with self._locked() as directory:
             snap = self._snapshot(directory)
-            if task_id in snap.errors:
-                raise snap.errors[task_id]
-            item = snap.items.get(task_id)
-            if item is None:
-                raise NotFoundError(
-                    f"no task {task_id} in team {self.team!r} (see `shoal task list`)"
-                )
+            item = self._existing(snap, task_id)
             _check_claim(snap, item, name, check_busy)
             if item.owner == name and item.status == "in_progress":
                 return item
