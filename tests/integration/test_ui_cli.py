@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -124,7 +125,15 @@ def _run_in_pty(argv: list[str], env: dict[str, str], until: bytes) -> bytes:
                     break
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        # Keep draining the terminal while it exits: its last redraw must not block on a full
+        # pty buffer.
+        stop_by = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < stop_by:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                with contextlib.suppress(OSError):
+                    os.read(master, 65536)
+        proc.wait(timeout=5)
         os.close(master)
     return out
 
@@ -158,7 +167,7 @@ def test_ui_needs_a_terminal(cli: Cli, layout: Layout) -> None:
 def tmux_socket(tmp_path: Path) -> Iterator[str]:
     """A tmux server of our own (its own socket), killed at teardown."""
     if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
+        pytest.fail("tmux is not installed (.ci/run installs it)")
     sock = str(tmp_path / "tmux.sock")
     subprocess.run(
         ["tmux", "-S", sock, "-f", "/dev/null", "new-session", "-d", "-s", "t"], check=True
