@@ -161,8 +161,13 @@ def demo(backend: str | None) -> None:
     from shoal.orchestrator.demo import run_demo, tmux_available
 
     env = get_env(click.get_current_context())
-    chosen = backend or ("tmux" if tmux_available() else "process")
-    result = run_demo(env.layout, backend=chosen, cwd=os.getcwd(), say=click.echo)
+    if backend is not None:
+        chosen, why = backend, "asked for with --backend"
+    elif tmux_available():
+        chosen, why = "tmux", "tmux is installed: panes of a dedicated tmux server"
+    else:
+        chosen, why = "process", "tmux is not installed: background processes"
+    result = run_demo(env.layout, backend=chosen, cwd=os.getcwd(), say=click.echo, why=why)
     click.echo("")
     click.echo(
         f"done in {result.seconds:.1f}s with backend {result.backend}; "

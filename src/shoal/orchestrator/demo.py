@@ -118,6 +118,7 @@ def run_demo(
     cwd: str,
     say: Callable[[str], None] = print,
     timeout: float = DEMO_TIMEOUT_S,
+    why: str | None = None,
 ) -> DemoResult:
     """Run the demo in `cwd`; raises ShoalError if it cannot finish in `timeout` seconds."""
     started = time.monotonic()
@@ -171,7 +172,8 @@ def run_demo(
                 raise ShoalError(f"teammate {name} did not become ready")
             if answer["error"] is not None:
                 raise answer["error"]
-            result.backend, result.why = answer["result"]["backend"], answer["result"]["why"]
+            result.backend = answer["result"]["backend"]
+            result.why = why or answer["result"]["why"]
         tasklist = TaskList(teams, team)
         ids: dict[str, int] = {}
         for i, spec in enumerate(_tasks(scratch)):

@@ -1,0 +1,56 @@
+"""`shoal demo`: the README's first command, end to end with real teammates."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli
+
+
+@pytest.mark.parametrize("backend", ["process", "tmux"])
+def test_demo_does_real_work_and_leaves_nothing(
+    cli: Cli, home: Path, tmp_path: Path, backend: str
+) -> None:
+    work = tmp_path / "project"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "a.py").write_text("x = 1  # TODO: more\n" * 3)
+    (work / "src" / "b.py").write_text("y = 2\n")
+    (work / "notes.md").write_text("# FIXME later\n")
+    socket = f"shoal-demo-{tmp_path.name}"
+    out = subprocess.run(
+        [sys.executable, "-m", "shoal", "demo", "--backend", backend],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SHOAL_HOME": str(home), "SHOAL_TMUX_SOCKET": socket},
+    )
+    assert out.returncode == 0, out.stderr
+    for who in ("ana", "ben", "cai"):
+        assert f"{who} is ready" in out.stdout
+    assert f"with backend {backend}" in out.stdout
+    for subject in (
+        "List the files",
+        "Count files per extension",
+        "Find the largest files",
+        "Count TODO and FIXME markers",
+        "Write the report",
+    ):
+        assert subject in out.stdout
+    assert "2 py" in out.stdout  # the report: two .py files found
+    assert "a.py:3" in out.stdout  # three marker lines in a.py
+    assert "no teammate process or pane is left" in out.stdout
+    assert json.loads(cli("team", "list", "--json").stdout) == []
+    workers = subprocess.run(["pgrep", "-f", f"--home {home} worker"], capture_output=True)
+    assert workers.stdout == b""
+    if backend == "tmux":
+        gone = subprocess.run(["tmux", "-L", socket, "ls"], capture_output=True)
+        assert gone.returncode != 0
+    # The demo only read the project.
+    assert sorted(p.name for p in work.rglob("*")) == ["a.py", "b.py", "notes.md", "src"]
