@@ -236,7 +236,9 @@ def test_a_worker_that_exits_is_detected_as_a_dead_pane(
     wait_until(lambda: not backend.is_alive(quitter))
     assert backend.is_alive(stayer)
     assert panes(sock)[quitter.pane_id or ""]["dead"] == "1"  # still visible, as dead
-    assert backend.dead_panes(TEAM) == [f"{quitter.pane_id} quitter (exit 3)"]
+    # tmux marks the pane dead when its terminal closes and learns the status on SIGCHLD a
+    # moment later; until then the status shows as "?".
+    wait_until(lambda: backend.dead_panes(TEAM) == [f"{quitter.pane_id} quitter (exit 3)"])
     late = backend.spawn(make_spec("late", EXIT3))  # a split pane dies at once too
     wait_until(lambda: len(backend.dead_panes(TEAM)) == 2)
     assert not backend.is_alive(late)
