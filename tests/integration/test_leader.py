@@ -43,7 +43,8 @@ class LeaderProc:
         self.env = {**os.environ, "SHOAL_HOME": str(home), **FAST, **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shoal", "up", "--team", team, *args],
-            stdout=subprocess.PIPE,
+            # Its line per event is not read: a pipe would fill up and stop the leader.
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env=self.env,
@@ -356,6 +357,20 @@ def test_sh_batch_starts_one_task_per_line(cli: Cli, leader: LeaderProc, tmp_pat
     assert both.returncode == 2
     from_stdin = cli("sh", "--team", "t", "--batch", "-", input="echo piped\n")
     assert from_stdin.returncode == 0 and len(from_stdin.stdout.split()) == 1
+
+
+def test_a_batch_larger_than_one_message_is_sent_in_parts(
+    cli: Cli, leader: LeaderProc, tmp_path: Path
+) -> None:
+    # 1,200 tasks' records do not fit one answer under the 1 MiB message cap.
+    batch = tmp_path / "many.txt"
+    batch.write_text("".join(f"true {i}\n" for i in range(1200)))
+    out = cli("sh", "--team", "t", "--batch", str(batch), "--json")
+    assert out.returncode == 0, out.stderr
+    started = json.loads(out.stdout)
+    assert [t["command"] for t in started] == [f"true {i}" for i in range(1200)]  # in order
+    assert len({t["id"] for t in started}) == 1200
+    assert cli("wait", "--team", "t").returncode == 0
 
 
 def test_team_delete_and_lead_inbox_are_guarded_while_the_leader_runs(

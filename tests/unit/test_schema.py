@@ -146,3 +146,13 @@ def test_scripted_write_stays_inside_the_working_directory(tmp_path: object) -> 
     ok, why = turn("../escape.txt")
     assert not ok and "outside" in why and not (base / "escape.txt").exists()
     assert not turn("/tmp/abs-escape-shoal.txt")[0]
+
+
+def test_a_decode_error_names_the_kind_and_the_field() -> None:
+    good = orjson.loads(encode(make_message(sender="a", to="b", text="x")))
+    with pytest.raises(DecodeError) as err:
+        decode(orjson.dumps({**good, "kind": "shutdown_request"}))
+    assert err.value.reason == "invalid message: shutdown_request.data.request_id: Field required"
+    with pytest.raises(DecodeError) as err:
+        decode(orjson.dumps({**good, "kind": "telepathy"}))
+    assert "'telepathy'" in err.value.reason and "'control_reply'" in err.value.reason

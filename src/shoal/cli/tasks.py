@@ -17,9 +17,13 @@ from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import EXIT_FAILED, NotFoundError, ShoalError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import is_terminal_task_status
-from shoal.orchestrator.session import Session, current_session
+from shoal.orchestrator.session import HistoryReader, Session, current_session
 
 POLL_S = 0.05
+# `sh --batch` sends its tasks in requests of at most this many (or this many bytes of specs):
+# each answer carries the started tasks' records, and a message is capped at 1 MiB.
+BATCH_CHUNK_TASKS = 500
+BATCH_CHUNK_BYTES = 128 * 1024
 
 
 def _session(layout: Layout, team: str) -> Session:
@@ -31,14 +35,15 @@ def _session(layout: Layout, team: str) -> Session:
     return session
 
 
-def _tasks(session: Session, *, include_history: bool) -> dict[str, dict[str, Any]]:
-    """Tasks by id: the registry snapshot, plus evicted ones when asked."""
+def _tasks(
+    session: Session, *, include_history: bool, history: HistoryReader | None = None
+) -> dict[str, dict[str, Any]]:
+    """Tasks by id: the registry snapshot, plus evicted ones when asked (from `history`, read
+    incrementally, when the caller polls)."""
     out: dict[str, dict[str, Any]] = {}
     if include_history:
-        out.update(session.history())
-    if session.state_file.exists():
-        state = session.read_state()
-        out.update({k: v.model_dump(mode="json") for k, v in state.tasks.items()})
+        out.update(history.read() if history is not None else session.history())
+    out.update(session.read_tasks_raw())
     return out
 
 
@@ -134,11 +139,19 @@ def sh(
         specs = [{**spec, "command": [ln]} for ln in lines if ln and not ln.startswith("#")]
         if not specs:
             raise UsageError("--batch: no commands in the file")
-        started = call(env.layout, team, "sh", {"batch": specs})
-        if as_json:
-            print_json(started)
-        else:
-            click.echo("\n".join(t["id"] for t in started))
+        started: list[dict[str, Any]] = []
+        for chunk in _chunks(specs):
+            try:
+                started += call(env.layout, team, "sh", {"batch": chunk})
+            except ShoalError as exc:
+                if not started:
+                    raise
+                _print_started(started, as_json)
+                raise ShoalError(
+                    f"{exc} (the first {len(started)} of {len(specs)} tasks were started; "
+                    "their ids are above)"
+                ) from None
+        _print_started(started, as_json)
         return
     task = call(env.layout, team, "sh", {**spec, "command": list(command)})
     if not foreground:
@@ -151,6 +164,28 @@ def sh(
     final = _follow(session, task["id"], stream=True)
     code = (final.get("result") or {}).get("code", 1)
     sys.exit(code if final["status"] != "killed" else 130)
+
+
+def _chunks(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Batch specs split into requests whose answers (the started tasks) stay well under the
+    mailbox's message cap."""
+    chunks: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for spec in specs:
+        n = len(orjson.dumps(spec))
+        if chunks[-1] and (len(chunks[-1]) >= BATCH_CHUNK_TASKS or size + n > BATCH_CHUNK_BYTES):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(spec)
+        size += n
+    return chunks
+
+
+def _print_started(started: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print_json(started)
+    else:
+        click.echo("\n".join(t["id"] for t in started))
 
 
 @click.command()
@@ -271,7 +306,8 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
     env = get_env(click.get_current_context())
     team = env.team()
     session = _session(env.layout, team)
-    tasks = _tasks(session, include_history=True)
+    history = HistoryReader(session)
+    tasks = _tasks(session, include_history=True, history=history)
     ids = list(task_ids) or [
         k for k, t in tasks.items() if not is_terminal_task_status(t["status"])
     ]
@@ -281,7 +317,7 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
     deadline = None if timeout is None else time.monotonic() + timeout
     done: dict[str, dict[str, Any]] = {}
     while True:
-        tasks = _tasks(session, include_history=True)
+        tasks = _tasks(session, include_history=True, history=history)
         for task_id in ids:
             t = tasks.get(task_id)
             if task_id not in done and t is not None and is_terminal_task_status(t["status"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import threading
@@ -136,7 +137,7 @@ def check_transition(task_id: str, from_status: TaskStatus, to_status: TaskStatu
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class ShellResult(_Frozen):
@@ -384,7 +385,6 @@ AnyTaskState = (
 TaskState = Annotated[AnyTaskState, Field(discriminator="type")]
 """Any task state, discriminated on `type` when validated."""
 
-TASK_STATE_ADAPTER: Final[TypeAdapter[AnyTaskState]] = TypeAdapter(TaskState)
 TASK_STATE_CLASSES: Final[dict[TaskType, type[TaskStateBase]]] = {
     TaskType.LOCAL_BASH: LocalShellTaskState,
     TaskType.LOCAL_AGENT: LocalAgentTaskState,
@@ -396,9 +396,15 @@ TASK_STATE_CLASSES: Final[dict[TaskType, type[TaskStateBase]]] = {
 }
 
 
+@functools.cache
+def _task_state_adapter() -> TypeAdapter[AnyTaskState]:
+    # Built on first use: building every task schema costs a CLI call tens of milliseconds.
+    return TypeAdapter(TaskState)
+
+
 def parse_task_state(data: JsonDict) -> AnyTaskState:
     """Validate a dict (e.g. from state.json) into the task state class its `type` names."""
-    return TASK_STATE_ADAPTER.validate_python(data)
+    return _task_state_adapter().validate_python(data)
 
 
 # --------------------------------------------------------------------------- updates

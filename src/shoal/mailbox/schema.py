@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import functools
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -21,7 +22,7 @@ KINDS = (
 class _Data(BaseModel):
     """Payload base: unknown keys are kept (forward compatible), known ones are typed."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
 
 
 class TextData(_Data):
@@ -104,7 +105,7 @@ class ControlReplyData(_Data):
 
 
 class _MessageBase(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, defer_build=True)
 
     v: Literal[1] = 1
     id: str
@@ -201,7 +202,12 @@ Message = Annotated[
 ]
 AnyMessage = _MessageBase
 
-_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+@functools.cache
+def _adapter() -> TypeAdapter[Message]:
+    # Built on first use (with the models' deferred schemas): a CLI call that sends one
+    # message should not pay for building every kind's schema at import.
+    return TypeAdapter(Message)
 
 
 class DecodeError(ValueError):
@@ -212,10 +218,29 @@ class DecodeError(ValueError):
         self.reason = reason
 
 
-def _first_error(exc: ValidationError) -> str:
+# Each kind's class, to validate one kind without building the schemas of all of them.
+_BY_KIND: dict[str, type[_MessageBase]] = {
+    cls.model_fields["kind"].default: cls for cls in get_args(get_args(Message)[0])
+}
+
+
+def _validate(obj: Any) -> AnyMessage:
+    """Validate a decoded message as the class its `kind` names (ValidationError if bad)."""
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:  # the union's error names the kinds there are
+        msg: AnyMessage = _adapter().validate_python(obj)
+        return msg
+    return cls.model_validate(obj)
+
+
+def _first_error(exc: ValidationError, obj: Any) -> str:
     first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(root)"
-    return f"{loc}: {first['msg']}"
+    loc = [str(p) for p in first["loc"]]
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    if kind in _BY_KIND and loc[:1] != [kind]:
+        loc.insert(0, kind)  # as the discriminated union reports it
+    return f"{'.'.join(loc) or '(root)'}: {first['msg']}"
 
 
 def decode(raw: bytes) -> AnyMessage:
@@ -227,20 +252,18 @@ def decode(raw: bytes) -> AnyMessage:
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"not valid JSON: {exc}") from None
     try:
-        msg: AnyMessage = _ADAPTER.validate_python(obj)
+        return _validate(obj)
     except ValidationError as exc:
-        raise DecodeError(f"invalid message: {_first_error(exc)}") from None
-    return msg
+        raise DecodeError(f"invalid message: {_first_error(exc, obj)}") from None
 
 
 def build(fields: dict[str, Any]) -> AnyMessage:
     """Build a message from plain fields (validated per kind); bad input is a UsageError."""
     try:
-        msg: AnyMessage = _ADAPTER.validate_python(fields)
+        return _validate(fields)
     except ValidationError as exc:
         kind = fields.get("kind")
-        raise UsageError(f"invalid {kind!r} message: {_first_error(exc)}") from None
-    return msg
+        raise UsageError(f"invalid {kind!r} message: {_first_error(exc, fields)}") from None
 
 
 def encode(msg: AnyMessage) -> bytes:

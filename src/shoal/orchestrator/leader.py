@@ -846,11 +846,28 @@ class Leader:
         path = reply_inbox_path(self.layout, self.team, msg.reply_to)
         if path is None or not path.is_dir():
             return  # the client gave up waiting
-        with contextlib.suppress(ShoalError, OSError):
+        try:
             deliver_to(
                 path,
                 make_message(sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=reply),
             )
+        except (ShoalError, OSError) as exc:
+            # (e.g. an answer over the message cap): the client must not wait for nothing.
+            op = getattr(msg.data, "op", msg.kind)
+            self.note(f"could not answer the {op!r} request {reply.get('request_id')}: {exc}")
+            failed = {
+                "request_id": reply.get("request_id"),
+                "ok": False,
+                "error": f"the leader could not send its answer: {exc}",
+                "code": 1,
+            }
+            with contextlib.suppress(ShoalError, OSError):
+                deliver_to(
+                    path,
+                    make_message(
+                        sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=failed
+                    ),
+                )
 
     def _task_from_spec(self, spec: dict[str, Any]) -> LocalShellTaskState:
         return self.make_shell_task(

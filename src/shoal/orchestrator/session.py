@@ -26,7 +26,7 @@ from shoal.core.tasks import AnyTaskState, TaskState
 class LeaderInfo(BaseModel):
     """Which process leads the session."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     pid: int
     started_at: float
@@ -36,7 +36,7 @@ class LeaderInfo(BaseModel):
 class SessionState(BaseModel):
     """The content of `sessions/{id}/state.json`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     v: int = 1
     session_id: str
@@ -99,6 +99,23 @@ class Session:
             reason = str(exc).splitlines()[0]
             raise CorruptFileError(self.state_file, f"invalid session state: {reason}") from None
 
+    def read_tasks_raw(self) -> dict[str, dict[str, Any]]:
+        """The tasks of state.json as the plain dicts the leader wrote, unvalidated: for
+        readers that poll (`ps`, `wait`, `logs -f`) and only show them. {} when absent."""
+        try:
+            raw = read_bytes_nofollow(self.state_file)
+        except FileNotFoundError:
+            return {}
+        try:
+            tasks = orjson.loads(raw).get("tasks")
+        except (orjson.JSONDecodeError, AttributeError):
+            tasks = None
+        if not isinstance(tasks, dict) or not all(
+            isinstance(t, dict) and "status" in t for t in tasks.values()
+        ):
+            raise CorruptFileError(self.state_file, "invalid session state: no task table")
+        return tasks
+
     def write_state(self, state: SessionState) -> None:
         """Replace state.json atomically."""
         self.write_state_bytes(orjson.dumps(state.model_dump(mode="json")))
@@ -147,6 +164,34 @@ class Session:
     def history(self) -> dict[str, dict[str, Any]]:
         """Final records of evicted tasks by id."""
         return {r["id"]: r for r in _read_jsonl(self.history_file) if "id" in r}
+
+
+class HistoryReader:
+    """A session's history read incrementally: each `read()` parses only what was appended
+    since the last one (a poller of a long session would otherwise re-read it all)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.records: dict[str, dict[str, Any]] = {}
+        self._offset = 0
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Final records of evicted tasks by id, up to the last complete line."""
+        try:
+            fd = os.open(self.session.history_file, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return self.records
+        with os.fdopen(fd, "rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        for line in data[:end].splitlines():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                record = orjson.loads(line)
+                if isinstance(record, dict) and "id" in record:
+                    self.records[record["id"]] = record
+        self._offset += end
+        return self.records
 
 
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

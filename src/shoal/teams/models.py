@@ -18,7 +18,7 @@ def agent_id(name: str, team: str) -> str:
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class AllowedPath(_Frozen):

@@ -70,7 +70,7 @@ Unset = _Unset  # the type of UNSET, for callers' annotations
 class TaskItem(BaseModel):
     """One item of the shared task list, exactly as in `tasklist/{id}.json` (format version 1)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     v: Literal[1] = 1
     id: TaskId
