@@ -115,6 +115,9 @@ class Leader:
         self._last_persist = 0.0
         self._last_release = 0.0
         self._identity = current_identity()
+        # What tasks inherit, as a plain dict: handing posix_spawn `os.environb` itself costs a
+        # Python-level lookup per variable on every start.
+        self._environ: dict[bytes, bytes] = dict(os.environb)
         self._inbox: Inbox | None = None
         self.swarm = Swarm(self)
         self._subscription: Any = None
@@ -373,7 +376,7 @@ class Leader:
                     list(task.argv),
                     Path(task.output_file),
                     cwd=task.cwd,
-                    env={**os.environ, **env} if env else None,
+                    env={**os.environ, **env} if env else self._environ,
                     # (the session's tasks/ directory was checked against symlinks when it
                     # was made; the file itself is opened O_EXCL|O_NOFOLLOW)
                 )

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def start(
     output_file: Path,
     *,
     cwd: str | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | Mapping[bytes, bytes] | None = None,
     root: Path | None = None,
 ) -> ShellProcess:
     """Start `argv` in its own session with stdout+stderr into a new `output_file`.
