@@ -376,7 +376,7 @@ class Leader:
                     list(task.argv),
                     Path(task.output_file),
                     cwd=task.cwd,
-                    env={**os.environ, **env} if env else self._environ,
+                    env=self._task_environ(env),
                     # (the session's tasks/ directory was checked against symlinks when it
                     # was made; the file itself is opened O_EXCL|O_NOFOLLOW)
                 )
@@ -394,6 +394,12 @@ class Leader:
             )
             self._watch(task_id, proc)
             self.emit(task_started_event(self.registry.get(task_id)))  # type: ignore[arg-type]
+
+    def _task_environ(self, extra: dict[str, str] | None) -> dict[bytes, bytes]:
+        """The leader's environment (as at its start) plus a task's own variables."""
+        if not extra:
+            return self._environ
+        return {**self._environ, **{os.fsencode(k): os.fsencode(v) for k, v in extra.items()}}
 
     def stop_task(self, task_id: str, reason: str = "stopped on request") -> AnyTaskState:
         """Stop a running task: kill it and mark it notified, with no exit-137 failure noise."""
