@@ -194,3 +194,65 @@ def test_tmux_status_line_shows_the_pill(layout: Layout, tmux_socket: str) -> No
     command = hint.status_right[2:-1].replace("##", "#")
     out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
     assert out.stdout == "7 background tasks\n"
+
+
+def _answer_in_pty(
+    argv: list[str], env: dict[str, str], prompt: bytes, answer: bytes, until: bytes
+) -> tuple[subprocess.Popen[bytes], int, bytes]:
+    """Start `argv` on a pseudo-terminal, answer `prompt` with `answer`, read until `until`;
+    the process (still running, or not), the terminal's master fd and the output."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    answered = False
+    deadline = time.monotonic() + 30
+    while until not in out and time.monotonic() < deadline:
+        if not answered and prompt in out:
+            os.write(master, answer)
+            answered = True
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                out += os.read(master, 65536)
+            except OSError:
+                break
+    return proc, master, out
+
+
+def test_up_inside_tmux_offers_the_status_line_and_the_leader_never_waits_on_it(
+    cli: Cli, layout: Layout, tmux_socket: str
+) -> None:
+    env = {**os.environ, "SHOAL_HOME": str(layout.home), "TMUX": f"{tmux_socket},1,0"}
+    question = b"status line?"
+    # --detach: the question comes from the foreground process once the leader runs.
+    argv = [sys.executable, "-m", "shoal", "up", "--detach", "--team", "tm"]
+    proc, master, out = _answer_in_pty(argv, env, question, b"y\n", b"\x00never")
+    proc.wait(timeout=30)
+    os.close(master)
+    assert question in out and proc.returncode == 0, out
+    shown = subprocess.run(
+        ["tmux", "-S", tmux_socket, "show-options", "-gv", "status-right"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "pill" in shown and "tm" in shown
+    assert cli("down", "--team", "tm").returncode == 0
+    # In the foreground the question comes first: once the leader runs, nothing waits on it.
+    argv = [sys.executable, "-m", "shoal", "up", "--no-board", "--team", "tf"]
+    proc, master, out = _answer_in_pty(argv, env, question, b"n\n", b"running (session")
+    try:
+        assert b"to do it later" in out
+        task = cli("sh", "--team", "tf", "--", "true").stdout.strip()
+        assert cli("wait", "--team", "tf", "--timeout", "20", task).returncode == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        stop_by = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < stop_by:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                with contextlib.suppress(OSError):
+                    os.read(master, 65536)
+        proc.wait(timeout=5)
+        os.close(master)

@@ -80,9 +80,16 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     team = _default_team(layout, env.team_arg)
     if detach:
         _detach(layout, team, jobs)
+        _offer_tmux_status(layout, team)  # (this process only asks; the leader runs on)
         return
     from shoal.orchestrator.cleanup import CleanupRegistry
-    from shoal.orchestrator.leader import Leader
+    from shoal.orchestrator.leader import Leader, leader_alive
+
+    running = leader_alive(layout, team)
+    if running is not None:  # (before any question: it would be asked in vain)
+        raise ShoalError(f"a leader already runs for team {team!r} (pid {running[0]})")
+    # Asked before the leader starts: no task can be left waiting on the answer.
+    _offer_tmux_status(layout, team)
 
     # On a terminal the lead's pane shows the live board; elsewhere, one line per event.
     use_board = sys.stdout.isatty() and not quiet and not board_off
@@ -110,7 +117,6 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     )
     for note in leader.notes:
         click.echo(f"note: {note}", err=True)
-    _offer_tmux_status(layout, team)
     if use_board:
         from shoal.ui.board import start_board
         from shoal.ui.source import FileSource
