@@ -214,3 +214,32 @@ def test_state_machine_survives_concurrent_stop_and_exit(home: Path) -> None:
         leader.wake()
         loop.join(10)
         leader.shutdown()
+
+
+def test_a_resumed_leader_does_not_notify_what_the_event_stream_says_it_did(home: Path) -> None:
+    # state.json is written at most every 0.2 s, so a leader killed right after notifying
+    # leaves a state that still says "running". Its successor must not notify again.
+    first = Leader(Layout(home), "s").start()
+    task = first.submit_shell(["exit 3"])
+    stale = first.session.state_file.read_bytes()  # the task as running
+    wait_until(lambda: not first.procs[task.id].poll())
+    first.quick_tick()  # reap, announce, notify
+    first.session.write_state_bytes(stale)  # ...and "die" before the next state write
+    first.session.close()
+    if first._subscription is not None:  # (a kill -9 would leave nothing else behind)
+        first._subscription.stop()
+    second = Leader(Layout(home), "s").start()  # same pid: it may take over the claim
+    try:
+        second.tick()
+        assert second.session.id == first.session.id
+        kinds = [
+            e["subtype"]
+            for e in second.session.events()
+            if e.get("task_id") == task.id and e.get("subtype") != "task_started"
+        ]
+        assert kinds == ["task_terminated", "task_notification"]  # once each
+        final = second.registry.get(task.id) or second.session.history()[task.id]
+        status = final.status if not isinstance(final, dict) else final["status"]
+        assert status == "failed"
+    finally:
+        second.shutdown()

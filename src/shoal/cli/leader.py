@@ -14,7 +14,7 @@ import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
-from shoal.core.paths import Layout
+from shoal.core.paths import FILE_MODE, Layout
 from shoal.core.procs import terminate
 
 
@@ -162,7 +162,8 @@ def _detach(layout: Layout, team: str, jobs: int) -> None:
         raise ShoalError(f"a leader already runs for team {team!r} (pid {running[0]})")
     logs = layout.ensure(layout.home / "logs")
     log_path = logs / f"leader-{team}.log"
-    with open(log_path, "ab") as log:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
+    with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [
                 sys.executable,

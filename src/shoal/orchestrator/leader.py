@@ -162,8 +162,9 @@ class Leader:
                 state = self.session.read_state()
             except CorruptFileError as exc:
                 aside = self.session.set_aside()
-                self.note(f"{exc}; moved it to {aside} and started a new session")
+                self.session.close()
                 self.session = Session(self.layout, _new_session_id()).ensure()
+                self.note(f"{exc}; moved it to {aside} and started a new session")
             else:
                 self._resume(state)
                 resumed = True
@@ -188,11 +189,22 @@ class Leader:
         return self
 
     def _resume(self, state: SessionState) -> None:
-        """Adopt what still runs; give tasks that ended meanwhile their recorded result."""
-        terminated = {
-            e.get("task_id") for e in self.session.events() if e.get("subtype") == "task_terminated"
-        }
-        self._announced = {t for t in terminated if isinstance(t, str)}
+        """Adopt what still runs; give tasks that ended meanwhile their recorded result.
+
+        state.json is written at most every PERSIST_INTERVAL_S, so it can lag behind the event
+        stream: what the events say was announced or notified is not announced again.
+        """
+        announced: set[str] = set()
+        notified: set[str] = set()
+        for event in self.session.events():
+            task_id = event.get("task_id")
+            if not isinstance(task_id, str):
+                continue
+            if event.get("subtype") == "task_terminated":
+                announced.add(task_id)
+            elif event.get("subtype") == "task_notification":
+                notified.add(task_id)
+        self._announced = announced
         self.created_at = state.created_at
         for task in state.tasks.values():
             self.registry.register_task(task)
@@ -225,6 +237,8 @@ class Leader:
                 self.note(f"adopted {task.id} (pid {proc.pid}): {task.command}")
             else:
                 self._finish_shell(task.id, None, ended_unattended=True)
+        for task_id in notified:  # (a no-op for tasks state.json already has as notified)
+            self.registry.mark_notified(task_id)
 
     def note(self, text: str) -> None:
         """A line for the person running the leader (also an event)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.core.output import create_output_file, tail_lines
+from shoal.core.paths import FILE_MODE
 from shoal.core.procs import is_alive, process_start_time, terminate
 
 # The wrapper: "$1" is the exit file, "$2" the working directory, then either a command line
@@ -47,6 +48,7 @@ _DEFAULT_SIGNALS = (
     signal.SIGALRM,
 )
 _SH = "/bin/sh"
+_SIDE_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Shell exit code for "command not found" / "not executable".
 EXIT_NOT_FOUND = 127
@@ -121,10 +123,13 @@ def start(
     """
     fd = create_output_file(output_file, root)
     exit_file = exit_file_for(output_file)
-    for stale in (exit_file, pid_file_for(output_file)):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(stale)
     try:
+        for side in (exit_file, pid_file_for(output_file)):
+            # Made here, empty and private: the wrapper's `>` keeps the mode of a file that
+            # exists, where it would otherwise create one with the task's umask (0644).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(side)
+            os.close(os.open(side, _SIDE_FILE_FLAGS, FILE_MODE))
         pid = os.posix_spawn(
             _SH,
             [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv],
