@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from shoal import __version__
 from tests.conftest import Cli, wait_until
 
@@ -185,3 +187,33 @@ def test_inbox_listens_for_unix_socket_peers(cli: Cli, home: Path, tmp_path: Pat
             listener.wait()
     gone = cli("send", "--team", "alpha", f"uds:{sock}", "nobody listens")
     assert gone.returncode == 1 and "unreachable" in gone.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["ps", "--bogus"], "No such option '--bogus' (see `shoal ps --help`)"),
+        (["bogus"], "No such command 'bogus' (see `shoal --help`)"),
+        (["team", "list", "--bogus"], "(see `shoal team list --help`)"),
+        (["sh", "--batch", "/nonexistent/cmds"], "No such file or directory"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(cli: Cli, argv: list[str], says: str) -> None:
+    out = cli(*argv)
+    assert out.returncode == 2
+    assert out.stderr.startswith("shoal: error: ") and out.stderr.count("\n") == 1
+    assert says in out.stderr
+    assert out.stdout == ""
+
+
+def test_no_team_at_all_is_not_found(cli: Cli) -> None:
+    out = cli("ps")
+    assert out.returncode == 1 and "no team exists yet" in out.stderr
+
+
+def test_home_and_team_may_come_before_the_subcommand(cli: Cli, tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    assert cli("team", "--home", str(other), "create", "far").returncode == 0
+    listed = cli("team", "--home", str(other), "list", "--json")
+    assert [t["name"] for t in json.loads(listed.stdout)] == ["far"]
+    assert json.loads(cli("team", "list", "--json").stdout) == []  # not in the default home

@@ -131,6 +131,12 @@ def test_sh_ps_logs_wait_events(cli: Cli, leader: LeaderProc, home: Path) -> Non
     assert "exit code 3" in note["notification"]
     streamed = cli("events", "--team", "t")
     assert all(json.loads(line)["session_id"] for line in streamed.stdout.splitlines())
+    assert cli("events", "--team", "t", "--json").stdout == streamed.stdout
+    logged = json.loads(cli("logs", "--team", "t", bad, "--json").stdout)
+    assert (logged["id"], logged["status"], logged["output"]) == (bad, "failed", "out\nerr\n")
+    assert logged["output_truncated"] is False
+    assert cli("logs", "--team", "t", bad, "--json", "-f").returncode == 2
+    assert cli("logs", "--team", "t", "bnosuch00", "--json").returncode == 1
 
 
 def test_stop_kills_the_group_quietly(cli: Cli, leader: LeaderProc, home: Path) -> None:
@@ -153,8 +159,11 @@ def test_stop_kills_the_group_quietly(cli: Cli, leader: LeaderProc, home: Path) 
 
 def test_foreground_streams_and_exits_with_the_code(cli: Cli, leader: LeaderProc) -> None:
     out = cli("sh", "--team", "t", "--foreground", "--", "echo streamed; exit 4")
-    assert out.returncode == 4
+    assert out.returncode == 1  # shoal's "a task failed"; the task's own code is named
     assert out.stdout == "streamed\n"
+    assert out.stderr.startswith("shoal: task b") and out.stderr.endswith("failed (exit code 4)\n")
+    ok = cli("sh", "--team", "t", "-f", "--", "echo fine")
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, "fine\n", "")
 
 
 def test_env_cwd_and_jobs_limit(cli: Cli, home: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from shoal.core.errors import EXIT_USAGE, UsageError
+from shoal.core.errors import EXIT_USAGE, NotFoundError, UsageError
 from shoal.core.paths import Layout
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,7 +39,7 @@ class Env:
         if len(names) == 1:
             return names[0]
         if not names:
-            raise UsageError(
+            raise NotFoundError(
                 "no team exists yet; start a leader with `shoal up` "
                 "(or create a team with `shoal team create NAME`)"
             )

@@ -76,5 +76,18 @@ def cli(ctx: click.Context) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="shoal")
+    """Console-script entry point: click's own errors become one `shoal: error:` line too."""
+    try:
+        code = cli.main(prog_name="shoal", standalone_mode=False)
+    except click.UsageError as exc:  # unknown command or option, bad value: exit 2
+        where = exc.ctx.command_path if exc.ctx is not None else "shoal"
+        message = exc.format_message().rstrip(".")
+        click.echo(f"shoal: error: {message} (see `{where} --help`)", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # e.g. a file that cannot be opened
+        click.echo(f"shoal: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:  # Ctrl-C at a prompt
+        click.echo("shoal: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -24,6 +24,8 @@ POLL_S = 0.05
 # each answer carries the started tasks' records, and a message is capped at 1 MiB.
 BATCH_CHUNK_TASKS = 500
 BATCH_CHUNK_BYTES = 128 * 1024
+# `logs --json` carries at most the last this many bytes of output.
+LOGS_JSON_MAX_BYTES = 8 * 1024 * 1024
 
 
 def _session(layout: Layout, team: str) -> Session:
@@ -90,7 +92,10 @@ def _age(task: dict[str, Any]) -> str:
     help="Start one task per line of FILE ('-': standard input); blank and # lines skipped.",
 )
 @click.option(
-    "--foreground", "-f", is_flag=True, help="Stream the output and exit with the task's exit code."
+    "--foreground",
+    "-f",
+    is_flag=True,
+    help="Stream the output; exit 0 when the task completes, 1 (naming its code) when not.",
 )
 @json_option
 @common_options
@@ -162,8 +167,12 @@ def sh(
         return
     session = _session(env.layout, team)
     final = _follow(session, task["id"], stream=True)
-    code = (final.get("result") or {}).get("code", 1)
-    sys.exit(code if final["status"] != "killed" else 130)
+    if final["status"] != "completed":
+        # The exit codes are shoal's (0 ok, 1 a task failed); the task's own code is said here.
+        code = (final.get("result") or {}).get("code")
+        how = f"exit code {code}" if code is not None else final.get("error") or "no exit code"
+        click.echo(f"shoal: task {final['id']} {final['status']} ({how})", err=True)
+        sys.exit(EXIT_FAILED)
 
 
 def _chunks(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -267,11 +276,26 @@ def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
 @click.command()
 @click.argument("task_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing output until the task ends.")
+@json_option
 @common_options
-def logs(task_id: str, follow: bool) -> None:
-    """Print the output of task TASK_ID."""
+def logs(task_id: str, follow: bool, as_json: bool) -> None:
+    """Print the output of task TASK_ID.
+
+    With --json: the task's record with its output so far as `output` (text, undecodable
+    bytes replaced; the last 8 MiB, `output_truncated` says if there was more).
+    """
     env = get_env(click.get_current_context())
     session = _session(env.layout, env.team())
+    if as_json:
+        if follow:
+            raise UsageError("--json prints the output once; it does not --follow")
+        from shoal.core.output import output_size, tail
+
+        task = _find(session, task_id)
+        size = output_size(task["output_file"])
+        text = tail(task["output_file"], LOGS_JSON_MAX_BYTES) if size else ""
+        print_json({**task, "output": text, "output_truncated": size > LOGS_JSON_MAX_BYTES})
+        return
     _follow(session, task_id, stream=follow)
 
 
@@ -345,8 +369,11 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
 
 @click.command()
 @click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON lines (what `events` always prints; accepted)."
+)
 @common_options
-def events(follow: bool) -> None:
+def events(follow: bool, as_json: bool) -> None:
     """Print the session's event stream (one JSON object per line)."""
     env = get_env(click.get_current_context())
     session = _session(env.layout, env.team())

@@ -25,6 +25,7 @@ def _team_json(tf: TeamFile, views: list[MemberView] | None = None) -> dict[str,
 
 
 @click.group()
+@common_options
 def team() -> None:
     """Create, inspect and delete teams; join or leave them from any program."""
 

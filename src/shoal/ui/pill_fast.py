@@ -105,7 +105,7 @@ def _team(home: Path, explicit: str | None) -> str:
     if len(names) == 1:
         return names[0]
     if not names:
-        raise PillError("no team exists yet; start a leader with `shoal up`", 2)
+        raise PillError("no team exists yet; start a leader with `shoal up`", 1)
     raise PillError(f"several teams exist ({', '.join(names)}); pass --team NAME", 2)
 
 
