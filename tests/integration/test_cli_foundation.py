@@ -98,6 +98,12 @@ def test_send_errors(cli: Cli, home: Path) -> None:
     unknown = cli("send", "mallory", "hi")
     assert unknown.returncode == 1 and "mallory" in unknown.stderr
     assert not (home / "teams" / "alpha" / "inboxes" / "mallory").exists()
+    for verb in (["approve", "mallory"], ["reject", "mallory"], ["inbox", "mallory"]):
+        out = cli(*verb)
+        assert out.returncode == 1 and "no member 'mallory' in team 'alpha'" in out.stderr, verb
+    forged = cli("send", "team-lead", "hi", "--from", "nobody")
+    assert forged.returncode == 1 and "no member 'nobody'" in forged.stderr
+    assert not os.listdir(home / "teams" / "alpha" / "inboxes" / "team-lead" / "new")
     bad_json = cli("send", "team-lead", "--data", "{nope")
     assert bad_json.returncode == 2 and "--data is not valid JSON" in bad_json.stderr
     wrong = cli("send", "team-lead", "--kind", "shutdown_response", "--data", '{"approve": 1}')

@@ -333,6 +333,16 @@ def test_corrupt_state_is_reported_and_set_aside(cli: Cli, home: Path) -> None:
         second.stop()
     assert second.proc.stderr is not None
     assert "invalid session state" in second.proc.stderr.read()
+    # Detached, the note reaches the person who ran `up`, not only the leader's log.
+    third = current_session(Layout(home), "t")
+    assert third is not None
+    third.state_file.write_text("[]")
+    detached = cli("up", "--team", "t", "--detach")
+    try:
+        assert detached.returncode == 0, detached.stderr
+        assert "note: " in detached.stderr and "invalid session state" in detached.stderr
+    finally:
+        cli("down", "--team", "t")
 
 
 def test_second_leader_is_refused(cli: Cli, leader: LeaderProc) -> None:

@@ -188,6 +188,7 @@ def _detach(layout: Layout, team: str, jobs: int) -> None:
             click.echo(
                 f"leader of team {team} running in the background (pid {proc.pid}); log: {log_path}"
             )
+            _echo_start_notes(layout, team, proc.pid)
             return
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
@@ -197,6 +198,32 @@ def _detach(layout: Layout, team: str, jobs: int) -> None:
         time.sleep(0.02)
     terminate(proc.pid)
     raise ShoalError(f"the leader did not become ready within 60s; see {log_path}")
+
+
+def _echo_start_notes(layout: Layout, team: str, pid: int) -> None:
+    """What the detached leader `pid` noted while starting (a corrupt state set aside,
+    adopted tasks), which would otherwise only be in its log."""
+    from shoal.orchestrator.session import current_session
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            session = current_session(layout, team)
+        except ShoalError:
+            return  # (a courtesy only: the log has them)
+        if session is None:
+            return
+        notes: list[str] = []
+        for event in session.events():
+            if event.get("subtype") == "note":
+                notes.append(str(event.get("text", "")))
+            elif event.get("subtype") == "leader_started":
+                if event.get("pid") == pid:
+                    for note in notes:
+                        click.echo(f"note: {note}", err=True)
+                    return
+                notes = []  # an earlier leader's
+        time.sleep(0.02)
 
 
 @click.command()

@@ -16,7 +16,7 @@ from shoal.cli.common import (
     print_json,
     print_json_line,
 )
-from shoal.core.errors import EXIT_INTERRUPTED, ConflictError, UsageError
+from shoal.core.errors import EXIT_INTERRUPTED, ConflictError, NotFoundError, UsageError
 from shoal.core.names import validate_name
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import send as route_send
@@ -67,8 +67,15 @@ def send(
     if text is None and data is None:
         raise UsageError("nothing to send: give TEXT or --data")
     team = env.team()
+    teams = Teams(env.layout)
+    if not to.startswith(("uds:", "bridge:")) and teams.read(team).member(sender) is None:
+        # (a socket or bridge peer is outside the team: its sender is its own business)
+        raise NotFoundError(
+            f"no member {sender!r} in team {team!r} to send from; nothing was sent "
+            f"(see `shoal team show {team}`)"
+        )
     result = route_send(
-        Teams(env.layout).directory(team),
+        teams.directory(team),
         to=to,
         sender=sender,
         kind=kind,
@@ -131,6 +138,8 @@ def inbox(
     team = env.team()
     teams = Teams(env.layout)
     validate_name(name, "member name")
+    if teams.read(team).member(name) is None:
+        raise NotFoundError(f"no member {name!r} in team {team!r} (see `shoal team show {team}`)")
     directory = teams.directory(team)
     box = Inbox(Maildir.open(directory.inbox(name)), lead=LEAD_NAME)
     if peek:

@@ -7,7 +7,7 @@ import os
 import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
-from shoal.core.errors import ConflictError
+from shoal.core.errors import ConflictError, NotFoundError
 from shoal.teams.backends.base import BACKEND_NAMES
 
 
@@ -103,6 +103,8 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     env = get_env(click.get_current_context())
     team = env.team()
     teams = Teams(env.layout)
+    if teams.read(team).member(name) is None:
+        raise NotFoundError(f"no member {name!r} in team {team!r} (see `shoal team show {team}`)")
     pending = (teams.read_status(team, name) or {}).get("awaiting_approval")
     if not isinstance(pending, dict) or not pending.get("request_id"):
         raise ConflictError(f"{name} is not waiting for a plan approval")
