@@ -98,7 +98,11 @@ def test_send_errors(cli: Cli, home: Path) -> None:
     unknown = cli("send", "mallory", "hi")
     assert unknown.returncode == 1 and "mallory" in unknown.stderr
     assert not (home / "teams" / "alpha" / "inboxes" / "mallory").exists()
-    for verb in (["approve", "mallory"], ["reject", "mallory"], ["inbox", "mallory"]):
+    for verb in (
+        ["approve", "mallory"],
+        ["reject", "mallory", "--feedback", "no"],
+        ["inbox", "mallory"],
+    ):
         out = cli(*verb)
         assert out.returncode == 1 and "no member 'mallory' in team 'alpha'" in out.stderr, verb
     forged = cli("send", "team-lead", "hi", "--from", "nobody")
