@@ -18,6 +18,7 @@ from shoal.core.errors import EXIT_FAILED, NotFoundError, ShoalError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import is_terminal_task_status
 from shoal.orchestrator.session import HistoryReader, Session, current_session
+from shoal.ui.status import type_label
 
 POLL_S = 0.05
 # `sh --batch` sends its tasks in requests of at most this many (or this many bytes of specs):
@@ -230,7 +231,7 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
         if status == "failed" and code is not None:
             status = f"failed({code})"
         click.echo(
-            f"{t['id']:<10} {t['type'].replace('local_', ''):<10} {status:<12} "
+            f"{t['id']:<10} {type_label(t):<10} {status:<12} "
             f"{_age(t):>7}  {t.get('description', '')}"
         )
 
