@@ -243,3 +243,27 @@ def test_a_resumed_leader_does_not_notify_what_the_event_stream_says_it_did(home
         assert status == "failed"
     finally:
         second.shutdown()
+
+
+def test_a_group_that_outlives_sigterm_gets_it_once_more_before_sigkill(tmp_path: Path) -> None:
+    # A process forked while the group's first SIGTERM was delivered can miss it; terminate()
+    # sends it again once before the grace ends in SIGKILL.
+    from shoal.core.procs import terminate
+
+    count = tmp_path / "terms"
+    script = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'a').write('T'))\n"
+        "open(sys.argv[1], 'a').close()\n"
+        "while True: time.sleep(0.01)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(count)], start_new_session=True)
+    try:
+        wait_until(count.exists)
+        assert terminate(proc.pid, None, grace=1.0, group=True)
+        assert count.read_text() == "TT"  # twice, then SIGKILL
+        assert proc.wait(5) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -58,6 +58,10 @@ def _signal(pid: int, sig: int, group: bool) -> bool:
     return True
 
 
+# A group is sent SIGTERM a second time when it has not ended after this long.
+GROUP_TERM_RESEND_S = 0.2
+
+
 def terminate(
     pid: int, started_at: float | None = None, *, grace: float = 5.0, group: bool = False
 ) -> bool:
@@ -71,11 +75,18 @@ def terminate(
             _signal(pid, signal.SIGKILL, group=True)  # stragglers of a dead leader
         return False
     _signal(pid, signal.SIGTERM, group)
-    deadline = time.monotonic() + grace
+    start = time.monotonic()
+    deadline = start + grace
+    resend_at = start + GROUP_TERM_RESEND_S if group else deadline
     delay = 0.005
     while time.monotonic() < deadline:
         if not is_alive(pid, started_at):
             break
+        if time.monotonic() >= resend_at:
+            # A process the group forked while the first SIGTERM was being delivered (or that
+            # had not reset its handlers yet) may have missed it: once more, for the group.
+            _signal(pid, signal.SIGTERM, group)
+            resend_at = deadline
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
     else:
