@@ -15,13 +15,20 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Log, Static
 
 from shoal.core.paths import Layout
-from shoal.core.tasks import TaskStatus
+from shoal.core.tasks import TaskStatus, update_task
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.leader import Leader
-from shoal.ui.app import MemberDetail, OutputScreen, Overview, SwarmApp, TaskDetail
+from shoal.teams.store import Teams
+from shoal.ui.app import MemberDetail, OutputScreen, Overview, Selection, SwarmApp, TaskDetail
 from shoal.ui.source import FileSource
 from tests.conftest import group_gone
-from tests.unit.test_ui_fixtures import TASK_IDS, add_plan_request, build_swarm
+from tests.unit.test_ui_fixtures import (
+    TASK_IDS,
+    add_history,
+    add_plan_request,
+    build_swarm,
+    evict,
+)
 
 SIZE = (140, 45)
 
@@ -87,6 +94,41 @@ def test_overview_lists_tasks_and_members(fixture_app: SwarmApp) -> None:
         assert str(tasks.get_row(TASK_IDS["failed"])[3]) == "failed(2)"
 
     run_app(fixture_app, body)
+
+
+def test_overview_lists_finished_tasks_and_follows_changes(layout: Layout) -> None:
+    """Tasks evicted into history stay listed; a refresh rewrites changed rows, appends new ones."""
+    session = build_swarm(layout)
+    old = add_history(session, 40)
+    evict(session, TASK_IDS["failed"])
+    app = SwarmApp(FileSource(layout, "demo"), watch=False)
+
+    async def body(pilot: Pilot[None]) -> None:
+        screen = pilot.app.screen
+        assert isinstance(screen, Overview)
+        tasks = screen.query_one("#tasks", DataTable)
+        assert [r.value for r in tasks.rows] == [*TASK_IDS.values(), *old]
+        assert str(tasks.get_row(TASK_IDS["failed"])[3]) == "failed(2)"
+        await select(pilot, "tasks", old[5])
+
+        state = session.read_state()
+        shell = state.tasks[TASK_IDS["shell"]]
+        done = update_task(shell, status=TaskStatus.COMPLETED, end_time=shell.start_time + 5)
+        session.write_state(state.model_copy(update={"tasks": {**state.tasks, shell.id: done}}))
+        new = add_history(session, 2, first=40)
+        app.refresh_data()
+        await pilot.pause()
+        assert [r.value for r in tasks.rows] == [*TASK_IDS.values(), *old, *new]
+        assert str(tasks.get_row(TASK_IDS["shell"])[3]) == "completed"
+        assert str(tasks.get_row(TASK_IDS["shell"])[0]) == "✔"
+        assert screen.selection() == Selection("task", old[5])  # the cursor stayed
+
+        Teams(layout).update("demo", lambda t: t.model_copy(update={"lead_session_id": None}))
+        app.refresh_data()
+        await pilot.pause()
+        assert tasks.row_count == 0
+
+    run_app(app, body)
 
 
 DETAILS = [

@@ -12,10 +12,27 @@ from rich.console import Console
 
 from shoal.core.paths import Layout
 from shoal.core.tasks import TaskStatus, update_task
-from shoal.ui.board import Board, board_text, member_line, render_board, run_board, wants_plain
+from shoal.ui.board import (
+    FINISHED_SHOWN,
+    Board,
+    board_text,
+    member_line,
+    render_board,
+    run_board,
+    wants_plain,
+)
 from shoal.ui.source import FileSource, Snapshot
 from tests.conftest import wait_until
-from tests.unit.test_ui_fixtures import NOW, SESSION, TASK_IDS, add_plan_request, build_swarm
+from tests.unit.test_ui_fixtures import (
+    NOW,
+    SESSION,
+    T0,
+    TASK_IDS,
+    add_history,
+    add_plan_request,
+    build_swarm,
+    evict,
+)
 
 
 @pytest.fixture
@@ -73,6 +90,58 @@ def test_rich_board(snapshot: Snapshot) -> None:
     assert [r[1] for r in task_rows] == list(TASK_IDS.values())
     assert task_rows[0][:6] == ["▶", "bshell001", "shell", "running", "1.5m", "make"]
     assert task_rows[1][:5] == ["✘", "bfailed01", "shell", "failed(2)", "4.0s"]
+
+
+def test_board_shows_a_task_evicted_into_history(layout: Layout) -> None:
+    """The leader moves a finished task from state.json to history.jsonl; it stays listed."""
+    session = build_swarm(layout)
+    source = FileSource(layout, "demo")
+    before = board_text(source.snapshot(), now=NOW)
+    evict(session, TASK_IDS["failed"])
+    assert TASK_IDS["failed"] not in session.read_state().tasks
+    snapshot = source.snapshot()
+    assert snapshot.errors == ()
+    assert [t.id for t in snapshot.tasks] == list(TASK_IDS.values())  # still by start time
+    assert board_text(snapshot, now=NOW) == before
+    assert "  ✘ bfailed01  shell     failed(2)     4.0s  lint\n" in before
+    assert snapshot.pill == "7 background tasks"  # finished tasks never count
+
+
+def test_board_lists_only_the_latest_finished_tasks(layout: Layout) -> None:
+    session = build_swarm(layout)
+    ids = add_history(session, 25)  # bhist0000..24 end at T0 + 21 ... T0 + 45
+    state = session.read_state()  # the oldest ends last, so it is among the latest by end
+    first = state.tasks[TASK_IDS["shell"]]
+    early = first.model_copy(update={"id": "bearly001", "start_time": first.start_time - 5})
+    done = update_task(early, status=TaskStatus.COMPLETED, end_time=T0 + 99)
+    session.write_state(state.model_copy(update={"tasks": {**state.tasks, done.id: done}}))
+    snapshot = FileSource(layout, "demo").snapshot()
+    assert len(snapshot.tasks) == 9 + 25 + 1
+    assert snapshot.pill == "7 background tasks"
+
+    text = board_text(snapshot, now=NOW)
+    task_part = text.split("TASKS\n")[1].splitlines()
+    listed = [ln.split()[1] for ln in task_part if ln[2:3] in "▶✘✔"]
+    running = [t for t in TASK_IDS.values() if t != TASK_IDS["failed"]]
+    latest = ["bearly001", *ids[-(FINISHED_SHOWN - 1) :]]
+    assert sorted(listed) == sorted(running + latest)
+    assert listed[0] == "bearly001"  # in start-time order, as always
+    left_out = 25 + 1 + 1 - FINISHED_SHOWN
+    assert text.endswith(f"\n  + {left_out} earlier finished tasks (shoal ps --all)\n")
+
+    console = Console(record=True, width=120, color_system=None)
+    console.print(render_board(snapshot, now=NOW))
+    rendered = console.export_text()
+    assert f"+ {left_out} earlier finished tasks (shoal ps --all)" in rendered
+    assert "bhist0024" in rendered and "bhist0015" not in rendered
+
+
+def test_board_leaves_no_line_when_every_finished_task_fits(layout: Layout) -> None:
+    session = build_swarm(layout)
+    add_history(session, FINISHED_SHOWN - 1)  # with the fixture's failed task: exactly enough
+    text = board_text(FileSource(layout, "demo").snapshot(), now=NOW)
+    assert "earlier finished" not in text
+    assert "bfailed01" in text and "bhist0000" in text
 
 
 def test_colours(snapshot: Snapshot) -> None:

@@ -219,6 +219,36 @@ def build_swarm(layout: Layout, team: str = TEAM) -> Session:
     return session
 
 
+def evict(session: Session, task_id: str) -> None:
+    """Move a finished task from state.json into history.jsonl, as the leader does."""
+    state = session.read_state()
+    session.record_history(state.tasks[task_id])
+    session.close()
+    tasks = {k: v for k, v in state.tasks.items() if k != task_id}
+    session.write_state(state.model_copy(update={"tasks": tasks}))
+
+
+def add_history(session: Session, count: int, first: int = 0) -> list[str]:
+    """Append `count` finished shells to the session's history (task i started at T0 + 20 + i
+    and ended a second later); their ids, oldest first."""
+    ids = []
+    for i in range(first, first + count):
+        task = LocalShellTaskState(
+            id=f"bhist{i:04d}",
+            description=f"job {i}",
+            command=f"job {i}",
+            status=TaskStatus.COMPLETED,
+            result=ShellResult(code=0),
+            start_time=T0 + 20 + i,
+            end_time=T0 + 21 + i,
+            output_file=str(session.output_file(f"bhist{i:04d}")),
+        )
+        session.record_history(task)
+        ids.append(task.id)
+    session.close()
+    return ids
+
+
 def add_plan_request(session: Session, member: str, request_id: str, plan: str) -> None:
     """Record a plan_approval_request from `member` in the lead's events, as the leader does."""
     message = {

@@ -1,9 +1,10 @@
 """`shoal ui`: a full-screen browser of a team's tasks and members (textual).
 
-The overview lists tasks and members; enter opens a detail view for the task's kind (or the
-member). Keys act on what is selected: s stops a task, m sends a message, a/r approve or reject
-a plan, f follows output. Data comes from a `SwarmSource` (files by default) and is reread when
-the files change; actions run in worker threads so the screen never blocks.
+The overview lists every task (finished ones too) and member; enter opens a detail view for
+the task's kind (or the member). Keys act on what is selected: s stops a task, m sends a
+message, a/r approve or reject a plan, f follows output. Data comes from a `SwarmSource` (files
+by default) and is reread when the files change; actions run in worker threads so the screen
+never blocks.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -25,14 +27,16 @@ from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 from textual.worker import get_current_worker
 
 from shoal.core.errors import ShoalError
-from shoal.ui.board import member_line, task_lines
+from shoal.ui.board import MemberLine, TaskLine, member_line, task_lines
 from shoal.ui.details import member_detail, task_detail
-from shoal.ui.source import Snapshot, SwarmSource
+from shoal.ui.source import Snapshot, SwarmSource, TaskRow
 from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 
 OUTPUT_TAIL_LINES = 15
 FOLLOW_START_BYTES = 64 * 1024
 FOLLOW_MAX_LINES = 10_000
+
+L = TypeVar("L")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,12 @@ class Overview(SwarmScreen):
         Binding("f", "follow", "Follow"),
     ]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._tasks: TableRows[TaskLine] | None = None
+        self._members: TableRows[MemberLine] | None = None
+        self._task_cache: dict[str, tuple[TaskRow, TaskLine]] = {}
+
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="summary")
@@ -98,6 +108,8 @@ class Overview(SwarmScreen):
         tasks.add_columns("", "ID", "TYPE", "STATUS", "AGE", "DESCRIPTION")
         members = self.query_one("#members", DataTable)
         members.add_columns("", "MEMBER", "STATE", "ACTIVITY", "")
+        self._tasks = TableRows(tasks, _task_cells)
+        self._members = TableRows(members, _member_cells)
         tasks.focus()
         self.update_snapshot(_swarm(self).snapshot)
 
@@ -114,40 +126,12 @@ class Overview(SwarmScreen):
         for error in snapshot.errors:
             summary.append(f"\nerror: {error}", style="red")
         self.query_one("#summary", Static).update(summary)
-        now = time.time()
-        _fill(
-            self.query_one("#tasks", DataTable),
-            [
-                (
-                    t.id,
-                    (
-                        Text(t.icon, style=t.icon_style),
-                        t.id,
-                        t.type,
-                        Text(t.status, style=t.icon_style),
-                        t.age,
-                        t.description,
-                    ),
-                )
-                for t in task_lines(snapshot, now)
-            ],
+        if self._tasks is None or self._members is None:
+            return  # not mounted yet
+        self._tasks.show(
+            [(t.id, t) for t in task_lines(snapshot, time.time(), cache=self._task_cache)]
         )
-        _fill(
-            self.query_one("#members", DataTable),
-            [
-                (
-                    m.name,
-                    (
-                        Text(m.icon, style=m.icon_style),
-                        Text(m.name, style=m.color or "bold"),
-                        m.state,
-                        m.activity,
-                        m.detail,
-                    ),
-                )
-                for m in map(member_line, snapshot.members)
-            ],
-        )
+        self._members.show([(m.name, m) for m in map(member_line, snapshot.members)])
 
     def selection(self) -> Selection | None:
         focused = self.focused
@@ -177,15 +161,68 @@ def _cursor_key(table: DataTable[Any]) -> str | None:
     return row_key.value
 
 
-def _fill(table: DataTable[Any], rows: list[tuple[str, tuple[Any, ...]]]) -> None:
-    """Replace the rows of `table`, keeping the cursor on the same key when it is still there."""
-    keep = _cursor_key(table)
-    table.clear()
-    for key, cells in rows:
-        table.add_row(*cells, key=key)
-    if keep is not None:
-        with contextlib.suppress(RowDoesNotExist):
-            table.move_cursor(row=table.get_row_index(keep))
+def _task_cells(t: TaskLine) -> tuple[Any, ...]:
+    return (
+        Text(t.icon, style=t.icon_style),
+        t.id,
+        t.type,
+        Text(t.status, style=t.icon_style),
+        t.age,
+        t.description,
+    )
+
+
+def _member_cells(m: MemberLine) -> tuple[Any, ...]:
+    return (
+        Text(m.icon, style=m.icon_style),
+        Text(m.name, style=m.color or "bold"),
+        m.state,
+        m.activity,
+        m.detail,
+    )
+
+
+def _cell_width(cell: Any) -> int:
+    return cell.cell_len if isinstance(cell, Text) else cell_len(str(cell))
+
+
+class TableRows(Generic[L]):
+    """The rows of a DataTable by key, each drawn from a line (a TaskLine, a MemberLine).
+
+    The overview lists every task of a session, thousands in a long one. Clearing and
+    re-adding them all would have the table measure every cell again on each refresh; here
+    only rows whose line changed are rewritten and new rows appended. The table is rebuilt
+    only when rows went away or moved (a new session), keeping the cursor on the same key.
+    """
+
+    def __init__(self, table: DataTable[Any], cells: Callable[[L], tuple[Any, ...]]) -> None:
+        self.table = table
+        self.cells = cells
+        self.shown: dict[str, L] = {}
+
+    def show(self, rows: list[tuple[str, L]]) -> None:
+        """Make the table list `rows` ((key, line) in order)."""
+        table = self.table
+        keep: str | None = None
+        if [key for key, _ in rows[: len(self.shown)]] != list(self.shown):
+            keep = _cursor_key(table)
+            table.clear()
+            self.shown = {}
+        columns = table.ordered_columns
+        for key, line in rows:
+            old = self.shown.get(key)
+            if old is None:
+                table.add_row(*self.cells(line), key=key)
+            elif old != line:
+                for column, cell in zip(columns, self.cells(line), strict=False):
+                    # Only a wider cell remeasures its column: a narrower one would have the
+                    # table measure the whole column again, for each such cell.
+                    wider = _cell_width(cell) > column.content_width
+                    table.update_cell(key, column.key, cell, update_width=wider)
+            self.shown[key] = line
+        if keep is not None:
+            with contextlib.suppress(RowDoesNotExist):
+                table.move_cursor(row=table.get_row_index(keep))
 
 
 class _DetailScreen(SwarmScreen):

@@ -2,7 +2,8 @@
 
 `render_board` gives a rich renderable (colours, member dots); `board_text` the same content
 as plain lines, used when the output is not a terminal or NO_COLOR is set. `run_board` is the
-loop behind `shoal ps --watch` (and the lead's pane under `shoal up`).
+loop behind `shoal ps --watch` (and the lead's pane under `shoal up`). The board lists every
+unfinished task but only the latest finished ones, so a long session stays one screen.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
@@ -39,6 +40,9 @@ from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 
 COALESCE_S = 0.1
 """After a wake-up, wait this long so a burst of writes makes one redraw."""
+
+FINISHED_SHOWN = 10
+"""The board lists this many finished tasks, the latest by end time (`shoal ps --all`: all)."""
 
 
 # --------------------------------------------------------------------------- rows
@@ -140,12 +144,57 @@ def task_line(task: TaskRow, now: float, member: MemberRow | None = None) -> Tas
     )
 
 
-def task_lines(snapshot: Snapshot, now: float) -> list[TaskLine]:
-    """`task_line` of every task, teammates joined with their member's status."""
-    return [
-        task_line(row, now, snapshot.member(row.message_target) if row.message_target else None)
-        for row in snapshot.tasks
-    ]
+def task_lines(
+    snapshot: Snapshot,
+    now: float,
+    rows: Iterable[TaskRow] | None = None,
+    *,
+    cache: dict[str, tuple[TaskRow, TaskLine]] | None = None,
+) -> list[TaskLine]:
+    """`task_line` of every task (or of `rows`), teammates joined with their member's status.
+
+    With `cache`, the lines of finished tasks with an end time, which never change, are kept
+    there from one call to the next and reused for the same row object (a source hands out
+    the same row for a task evicted into history): thousands of them cost nothing to redraw.
+    """
+    members = {m.name: m for m in snapshot.members}
+    kept: dict[str, tuple[TaskRow, TaskLine]] = {}
+    lines = []
+    for row in snapshot.tasks if rows is None else rows:
+        hit = cache.get(row.id) if cache is not None else None
+        if hit is not None and hit[0] is row:
+            line = hit[1]
+        else:
+            target = row.message_target
+            line = task_line(row, now, members.get(target) if target else None)
+        if row.finished and row.end_time is not None:
+            kept[row.id] = (row, line)
+        lines.append(line)
+    if cache is not None:
+        cache.clear()
+        cache.update(kept)
+    return lines
+
+
+def board_tasks(snapshot: Snapshot, finished: int = FINISHED_SHOWN) -> tuple[list[TaskRow], int]:
+    """The tasks the board lists, in snapshot order, and how many finished ones it leaves out.
+
+    Every unfinished task is listed, but only the `finished` latest finished ones (by end
+    time): evicted tasks stay in the snapshot for the whole session.
+    """
+    done = [t for t in snapshot.tasks if t.finished]
+    if len(done) <= finished:
+        return list(snapshot.tasks), 0
+    done.sort(key=lambda t: (t.end_time or t.start_time, t.start_time, t.id))
+    keep = {t.id for t in done[len(done) - finished :]}
+    rows = [t for t in snapshot.tasks if not t.finished or t.id in keep]
+    return rows, len(done) - finished
+
+
+def left_out_line(count: int) -> str:
+    """The line that says how many earlier finished tasks the board leaves out."""
+    noun = "task" if count == 1 else "tasks"
+    return f"+ {count} earlier finished {noun} (shoal ps --all)"
 
 
 def event_line(event: Mapping[str, Any]) -> str | None:
@@ -214,7 +263,8 @@ def render_board(snapshot: Snapshot, *, now: float | None = None, events: int = 
     tasks.add_column("STATUS", no_wrap=True)
     tasks.add_column("AGE", justify="right", no_wrap=True)
     tasks.add_column("DESCRIPTION", overflow="ellipsis", no_wrap=True)
-    for t in task_lines(snapshot, now):
+    shown, left_out = board_tasks(snapshot)
+    for t in task_lines(snapshot, now, shown):
         tasks.add_row(
             Text(t.icon, style=t.icon_style),
             t.id,
@@ -224,6 +274,8 @@ def render_board(snapshot: Snapshot, *, now: float | None = None, events: int = 
             one_line(t.description, 200),
         )
     parts.append(tasks if snapshot.tasks else Text("no tasks", style="dim"))
+    if left_out:
+        parts.append(Text(left_out_line(left_out), style="dim"))
 
     if events:
         lines = [ev for e in snapshot.events if (ev := event_line(e))][-events:]
@@ -252,7 +304,8 @@ def board_lines(
             lines.append(line.rstrip())
     else:
         lines.append("no members")
-    tlines = task_lines(snapshot, now)
+    shown, left_out = board_tasks(snapshot)
+    tlines = task_lines(snapshot, now, shown)
     if tlines:
         type_w = max(len(t.type) for t in tlines)
         status_w = max(len(t.status) for t in tlines)
@@ -263,6 +316,8 @@ def board_lines(
                 f"  {t.icon} {t.id}  {t.type:<{type_w}}  {t.status:<{status_w}}  "
                 f"{age}{one_line(t.description, 200)}".rstrip()
             )
+        if left_out:
+            lines.append(f"  {left_out_line(left_out)}")
     else:
         lines.append("no tasks")
     if events:

@@ -1,15 +1,17 @@
 """What the views show and do: a snapshot of a team read from its files, and its actions.
 
 `SwarmSource` is the interface the board and the app use; `FileSource` reads the team file,
-member status files and the session's `state.json`/`events.jsonl`, and acts through the
-leader's control channel (stop) and the mailbox (messages, plan approval). No new protocol.
+member status files and the session's `state.json`, `history.jsonl` and `events.jsonl`, and
+acts through the leader's control channel (stop) and the mailbox (messages, plan approval).
+No new protocol.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +22,9 @@ from pydantic import ValidationError
 from shoal.core.errors import NotFoundError, ShoalError, UsageError
 from shoal.core.output import output_size, read_output_delta, tail_lines
 from shoal.core.paths import Layout
-from shoal.core.tasks import AnyTaskState, parse_task_state
+from shoal.core.tasks import TERMINAL_STATUSES, AnyTaskState, parse_task_state
+from shoal.mailbox.store import Maildir
+from shoal.orchestrator.session import HistoryReader, Session
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.ui.pill import pill_for
@@ -35,6 +39,7 @@ JsonDict = dict[str, Any]
 
 EVENTS_TAIL_BYTES = 256 * 1024
 RECENT_EVENTS = 50
+FINISHED_STATUSES = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,16 @@ class TaskRow:
     def start_time(self) -> float:
         start = self.record.get("start_time")
         return float(start) if isinstance(start, int | float) else 0.0
+
+    @property
+    def end_time(self) -> float | None:
+        end = self.record.get("end_time")
+        return float(end) if isinstance(end, int | float) else None
+
+    @property
+    def finished(self) -> bool:
+        """True once the task completed, failed or was killed (it will not change again)."""
+        return self.status in FINISHED_STATUSES
 
     @property
     def output_file(self) -> str | None:
@@ -94,7 +109,7 @@ class MemberRow:
     prompt: str | None = None
     status: JsonDict = field(default_factory=dict)
     pending_plan: JsonDict | None = None
-    """{request_id, plan} of the plan this member waits on (status file, else lead events)."""
+    """{request_id, plan} of the plan this member waits on (see `waiting_plan`)."""
 
     @property
     def is_lead(self) -> bool:
@@ -206,6 +221,66 @@ def status_plan(status: Mapping[str, Any] | None) -> JsonDict | None:
     return None
 
 
+def waiting_plan(
+    status: Mapping[str, Any] | None,
+    requested: JsonDict | None,
+    answered: Callable[[str], bool],
+) -> JsonDict | None:
+    """{request_id, plan} a member waits on, by the rule `shoal approve` follows.
+
+    The member's status file decides: it names the request while the member waits and drops
+    it once the answer is read, so a status file that does not say it waits means no plan is
+    pending. Only when there is no status file, or it says it waits without naming the
+    request, is the latest request from the member in the lead's events (`requested`) taken,
+    and then not if `answered(request_id)` says an answer to it was already sent.
+    """
+    named = status_plan(status)
+    if named is not None:
+        return named
+    if status is not None and not status.get("awaiting_approval"):
+        return None
+    if requested is None or answered(str(requested["request_id"])):
+        return None
+    return requested
+
+
+def answer_waiting(inbox: Path, request_id: str) -> bool:
+    """True when a plan_approval_response to `request_id` is in the inbox, not yet handled."""
+    try:
+        box = Maildir.open(inbox)
+    except ShoalError:
+        return False
+    for sub, names in (("new", box.pending()), ("cur", box.claimed())):
+        for name in names:
+            try:
+                msg = orjson.loads(box.read(sub, name))
+            except (OSError, ShoalError, orjson.JSONDecodeError):
+                continue  # handled meanwhile, or not a message
+            if not isinstance(msg, dict):
+                continue
+            data = msg.get("data")
+            if (
+                msg.get("kind") == "plan_approval_response"
+                and isinstance(data, dict)
+                and str(data.get("request_id")) == request_id
+            ):
+                return True
+    return False
+
+
+def task_row(raw: JsonDict) -> TaskRow:
+    """A task record validated once: its state, or why it is invalid."""
+    try:
+        return TaskRow(raw, parse_task_state(raw))
+    except ValidationError as exc:
+        return TaskRow(raw, None, str(exc).splitlines()[0])
+
+
+def sort_rows(rows: list[TaskRow]) -> None:
+    """Sort task rows in place by start time (then id), as every view lists them."""
+    rows.sort(key=lambda r: (r.start_time, r.id))
+
+
 def task_rows(raw_tasks: Any) -> tuple[list[TaskRow], list[str]]:
     """Rows (by start time) of the `tasks` object of a state.json, and what was invalid."""
     rows: list[TaskRow] = []
@@ -216,13 +291,11 @@ def task_rows(raw_tasks: Any) -> tuple[list[TaskRow], list[str]]:
         if not isinstance(raw, dict):
             errors.append(f"task {key}: not a JSON object")
             continue
-        try:
-            rows.append(TaskRow(raw, parse_task_state(raw)))
-        except ValidationError as exc:
-            reason = str(exc).splitlines()[0]
-            rows.append(TaskRow(raw, None, reason))
-            errors.append(f"task {key}: {reason}")
-    rows.sort(key=lambda r: (r.start_time, r.id))
+        row = task_row(raw)
+        rows.append(row)
+        if row.error is not None:
+            errors.append(f"task {key}: {row.error}")
+    sort_rows(rows)
     return rows, errors
 
 
@@ -244,6 +317,9 @@ class FileSource:
         self.layout = layout
         self.team = team
         self.teams = Teams(layout)
+        self._history: HistoryReader | None = None
+        self._history_rows: dict[str, TaskRow] = {}
+        self._history_lock = threading.Lock()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -267,8 +343,29 @@ class FileSource:
         sid = self.teams.read(self.team).lead_session_id
         return self.layout.session_dir(sid) if sid else None
 
+    def finished_rows(self, session_id: str) -> dict[str, TaskRow]:
+        """Rows of the tasks evicted into the session's history, by id.
+
+        Final records never change, so each is validated once and its row kept; the reader
+        parses only lines appended since the last call. Both start over for a new session.
+        """
+        with self._history_lock:
+            reader = self._history
+            if reader is None or reader.session.id != session_id:
+                reader = self._history = HistoryReader(Session(self.layout, session_id))
+                self._history_rows = {}
+            rows = self._history_rows
+            for task_id, record in reader.read().items():
+                row = rows.get(task_id)
+                if row is None or row.record is not record:  # new, or recorded again
+                    rows[task_id] = task_row(record)
+            return dict(rows)
+
     def snapshot(self) -> Snapshot:
-        """Read everything now; what cannot be read is named in `errors`, never raised."""
+        """Read everything now; what cannot be read is named in `errors`, never raised.
+
+        Tasks are those of state.json plus the finished ones already evicted into history.
+        """
         now = time.time()
         errors: list[str] = []
         try:
@@ -287,17 +384,29 @@ class FileSource:
                 raw = {}
             rows, task_errors = task_rows(raw.get("tasks"))
             errors.extend(task_errors)
+            try:
+                history = self.finished_rows(session_id)
+            except OSError as exc:
+                errors.append(f"cannot read {session_dir / 'history.jsonl'}: {exc}")
+                history = {}
+            live = {r.id for r in rows}
+            evicted = [r for r in history.values() if r.id not in live]
+            errors.extend(f"task {r.id}: {r.error}" for r in evicted if r.error is not None)
+            rows.extend(evicted)
+            sort_rows(rows)
             events = tuple(read_jsonl(session_dir / "events.jsonl", EVENTS_TAIL_BYTES))
         plans = plan_requests(events)
         members: list[MemberRow] = []
         leader_pid: int | None = None
         for m in tf.members:
+            found: JsonDict | None = None
             try:
                 state = self.teams.member_state(self.team, m).value
-                status = self.teams.read_status(self.team, m.name) or {}
+                found = self.teams.read_status(self.team, m.name)
             except ShoalError as exc:
                 errors.append(f"member {m.name}: {exc}")
-                state, status = "dead", {}
+                state = "dead"
+            status = found or {}
             if m.name == LEAD_NAME and state not in ("dead", "left"):
                 leader_pid = m.pid
             started = parse_timestamp(status.get("started_at")) or parse_timestamp(m.joined_at)
@@ -313,7 +422,7 @@ class FileSource:
                     backend=m.backend,
                     prompt=str(prompt) if prompt else None,
                     status=status,
-                    pending_plan=status_plan(status) or plans.get(m.name),
+                    pending_plan=self._waiting_plan(m.name, found, plans.get(m.name)),
                 )
             )
         members.sort(key=lambda r: (r.started_at, r.name))
@@ -328,6 +437,16 @@ class FileSource:
             errors=tuple(errors),
         )
 
+    def _waiting_plan(
+        self, member: str, status: Mapping[str, Any] | None, requested: JsonDict | None
+    ) -> JsonDict | None:
+        """`waiting_plan` of `member`; an answer counts as sent while it waits in its inbox."""
+
+        def answered(request_id: str) -> bool:
+            return answer_waiting(self.layout.inbox_dir(self.team, member), request_id)
+
+        return waiting_plan(status, requested, answered)
+
     def _output_path(self, task_id: str) -> Path:
         session_dir = self._session_dir()
         if session_dir is None:
@@ -337,6 +456,10 @@ class FileSource:
         except (OSError, orjson.JSONDecodeError):
             tasks = None
         record = tasks.get(task_id) if isinstance(tasks, dict) else None
+        if record is None:
+            with self._history_lock:
+                evicted = self._history_rows.get(task_id)
+            record = evicted.record if evicted is not None else None
         if isinstance(record, dict) and isinstance(record.get("output_file"), str):
             return Path(record["output_file"])
         return session_dir / "tasks" / f"{task_id}.output"
@@ -371,24 +494,38 @@ class FileSource:
         directory = self.teams.directory(self.team)
         return send(directory, to=to, sender=LEAD_NAME, kind="text", text=text).id
 
-    def pending_plan(self, member: str) -> JsonDict | None:
-        """{request_id, plan} that `member` waits on: its status file says, else the latest
-        plan_approval_request from it in the lead's whole event stream."""
-        found = status_plan(self.teams.read_status(self.team, member))
-        if found is not None:
-            return found
+    def _requested_plan(self, member: str) -> JsonDict | None:
+        """The latest plan_approval_request from `member` in the lead's whole event stream."""
         session_dir = self._session_dir()
         if session_dir is None:
             return None
         return plan_requests(read_jsonl(session_dir / "events.jsonl")).get(member)
 
+    def pending_plan(self, member: str) -> JsonDict | None:
+        """{request_id, plan} that `member` waits on, by `waiting_plan`: what its status file
+        names, else its latest unanswered request in the lead's whole event stream."""
+        status = self.teams.read_status(self.team, member)
+        named = status_plan(status)
+        if named is not None:
+            return named
+        return self._waiting_plan(member, status, self._requested_plan(member))
+
     def answer_plan(self, member: str, approve: bool, feedback: str | None = None) -> str:
-        """Approve or reject `member`'s pending plan; the request id answered."""
+        """Approve or reject `member`'s pending plan; the request id answered.
+
+        NotFoundError, and nothing sent, when it waits on none (an answered request included).
+        """
         from shoal.mailbox.router import send
 
         pending = self.pending_plan(member)
         if pending is None:
-            raise NotFoundError(f"{member} has not asked for plan approval; nothing was sent")
+            asked = self._requested_plan(member)
+            if asked is None:
+                raise NotFoundError(f"{member} has not asked for plan approval; nothing was sent")
+            raise NotFoundError(
+                f"{member} is not waiting for a plan approval (its request "
+                f"{asked['request_id']} was answered); nothing was sent"
+            )
         request_id = str(pending["request_id"])
         send(
             self.teams.directory(self.team),
