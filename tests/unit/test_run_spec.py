@@ -242,7 +242,7 @@ def test_an_unreadable_spec_is_a_spec_error(tmp_path: Path) -> None:
 
 
 def test_paths_are_relative_to_the_spec_file(tmp_path: Path) -> None:
-    (tmp_path / "brain.txt").write_text("step\n")
+    (tmp_path / "brain.txt").write_text('[[step]]\nresult = "ok"\n')
     path = tmp_path / "spec.toml"
     path.write_text(
         "[run]\ncwd = 'work'\n[[member]]\nname = 'm'\nscript = 'brain.txt'\n"

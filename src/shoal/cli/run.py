@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, AnyStr, Final, Generic, TextIO
 
 import click
 import orjson
@@ -13,16 +15,75 @@ from shoal.cli.common import common_options, get_env
 from shoal.core.errors import UsageError
 from shoal.orchestrator.batch_spec import BACKEND_CHOICES, format_duration
 
+# A reason longer than this is cut in a progress line (reports keep all of it).
+REASON_WIDTH: Final = 200
+
+
+class Droppable(Generic[AnyStr]):
+    """A stream that goes quiet once nobody reads it (`shoal run ... | head -1`).
+
+    The first failed write marks it gone and points its descriptor at /dev/null, so neither
+    later writes nor the interpreter's final flush fail: the run goes on and its reports and
+    record are written, only the progress is lost.
+    """
+
+    def __init__(self, stream: IO[AnyStr]) -> None:
+        self.stream: IO[AnyStr] = stream
+        self.gone = False
+
+    def write(self, data: AnyStr) -> None:
+        """Write (and flush) `data`, or drop it once the reader is gone."""
+        if self.gone:
+            return
+        try:
+            self.stream.write(data)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._drop()
+
+    def flush(self) -> None:
+        """Flush, or do nothing once the reader is gone."""
+        if self.gone:
+            return
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._drop()
+
+    def isatty(self) -> bool:
+        """True for a terminal still there."""
+        return not self.gone and self.stream.isatty()
+
+    def _drop(self) -> None:
+        self.gone = True
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self.stream.fileno())
+            finally:
+                os.close(null)
+
+
+def one_line(text: str, width: int = REASON_WIDTH) -> str:
+    """`text` on one line (its lines joined with " ⏎ "), cut to `width` characters."""
+    flat = " ⏎ ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+
 
 class StreamJson:
-    """`--output-format stream-json`: every event as one JSON line on stdout."""
+    """`--output-format stream-json`: every event as one JSON line on stdout (notes, such as
+    the backend chosen for the members, also as one line on stderr)."""
 
-    def __init__(self, out: Any = None) -> None:
-        self.out = out or sys.stdout.buffer
+    def __init__(self, out: Droppable[bytes] | IO[bytes], err: Droppable[str] | TextIO) -> None:
+        self.out = out
+        self.err = err
 
     def __call__(self, event: dict[str, Any]) -> None:
         self.out.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
         self.out.flush()
+        if event.get("type") == "run" and event.get("subtype") == "note":
+            self.err.write(f"note: {one_line(str(event.get('text')))}\n")
+            self.err.flush()
 
     def close(self) -> None:
         """Nothing to finish: the last line was the `result` event."""
@@ -32,7 +93,9 @@ class TextProgress:
     """Human progress: one line per finished task, or (on a terminal) a live status line with
     only the noteworthy lines (failures, skips, retries, timeouts) printed above it."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, live: bool) -> None:
+    def __init__(
+        self, out: Droppable[str] | TextIO, err: Droppable[str] | TextIO, *, live: bool
+    ) -> None:
         self.out = out
         self.err = err
         self.live = live
@@ -51,7 +114,7 @@ class TextProgress:
             self.out.write("\r\x1b[K")
             self.out.flush()
             self._shown = ""
-        stream.write(text + "\n")
+        stream.write(text.replace("\r", " ").replace("\n", " ⏎ ") + "\n")  # one line each
         stream.flush()
 
     def _status(self) -> str:
@@ -98,7 +161,7 @@ class TextProgress:
         if sub == "run_started":
             self._started(event)
         elif sub == "note":
-            self._line(f"note: {event.get('text')}", err=True)
+            self._line(f"note: {one_line(str(event.get('text')))}", err=True)
         elif sub == "task_started":
             self.running.add((event["id"], event["attempt"]))
         elif sub == "task_retrying":
@@ -106,8 +169,8 @@ class TextProgress:
             outcome = event["status"].replace("_", " ")
             self._line(
                 f"retry {event['id']}: attempt {event['attempt']} {outcome} "
-                f"({event.get('reason')}); starting attempt {event['next_attempt']} of "
-                f"{event['attempts_max']}"
+                f"({one_line(str(event.get('reason')))}); starting attempt "
+                f"{event['next_attempt']} of {event['attempts_max']}"
             )
         elif sub == "task_timed_out":
             self._line(f"timeout {event['id']}: ran past {event['timeout']}; stopping it")
@@ -117,7 +180,7 @@ class TextProgress:
             self.running = {r for r in self.running if r[0] != event["id"]}
             self._finished(event["id"], event["status"], _detail(event))
         elif sub == "task_skipped":
-            self._finished(event["id"], "skipped", event.get("reason") or "")
+            self._finished(event["id"], "skipped", one_line(event.get("reason") or ""))
         elif sub == "halted":
             killing = event.get("killing") or 0
             then = f"; killing {killing} running task(s)" if killing else ""
@@ -194,7 +257,7 @@ def _detail(event: dict[str, Any]) -> str:
     if event["status"] == "succeeded":
         return f"{timing}{tries}"
     out = f"; output: {event['output_file']}" if event.get("output_file") else ""
-    return f"{event.get('reason') or event['status']} ({timing}{tries}){out}"
+    return f"{one_line(event.get('reason') or event['status'])} ({timing}{tries}){out}"
 
 
 @click.command("run")
@@ -291,11 +354,14 @@ def run(
         resume=resume,
         forward_leader_events=output_format == "stream-json",
     )
+    # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.
+    err = Droppable(sys.stderr)
     sink: StreamJson | TextProgress
     if output_format == "stream-json":
-        sink = StreamJson()
+        sink = StreamJson(Droppable(sys.stdout.buffer), err)
     else:
-        sink = TextProgress(sys.stdout, sys.stderr, live=sys.stdout.isatty())
+        out = Droppable(sys.stdout)
+        sink = TextProgress(out, err, live=out.isatty())
     outcome = run_batch(spec, env.layout, options, sink)
     sink.close()
     sys.exit(outcome.exit_code)

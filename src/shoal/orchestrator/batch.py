@@ -4,7 +4,7 @@
 enforce timeouts, apply the halt policy, submit what is ready — plus `feed()` for what the
 executors report (`Started`, `Finished`). It talks to the world through two small interfaces:
 a `ShellExecutor` (the leader, in production; a stand-in in unit tests) and an
-`AgentDispatcher` (teammates, for `prompt` tasks; not in this build). `run_batch` wires it to a
+`AgentDispatcher` (teammates, for `prompt` tasks). `run_batch` wires it to a
 real leader in this process, signals, the run record and the report files.
 """
 
@@ -983,6 +983,17 @@ class RunOutcome:
     record_path: Path
 
 
+def resolve_backend(option: str | None, setting: str) -> tuple[str, str]:
+    """(backend, why) for the run's members: `--backend`, else `[run] backend`, with `auto`
+    resolved here so the run says which one it is (never a silent choice)."""
+    from shoal.teams.backends.base import detect
+
+    name = option or setting
+    if name == "auto":
+        return detect()
+    return name, "chosen with --backend" if option else "set by [run] backend in the spec"
+
+
 def run_batch(
     spec: Spec,
     layout: Layout,
@@ -1021,7 +1032,7 @@ class _Driver:
         self.team = validate_name(options.team or spec.team_name(), "team name")
         self.jobs = settings.jobs if options.jobs is None else options.jobs
         self.halt = options.halt or settings.halt
-        self.backend = options.backend or settings.backend
+        self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)
         self.factory = agents_factory if agents_factory is not None else agent_dispatcher_factory()
         check_agents(spec, self.factory)
         for path in (options.junit, options.report, options.joblog):
@@ -1080,8 +1091,17 @@ class _Driver:
     def emit(self, event: dict[str, Any]) -> None:
         """A run event: into the session's event stream (once there is one) and to the sink."""
         record = self.leader.session.emit(event) if self.leader is not None else event
-        if self.sink is not None:
+        self._to_sink(record)
+
+    def _to_sink(self, record: dict[str, Any]) -> None:
+        """Show an event. A sink whose output is gone (a closed pipe: `shoal run ... | head`)
+        is dropped: progress is a courtesy, the run and its files are what count."""
+        if self.sink is None:
+            return
+        try:
             self.sink(record)
+        except OSError:
+            self.sink = None
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal is None:
@@ -1156,13 +1176,20 @@ class _Driver:
             self.leader = leader
             cleanup.register("leader", leader.shutdown)
             self._stop_leftovers(leader)
-            if self.options.joblog is not None:
-                self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
             if self.factory is not None and (self.spec.members or self.spec.agent_tasks):
                 self.agents = self.factory(leader, self.post)
                 self.batch.agents = self.agents
                 cleanup.register("agents", self.agents.close)
+                if self.spec.members:
+                    self._note(
+                        f"members run as {self.backend}: {self.backend_why}",
+                        backend=self.backend,
+                        why=self.backend_why,
+                    )
                 self.agents.start(self.spec.members, self.backend, str(self.spec.path.parent))
+            # Opened (and an old joblog truncated) only once the members are up.
+            if self.options.joblog is not None:
+                self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
             thread = threading.Thread(
                 target=self._leader_loop, args=(leader, stop_loop), name="shoal-leader", daemon=True
             )
@@ -1210,14 +1237,14 @@ class _Driver:
             with contextlib.suppress(ShoalError):
                 leader.stop_task(task_id)
         if left:
-            self.emit(
-                {
-                    "type": "run",
-                    "subtype": "note",
-                    "text": f"stopped {len(left)} task(s) left by an earlier leader of team "
-                    f"{self.team}: {' '.join(left)}",
-                }
+            self._note(
+                f"stopped {len(left)} task(s) left by an earlier leader of team "
+                f"{self.team}: {' '.join(left)}"
             )
+
+    def _note(self, text: str, **fields: Any) -> None:
+        """A `note` run event: something a person should know, shown once."""
+        self.emit({"type": "run", "subtype": "note", "text": text, **fields})
 
     def _begin(self) -> None:
         self._drain()  # the leader's own start events come first
@@ -1250,7 +1277,8 @@ class _Driver:
             event = events.popleft()
             if isinstance(event, Forward):
                 if sink is not None:
-                    sink(event.record)
+                    self._to_sink(event.record)
+                    sink = self.sink
             else:
                 batch.feed(event)
 

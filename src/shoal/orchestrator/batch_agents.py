@@ -13,7 +13,7 @@ import contextlib
 import shlex
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.errors import ShoalError
@@ -22,6 +22,7 @@ from shoal.orchestrator.batch import Finished, Poster, Started
 from shoal.orchestrator.batch_spec import MemberSpec, TaskSpec
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.tasklist import TaskList
+from shoal.workers.brains import exit_code_of
 
 if TYPE_CHECKING:
     from shoal.orchestrator.leader import Leader
@@ -110,15 +111,16 @@ class TeammateDispatcher:
         if handle is None or attempt is None:
             return
         status = data.get("status", "failed")
+        result = str(data.get("result") or "")
         self.post(
             Finished(
                 handle,
                 status if status in ("completed", "failed", "killed") else "failed",
-                exit_code=0 if status == "completed" else 1,
+                exit_code=_exit_code(status, data, result),
                 started_at=attempt[2],
                 ended_at=time.time(),
                 output_file=data.get("output_file"),
-                error=None if status == "completed" else str(data.get("result") or "")[-500:],
+                error=None if status == "completed" else result[-500:],
             ),
             True,
         )
@@ -147,6 +149,18 @@ class TeammateDispatcher:
     def close(self) -> None:
         """Shut the members down (the handshake; the leader kills who is left)."""
         self.leader.swarm.shutdown_all()
+
+
+def _exit_code(status: object, data: Mapping[str, Any], result: str) -> int | None:
+    """The exit code of a finished turn: 0 when it completed; for a failure, the code of the
+    command that failed (the notification's `exit_code`, else read from its result text), or
+    None when no command decided it (a rejected plan, an aborted turn)."""
+    if status == "completed":
+        return 0
+    code = data.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    return exit_code_of(result)
 
 
 def dispatcher(leader: Leader, post: Poster) -> TeammateDispatcher:

@@ -365,6 +365,7 @@ class SpecLocator:
                 continue
             if match := self._ARRAY.match(line):
                 name = _key_path(match.group(1))
+                self.keys.setdefault(("", 0, name.split(".")[0]), number)
                 index = counts.get(name, 0)
                 counts[name] = index + 1
                 section = (name, index)
@@ -373,6 +374,7 @@ class SpecLocator:
             if match := self._TABLE.match(line):
                 name = _key_path(match.group(1))
                 parent, _, sub = name.partition(".")
+                self.keys.setdefault(("", 0, parent), number)  # a table is a top-level key
                 if sub and parent in counts:
                     section = (parent, counts[parent] - 1)
                     self.keys.setdefault((*section, sub.split(".")[0]), number)
@@ -691,6 +693,8 @@ def _parse_members(checker: _Checker, items: object, base: Path) -> list[MemberS
                 checker.add(section, "script", f"{where}: script is for scripted agents")
             elif not os.path.isfile(script):
                 checker.add(section, "script", f"{where}: script file {script} does not exist")
+            else:
+                _check_script(checker, script, section, where)
         if name is None:
             continue
         seen.setdefault(name, checker.locator.line(section, "name"))
@@ -708,6 +712,17 @@ def _parse_members(checker: _Checker, items: object, base: Path) -> list[MemberS
             )
         )
     return members
+
+
+def _check_script(checker: _Checker, script: str, section: tuple[str, int], where: str) -> None:
+    """Load a member's script as its teammate will, so a broken one is a spec error (at the
+    `script =` line) instead of a member that fails to start after the run began."""
+    from shoal.workers.brains import Script
+
+    try:
+        Script.load(Path(script))
+    except UsageError as exc:
+        checker.add(section, "script", f"{where}: {exc}")
 
 
 def _parse_tasks(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 import signal
 import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -71,11 +72,34 @@ class TurnContext:
 
 @dataclass
 class TurnResult:
-    """How a turn ended: `ok`, the result text, and how many steps (tool uses) it took."""
+    """How a turn ended: `ok`, the result text, how many steps (tool uses) it took, and the
+    exit code of the command that decided it, when one did."""
 
     ok: bool
     result: str
     steps: int = 0
+    exit_code: int | None = None
+
+
+# How a failed command reads in a turn's result (`command_failed` writes it, `exit_code_of`
+# reads it back): readers that only get the text still learn the real exit code.
+_EXIT_CODE_RE: Final = re.compile(
+    r"^(?:command failed with exit code|[^:\s][^:\n]* exited with code) (-?\d+)(?::|$)"
+)
+
+
+def command_failed(command: str | None, code: int, tail: str) -> str:
+    """The result text of a turn ended by a failed command (its name, when known, first)."""
+    head = (
+        f"{command} exited with code {code}" if command else f"command failed with exit code {code}"
+    )
+    return f"{head}: {tail}" if tail else head
+
+
+def exit_code_of(result: str) -> int | None:
+    """The exit code a failed turn's result text reports (see `command_failed`), if any."""
+    match = _EXIT_CODE_RE.match(result)
+    return int(match.group(1)) if match else None
 
 
 class Brain(Protocol):
@@ -179,18 +203,17 @@ class Script:
 
     @classmethod
     def load(cls, path: Path) -> Script:
-        """Read a TOML (`.toml`) or JSON script; every error names the file."""
+        """Read a script file: TOML for `.toml`, JSON for `.json`, otherwise whichever of the
+        two parses (TOML first). Every error names the file."""
         try:
             raw = path.read_bytes()
         except OSError as exc:
             raise UsageError(f"cannot read script {path}: {exc.strerror}") from None
         try:
-            data = tomllib.loads(raw.decode()) if path.suffix == ".toml" else orjson.loads(raw)
-        except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(
-                f"script {path} is not valid {path.suffix[1:] or 'JSON'}: {exc}"
-            ) from None
-        return cls.parse(data, str(path))
+            text = raw.decode()
+        except UnicodeDecodeError:
+            raise UsageError(f"script {path} is not UTF-8 text") from None
+        return cls.parse(_decode_script(path, text), f"script {path}")
 
     @classmethod
     def parse(cls, data: Any, where: str = "script") -> Script:
@@ -238,6 +261,24 @@ class Script:
         return cls(tuple(steps), policy, data.get("shutdown_reason"))
 
 
+def _decode_script(path: Path, text: str) -> Any:
+    """The data of a script's text, in the format its extension names (else TOML, then JSON)."""
+    suffix = path.suffix.lower()
+    formats = ["TOML"] if suffix == ".toml" else ["JSON"] if suffix == ".json" else ["TOML", "JSON"]
+    failures: list[str] = []
+    for fmt in formats:
+        try:
+            return tomllib.loads(text) if fmt == "TOML" else orjson.loads(text)
+        except (tomllib.TOMLDecodeError, orjson.JSONDecodeError) as exc:
+            failures.append(str(exc))
+    if len(failures) == 1:
+        raise UsageError(f"script {path} is not valid {formats[0]}: {failures[0]}")
+    raise UsageError(
+        f"script {path} is neither TOML nor JSON (as TOML: {failures[0]}; as JSON: {failures[1]}); "
+        "name it .toml or .json to choose"
+    )
+
+
 DEFAULT_SCRIPT = Script(steps=())
 
 
@@ -281,7 +322,7 @@ class ScriptedBrain:
                 code, tail = await run_command([render(step.args["run"], ctx)], ctx, shell=True)
                 result = tail
                 if code != 0 and not step.args.get("allow_fail"):
-                    return TurnResult(False, f"command failed with exit code {code}: {tail}", count)
+                    return TurnResult(False, command_failed(None, code, tail), count, code)
             elif step.kind == "write":
                 base = Path(ctx.cwd).resolve()
                 target = (base / render(step.args["path"], ctx)).resolve()
@@ -328,8 +369,8 @@ class ExecBrain:
         ctx.activity(f"running {argv[0]}")
         code, tail = await run_command(argv, ctx)
         if code != 0:
-            return TurnResult(False, f"{argv[0]} exited with code {code}: {tail}", 1)
-        return TurnResult(True, tail, 1)
+            return TurnResult(False, command_failed(argv[0], code, tail), 1, code)
+        return TurnResult(True, tail, 1, code)
 
 
 def make_brain(agent: str, *, script: Path | None = None, cmd: str | None = None) -> Brain:
