@@ -2,7 +2,9 @@
 when they die, and the shutdown handshake.
 
 Each teammate is also a task in the leader's registry (type `in_process_teammate`, whatever
-its backend), so it has an id, a status and exactly one notification like any other task.
+its backend), so it has an id, a status and exactly one notification like any other task. The
+record follows the member's status file (idle, awaiting approval, progress, messages) and the
+messages the member sends the lead.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +27,14 @@ from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
 from shoal.core.procs import is_alive
 from shoal.core.tasks import (
+    RECENT_ACTIVITIES_CAP,
+    TEAMMATE_MESSAGES_UI_CAP,
+    AgentProgress,
     InProcessTeammateTaskState,
     TaskStatus,
     TaskType,
     TeammateIdentity,
+    ToolActivity,
     new_task_id,
 )
 from shoal.mailbox.router import send
@@ -44,6 +52,11 @@ if TYPE_CHECKING:
 
 SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
 SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
+# A file changed less than this long ago may change again within the filesystem's timestamp
+# granularity without its mtime moving: it is looked at once more on the next pass.
+STATUS_SETTLE_NS = 50_000_000
+# Texts of messages kept in a teammate's task record are cut to this many characters.
+MESSAGE_TEXT_CAP = 500
 
 Reply = Callable[[dict[str, Any] | None, ShoalError | None], None]
 BatchReply = Callable[[list[dict[str, Any]] | None, ShoalError | None], None]
@@ -127,6 +140,13 @@ class MemberRun:
     log_file: Path | None = None
     shutdown_approved: bool = False
     stop_reason: str | None = None
+    in_process: bool = False
+    # (inode, size, mtime_ns) of the status file last read; None: read it on the next look.
+    status_key: tuple[int, int, int] | None = None
+    status: dict[str, Any] | None = None  # the member's status as last applied
+    sent: deque[dict[str, Any]] = field(
+        default_factory=lambda: deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
+    )  # what the member sent the lead, for the record's messages
 
 
 class Swarm:
@@ -137,6 +157,13 @@ class Swarm:
         self.members: dict[str, MemberRun] = {}
         self._backends: dict[str, Backend] = {}
         self._ready_early: set[str] = set()
+        # Statuses handed over by in-process teammates (from their loop's thread), latest per
+        # member, applied on the next pass; names being started are kept until they are known.
+        self._pushed: dict[str, dict[str, Any]] = {}
+        self._push_lock = threading.Lock()
+        self._launching: set[str] = set()
+        self._status_dir = leader.layout.status_dir(leader.team)
+        self._status_dir_seen: int | None = None
         inproc = InProcessBackend.shared()
         if inproc.factory is None:
             inproc.factory = self._in_process_factory
@@ -179,6 +206,7 @@ class Swarm:
                     plan_mode_required=p.plan_mode,
                     worktree_path=p.worktree,
                     color=p.color,
+                    prompt=p.prompt,
                     # In-process teammates live in this process: joined for good right now.
                     # The others are listed with no pid (dead) until their worker joins.
                     pid=me if p.in_process else None,
@@ -318,6 +346,7 @@ class Swarm:
         with leader.lock:
             leader.registry.register_task(task)
             leader.mark_dirty()
+            self._launching.add(plan.name)
         try:
             handle = plan.backend.spawn(spec)
         except Exception as exc:  # whatever the backend raised, the task must not hang
@@ -329,6 +358,7 @@ class Swarm:
                 )
             )
             with leader.lock:
+                self._launching.discard(plan.name)
                 leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(error))
             collector.done(plan.name, None, error)
             return
@@ -344,7 +374,9 @@ class Swarm:
                 reply=collector.for_member(plan.name),
                 deadline=time.monotonic() + SPAWN_TIMEOUT_S,
                 log_file=spec.log_file,
+                in_process=plan.in_process,
             )
+            self._launching.discard(plan.name)
             if isinstance(plan.backend, InProcessBackend):
                 plan.backend.on_done(handle, leader.wake)
                 if plan.name in self._ready_early:
@@ -404,7 +436,12 @@ class Swarm:
                 else:  # ready before `_start` has recorded it: it will look here
                     self._ready_early.add(spec.name)
 
+        def status(snapshot: dict[str, Any]) -> None:  # also on the in-process loop's thread
+            with self._push_lock:
+                self._pushed[spec.name] = snapshot
+
         runner.config.on_ready = ready
+        runner.config.on_status = status
         return runner.run()
 
     def _make_worktree(self, name: str, cwd: str) -> Path:
@@ -431,35 +468,127 @@ class Swarm:
     # -- messages from teammates -------------------------------------------------------------
 
     def on_message(self, msg: AnyMessage) -> None:
-        """React to a teammate's message (readiness, shutdown answers, progress)."""
+        """React to a teammate's message (readiness, shutdown answers) and bring its task
+        record up to date: a member writes its status file before it sends, so the file is at
+        least as new as the message (idle, awaiting approval and the like come from there)."""
         run = self.members.get(msg.from_)
         if run is None:
             return
         data = msg.data.model_dump()
+        text = msg.summary if msg.kind == "task_notification" and msg.summary else msg.text
+        run.sent.append(
+            {
+                "from": msg.from_,
+                "to": msg.to,
+                "kind": msg.kind,
+                "text": _cut(text),
+                "sent_at": msg.sent_at,
+            }
+        )
         if msg.kind == "idle_notification" and data.get("idle_reason") == "ready":
             self._ready(run)
-        elif msg.kind == "idle_notification":
-            self._update_teammate(run, is_idle=True)
-        elif msg.kind == "task_notification":
-            self._update_teammate(run, is_idle=False)
-        elif msg.kind == "plan_approval_request":
-            self._update_teammate(run, awaiting_plan_approval=True)
         elif msg.kind == "shutdown_response":
             run.shutdown_approved = bool(data.get("approve"))
             if not run.shutdown_approved:
                 self.leader.note(
                     f"{run.name} declined to shut down: {data.get('reason') or 'no reason given'}"
                 )
+        self._refresh(run)
 
     def _update_teammate(self, run: MemberRun, **changes: Any) -> None:
         with contextlib.suppress(ShoalError, TypeError):
             self.leader.set_task(run.task_id, **changes)
 
+    # -- teammate task records in step with status files -------------------------------------
+
+    def sync_status(self) -> None:
+        """Copy what changed in members' status files into their task records.
+
+        In-process teammates hand their statuses over directly; the others' files are looked
+        at only when the status directory changed (a stat), then only those whose file changed
+        are read. A thousand quiet teammates cost one stat a pass.
+        """
+        if self._pushed:  # (read without the lock: one missed now is seen on the next pass)
+            with self._push_lock:
+                pushed, self._pushed = self._pushed, {}
+            for name, status in pushed.items():
+                run = self.members.get(name)
+                if run is not None:
+                    self._apply_status(run, status)
+                elif name in self._launching:  # handed over before `_start` recorded it
+                    with self._push_lock:
+                        self._pushed.setdefault(name, status)
+        if not self.members:
+            return
+        try:
+            mtime = os.stat(self._status_dir).st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._status_dir_seen:
+            return
+        self._status_dir_seen = mtime if time.time_ns() - mtime > STATUS_SETTLE_NS else None
+        for run in self.members.values():
+            if not run.in_process:
+                found = self._read_status(run)
+                if found is not None:
+                    self._apply_status(run, found)
+
+    def _read_status(self, run: MemberRun) -> dict[str, Any] | None:
+        """The member's status file if it changed since the last read, else None."""
+        path = self._status_dir / f"{run.name}.json"
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if key == run.status_key:
+            return None
+        status = self.leader.teams.read_status(self.leader.team, run.name)
+        if status is not None:
+            settled = time.time_ns() - st.st_mtime_ns > STATUS_SETTLE_NS
+            run.status_key = key if settled else None
+        return status
+
+    def _refresh(self, run: MemberRun) -> None:
+        """Bring one member's record up to date now (its latest status, its messages)."""
+        status: dict[str, Any] | None
+        if run.in_process:
+            with self._push_lock:
+                status = self._pushed.pop(run.name, None)
+        else:
+            status = self._read_status(run)
+        if status is None and run.status is None:  # nothing known yet but its messages
+            self._update_teammate(run, messages=self._messages(run, {}))
+            return
+        self._apply_status(run, status if status is not None else run.status or {})
+
+    def _apply_status(self, run: MemberRun, status: dict[str, Any]) -> None:
+        run.status = status
+        self._update_teammate(
+            run,
+            is_idle=status.get("state") == "idle",
+            awaiting_plan_approval=bool(status.get("awaiting_approval")),
+            shutdown_requested=bool(status.get("shutdown_requested")),
+            progress=_progress(status),
+            messages=self._messages(run, status),
+        )
+
+    @staticmethod
+    def _messages(run: MemberRun, status: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+        """What the member received (its status file lists them) and sent the lead, oldest
+        first, the last TEAMMATE_MESSAGES_UI_CAP of them."""
+        received = status.get("messages")
+        listed = received if isinstance(received, list) else ()
+        messages = [m for m in listed if isinstance(m, dict)]
+        messages.extend(run.sent)
+        messages.sort(key=lambda m: str(m.get("sent_at") or ""))
+        return tuple(messages[-TEAMMATE_MESSAGES_UI_CAP:])
+
     def _ready(self, run: MemberRun) -> None:
         if run.ready:
             return
         run.ready = True
-        self._update_teammate(run, is_idle=True)
+        self._update_teammate(run, is_idle=True)  # (its status file may lag behind)
         self.leader.emit(
             {
                 "type": "system",
@@ -493,7 +622,9 @@ class Swarm:
     # -- supervision -------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Notice teammates that died (or never became ready) and settle their tasks."""
+        """Notice teammates that died (or never became ready) and settle their tasks; bring
+        the records of the others in step with their status files."""
+        self.sync_status()
         now = time.monotonic()
         for run in list(self.members.values()):
             alive = run.backend.is_alive(run.handle)
@@ -507,7 +638,10 @@ class Swarm:
 
     def _ended(self, run: MemberRun, *, settle_member: bool = True) -> None:
         leader = self.leader
+        self._refresh(run)  # its last progress and messages
         self.members.pop(run.name, None)
+        with self._push_lock:
+            self._pushed.pop(run.name, None)
         if settle_member and isinstance(run.backend, InProcessBackend):
             # Its pid is the leader's: the team file must say it is gone.
             with contextlib.suppress(ShoalError):
@@ -535,7 +669,14 @@ class Swarm:
             error = run.stop_reason or "the teammate exited unexpectedly"
             status, extra = TaskStatus.FAILED, {"error": error + (f": {log[-300:]}" if log else "")}
         with leader.lock:
-            leader.move_task(run.task_id, status, is_idle=False, **extra)
+            leader.move_task(
+                run.task_id,
+                status,
+                is_idle=False,
+                awaiting_plan_approval=False,
+                shutdown_requested=False,
+                **extra,
+            )
             if status == TaskStatus.KILLED:
                 leader.registry.mark_notified(run.task_id)
         note = f"teammate {run.name} ended ({status.value})"
@@ -602,3 +743,37 @@ class Swarm:
             with contextlib.suppress(ShoalError):
                 backend.close(self.leader.team)
         return killed
+
+
+def _cut(text: str | None) -> str | None:
+    if text is None or len(text) <= MESSAGE_TEXT_CAP:
+        return text
+    return text[:MESSAGE_TEXT_CAP] + "…"
+
+
+def _activity(text: str) -> ToolActivity:
+    """An activity line of a status file as a ToolActivity; its first word (e.g. `run` of
+    `run: make`) stands for the tool."""
+    return ToolActivity(tool_name=text.split(":", 1)[0].split(" ", 1)[0], description=text)
+
+
+def _progress(status: Mapping[str, Any]) -> AgentProgress | None:
+    """The progress a status file reports (counts, summary, latest and recent activities)."""
+    raw = status.get("progress")
+    counts: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    recent = status.get("recent_activities")
+    texts = [a for a in recent if isinstance(a, str) and a] if isinstance(recent, list) else []
+    current = status.get("activity")
+    if not counts and not texts and not current:
+        return None
+    summary = counts.get("summary")
+    try:
+        return AgentProgress(
+            tool_use_count=int(counts.get("tool_use_count") or 0),
+            token_count=int(counts.get("token_count") or 0),
+            last_activity=_activity(str(current)) if current else None,
+            recent_activities=tuple(_activity(a) for a in texts[-RECENT_ACTIVITIES_CAP:]),
+            summary=str(summary) if summary else None,
+        )
+    except (TypeError, ValueError):  # (a pydantic ValidationError is a ValueError)
+        return None

@@ -71,6 +71,7 @@ class JoinSpec:
     color: str | None = None
     pid: int | None = None
     pid_started_at: float | None = None
+    prompt: str | None = None
 
 
 class Teams:
@@ -322,12 +323,16 @@ class Teams:
                 if existing is not None and existing.color
                 else pick_color(m.color for m in tf.members if m.is_active and m.name != name)
             )
+            saved = prompt
+            if saved is None and existing is not None and existing.is_active:
+                # Listed by a spawner that saved its prompt; the worker joining does not know it.
+                saved = existing.prompt
             member = Member(
                 agent_id=agent_id(name, team),
                 name=name,
                 agent_type=agent_type,
                 model=model,
-                prompt=prompt,
+                prompt=saved,
                 color=color,
                 plan_mode_required=plan_mode_required,
                 joined_at=iso_now(),
@@ -371,6 +376,7 @@ class Teams:
                     agent_id=agent_id(spec.name, team),
                     name=spec.name,
                     agent_type=spec.agent_type,
+                    prompt=spec.prompt,
                     color=color,
                     joined_at=now,
                     backend=spec.backend,

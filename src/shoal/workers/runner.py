@@ -69,6 +69,9 @@ class RunnerConfig:
     # In-process teammates tell their lead (same process) they are ready by this call instead
     # of a message through the inboxes.
     on_ready: Callable[[], None] | None = None
+    # In-process teammates also hand each new status to their lead (a copy of what goes into
+    # the status file), so that a thousand of them cost the lead no file reads.
+    on_status: Callable[[dict[str, Any]], None] | None = None
 
 
 class TeammateRunner:
@@ -94,6 +97,8 @@ class TeammateRunner:
         self._idle_notified = False
         self._turns = 0
         self._tool_uses = 0
+        self._turn_steps = 0
+        self._summary: str | None = None
         self._tasklist_mtime = -1.0
         self._inbox: Inbox | None = None
         self._unwatch_tasks: Callable[[], None] | None = None
@@ -178,8 +183,21 @@ class TeammateRunner:
             if delivery is not None:
                 await self._handle(delivery)
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), IDLE_RECHECK_S)
+            await self._woken(IDLE_RECHECK_S)
+
+    async def _woken(self, timeout: float | None) -> None:
+        """Wait until the wake event is set, or `timeout` s.
+
+        Not `asyncio.wait_for`: on Python 3.11 it swallows a cancellation that arrives as the
+        event is set (a message woke the loop as the turn was aborted), and an aborted turn would
+        then go on waiting.
+        """
+        assert self._wake is not None
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
 
     def abort(self) -> None:
         """Abort the whole teammate (its current turn too); it exits without a handshake."""
@@ -275,10 +293,15 @@ class TeammateRunner:
             )
             return
         self._set_status(state="stopping", shutdown_requested=True)
-        self.abort_turn()
+        # Answered before the turn is aborted: this may run inside that very turn (reading side
+        # messages while it waits for a plan approval), and must not be cut short.
         await self._to_lead("shutdown_response", data={"request_id": request_id, "approve": True})
         self._stop = True
         self._leave = True
+        # Whatever it was doing, it leaves now: the turn ends, and every wait checks `_stop`.
+        self.abort_turn()
+        if self._wake is not None:
+            self._wake.set()
 
     # -- turns -------------------------------------------------------------------------------
 
@@ -343,20 +366,26 @@ class TeammateRunner:
             env=self.config.env,
         )
         self._turn = asyncio.create_task(self.config.brain.turn(ctx))
+        stopping = False
         while not self._turn.done():
+            if self._stop and not stopping:
+                stopping = True  # the teammate is stopping: its turn must end (once is enough)
+                self._turn.cancel()
             side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
             if side is not None:
                 await self._handle(side)
                 continue
             self._wake.clear()
             waiter = asyncio.create_task(self._wake.wait())
-            await asyncio.wait({self._turn, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            try:
+                await asyncio.wait({self._turn, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
         aborted = self._turn.cancelled()
         try:
             result = None if aborted else self._turn.result()
         except TurnAborted as exc:
-            result, aborted = TurnResult(False, f"aborted: {exc}"), False
+            result = TurnResult(False, f"aborted: {exc}")
         except ShoalError as exc:
             result = TurnResult(False, str(exc))
         except Exception as exc:  # a brain bug ends the turn, never the teammate
@@ -364,7 +393,11 @@ class TeammateRunner:
         self._turn = None
         if result is None:
             result = TurnResult(False, "turn aborted")
-        self._tool_uses += result.steps
+        # A turn cut short because the teammate is stopping was aborted, whatever it raised.
+        aborted = aborted or (self._stop and not result.ok)
+        # (an aborted turn reports no steps, but those it took were counted as they ran)
+        self._tool_uses += max(result.steps, self._turn_steps)
+        self._turn_steps = 0
         status = "completed" if result.ok else ("killed" if aborted else "failed")
         if task is not None:
             await self._settle_task(int(task["id"]), result)
@@ -396,10 +429,11 @@ class TeammateRunner:
                 "list_task_id": (task or {}).get("id"),
             },
         )
+        self._summary = summary
         self._set_status(
             state="idle" if not self._stop else "stopping",
             current_task=None,
-            progress={"tool_use_count": self._tool_uses, "token_count": 0, "summary": summary},
+            progress=self._progress(),
             last_result=result.result[-500:],
         )
 
@@ -407,6 +441,9 @@ class TeammateRunner:
         with contextlib.suppress(ShoalError):
             if result.ok:
                 self.tasks.update(task_id, status="completed")
+                return
+            if self._stop:  # cut short by a shutdown or abort: not the task's failure
+                self.tasks.update(task_id, status="pending", owner=None)
                 return
             item = self.tasks.get(task_id)
             failures = int((item.metadata or {}).get("failures", 0)) + 1
@@ -437,8 +474,19 @@ class TeammateRunner:
     # -- brain callbacks -----------------------------------------------------------------------
 
     def _activity(self, text: str) -> None:
+        # Brains report one activity per step (tool use), so the count is live during a turn.
+        self._turn_steps += 1
         self._activities.append(text)
-        self._set_status(activity=text, recent_activities=list(self._activities))
+        self._set_status(
+            activity=text, recent_activities=list(self._activities), progress=self._progress()
+        )
+
+    def _progress(self) -> dict[str, Any]:
+        return {
+            "tool_use_count": self._tool_uses + self._turn_steps,
+            "token_count": 0,
+            "summary": self._summary,
+        }
 
     async def _send_text(self, to: str, text: str) -> None:
         send(self.teams.directory(self.team), to=to, sender=self.name, text=text)
@@ -457,16 +505,21 @@ class TeammateRunner:
             "plan_approval_request", text=plan, data={"request_id": request_id, "plan": plan}
         )
         assert self._inbox is not None
-        while request_id not in self._plan_answers:
-            side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
-            if side is not None:
-                await self._handle(side)
-                continue
-            self._wake.clear()
-            if request_id in self._plan_answers:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), IDLE_RECHECK_S)
+        try:
+            while request_id not in self._plan_answers:
+                if self._stop:  # shut down or aborted while waiting: no answer will matter
+                    raise TurnAborted("the teammate is stopping")
+                side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
+                if side is not None:
+                    await self._handle(side)
+                    continue
+                self._wake.clear()
+                if request_id in self._plan_answers or self._stop:
+                    continue
+                await self._woken(IDLE_RECHECK_S)
+        except BaseException:
+            self._set_status(awaiting_approval=None)
+            raise
         approved, feedback = self._plan_answers.pop(request_id)
         self._set_status(
             awaiting_approval=None, activity="plan approved" if approved else "plan rejected"
@@ -498,3 +551,5 @@ class TeammateRunner:
         self._status.update(changes)
         self._status["messages"] = list(self._messages)
         self.teams.write_status(self.team, self.name, self._status)
+        if self.config.on_status is not None:
+            self.config.on_status(dict(self._status))
