@@ -55,8 +55,9 @@ SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
 # A file changed less than this long ago may change again within the filesystem's timestamp
 # granularity without its mtime moving: it is looked at once more on the next pass.
 STATUS_SETTLE_NS = 50_000_000
-# Texts of messages kept in a teammate's task record are cut to this many characters.
-MESSAGE_TEXT_CAP = 500
+# Texts of messages kept in a teammate's task record are cut to this many characters (the
+# record is in state.json: 50 messages of a thousand teammates must stay a few MB at most).
+MESSAGE_TEXT_CAP = 200
 
 Reply = Callable[[dict[str, Any] | None, ShoalError | None], None]
 BatchReply = Callable[[list[dict[str, Any]] | None, ShoalError | None], None]
