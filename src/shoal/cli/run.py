@@ -90,8 +90,8 @@ class StreamJson:
 
 
 class TextProgress:
-    """Human progress: one line per finished task, or (on a terminal) a live status line with
-    only the noteworthy lines (failures, skips, retries, timeouts) printed above it."""
+    """Human progress: only the noteworthy lines (failures, skips, retries, timeouts) and a
+    summary; on a terminal also a live status line below them."""
 
     def __init__(
         self, out: Droppable[str] | TextIO, err: Droppable[str] | TextIO, *, live: bool
@@ -142,8 +142,8 @@ class TextProgress:
         label = "ok" if status == "succeeded" else status.replace("_", " ")
         if status in ("failed", "timed_out", "killed"):
             label = label.upper()
-        if self.live and status == "succeeded":
-            return
+        if status == "succeeded":
+            return  # quiet: the status line (on a terminal) and the summary count successes
         self._line(
             f"[{self.done}/{self.total}] {label:<{self._width}} {task_id}  {detail}".rstrip()
         )

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from filelock import FileLock
+from filelock import AcquireReturnProxy, FileLock, Timeout
 from pydantic import BaseModel, ValidationError
 
-from shoal.core.errors import CorruptFileError, NotFoundError
+from shoal.core.errors import CorruptFileError, NotFoundError, ShoalError
 from shoal.core.paths import FILE_MODE
 
 M = TypeVar("M", bound=BaseModel)
 
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.002
+LOCK_POLL_MAX_S = 0.05
 
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:
@@ -93,13 +96,49 @@ def read_model(path: Path, model: type[M], what: str = "file") -> M:
         ) from None
 
 
-def lock_for(path: Path) -> FileLock:
+class LockTimeoutError(ShoalError):
+    """A lock stayed taken for the whole timeout."""
+
+
+class BackoffFileLock(FileLock):
+    """A FileLock whose waiters back off: the first tries come every LOCK_POLL_S (an update
+    holds the lock for a millisecond or two, so a waiter gets it at once), later ones up to
+    every LOCK_POLL_MAX_S, with jitter. filelock polls a non-blocking flock at one fixed
+    interval: its default 50 ms starves waiters under contention, and at 2 ms a hundred
+    waiters (teammates joining at once) burn the CPU the holder needs to finish.
+
+    A timeout raises LockTimeoutError (a Timeout too), naming the lock file.
+    """
+
+    def acquire(
+        self,
+        timeout: float | None = None,
+        poll_interval: float | None = None,
+        *,
+        blocking: bool | None = None,
+        **kwargs: Any,
+    ) -> AcquireReturnProxy[Any]:
+        if blocking is False:
+            return super().acquire(blocking=False)
+        limit = self.timeout if timeout is None else timeout
+        deadline = None if limit < 0 else time.monotonic() + limit
+        delay = poll_interval or LOCK_POLL_S
+        while True:
+            try:
+                return super().acquire(blocking=False)
+            except Timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LockTimeoutError(
+                        f"{self.lock_file} stayed locked for {limit:g}s "
+                        "(another shoal process holds it; is one stuck?)"
+                    ) from None
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 1.5, LOCK_POLL_MAX_S)
+
+
+def lock_for(path: Path) -> BackoffFileLock:
     """The lock guarding `path` (`{path}.lock`, never deleted)."""
-    # filelock polls a non-blocking flock; its default 50 ms between tries starves waiters
-    # under contention (hundreds of ms per update with 8 writers), 2 ms does not.
-    return FileLock(
-        f"{path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE, poll_interval=LOCK_POLL_S
-    )
+    return BackoffFileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
 
 
 def locked_update(

@@ -43,6 +43,7 @@ class TaskNotificationData(_Data):
     summary: str | None = None
     output_file: str | None = None
     result: str | None = None
+    exit_code: int | None = None  # of the command that decided a teammate's turn, if one did
 
 
 class IdleNotificationData(_Data):

@@ -427,6 +427,7 @@ class TeammateRunner:
                 "output_file": str(self.config.output_file),
                 "result": result.result[-2000:],
                 "list_task_id": (task or {}).get("id"),
+                "exit_code": result.exit_code,
             },
         )
         self._summary = summary

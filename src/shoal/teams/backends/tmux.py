@@ -29,7 +29,7 @@ from libtmux import exc as tmux_exc
 from libtmux.server import Server
 
 from shoal.core.errors import NotFoundError, ShoalError, UsageError
-from shoal.core.jsonio import lock_for
+from shoal.core.jsonio import LockTimeoutError, lock_for
 from shoal.core.names import validate_name
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive, process_start_time, terminate
@@ -408,7 +408,7 @@ class TmuxBackend:
         lock = lock_for(team_dir / "tmux")
         try:
             lock.acquire()
-        except Timeout:
+        except (Timeout, LockTimeoutError):
             raise TmuxError(
                 f"timed out waiting for {lock.lock_file} to create a pane for team {team!r}"
             ) from None
