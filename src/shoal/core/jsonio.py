@@ -22,7 +22,8 @@ M = TypeVar("M", bound=BaseModel)
 
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.002
-LOCK_POLL_MAX_S = 0.05
+LOCK_POLL_MAX_S = 0.01
+LOCK_BACKOFF_AFTER_S = 0.1
 
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:
@@ -101,11 +102,12 @@ class LockTimeoutError(ShoalError):
 
 
 class BackoffFileLock(FileLock):
-    """A FileLock whose waiters back off: the first tries come every LOCK_POLL_S (an update
-    holds the lock for a millisecond or two, so a waiter gets it at once), later ones up to
-    every LOCK_POLL_MAX_S, with jitter. filelock polls a non-blocking flock at one fixed
-    interval: its default 50 ms starves waiters under contention, and at 2 ms a hundred
-    waiters (teammates joining at once) burn the CPU the holder needs to finish.
+    """A FileLock whose waiters back off: they try every LOCK_POLL_S (an update holds the lock
+    for a millisecond or two, so a waiter gets it at once) and, once they have waited
+    LOCK_BACKOFF_AFTER_S, less and less often, up to every LOCK_POLL_MAX_S, with jitter.
+    filelock polls a non-blocking flock at one fixed interval: its default 50 ms starves
+    waiters under contention, and at 2 ms a hundred waiters (teammates joining at once) burn
+    the CPU the holder needs to finish.
 
     A timeout raises LockTimeoutError (a Timeout too), naming the lock file.
     """
@@ -121,19 +123,22 @@ class BackoffFileLock(FileLock):
         if blocking is False:
             return super().acquire(blocking=False)
         limit = self.timeout if timeout is None else timeout
-        deadline = None if limit < 0 else time.monotonic() + limit
+        start = time.monotonic()
+        deadline = None if limit < 0 else start + limit
         delay = poll_interval or LOCK_POLL_S
         while True:
             try:
                 return super().acquire(blocking=False)
             except Timeout:
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     raise LockTimeoutError(
                         f"{self.lock_file} stayed locked for {limit:g}s "
                         "(another shoal process holds it; is one stuck?)"
                     ) from None
                 time.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 1.5, LOCK_POLL_MAX_S)
+                if now - start > LOCK_BACKOFF_AFTER_S:  # a crowd: fewer, slower tries
+                    delay = min(delay * 1.5, LOCK_POLL_MAX_S)
 
 
 def lock_for(path: Path) -> BackoffFileLock:

@@ -29,7 +29,7 @@ from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME, AllowedPath, Member, TeamFile, agent_id
 
 # path -> ((inode, size, mtime_ns), parsed team file); team files are small and few.
-_READ_CACHE: dict[Path, tuple[tuple[int, int, int], TeamFile]] = {}
+_READ_CACHE: dict[str, tuple[tuple[int, int, int], TeamFile]] = {}
 
 
 class MemberState(StrEnum):
@@ -79,6 +79,7 @@ class Teams:
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        self._team_files: dict[str, str] = {}  # team -> its file's path (checked name)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -89,7 +90,9 @@ class Teams:
         atomic replace, so a new version is a new inode) is not parsed again; routing a message
         costs a stat, not a parse of every member.
         """
-        path = self.layout.team_file(team)
+        path = self._team_files.get(team)
+        if path is None:  # (a message send reads the team file: no Path arithmetic each time)
+            path = self._team_files[team] = str(self.layout.team_file(team))
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -102,7 +105,7 @@ class Teams:
         if hit is not None and hit[0] == key:
             return hit[1]
         try:
-            tf = _read_model(path, TeamFile, "team file")
+            tf = _read_model(Path(path), TeamFile, "team file")
         except NotFoundError:
             raise NotFoundError(
                 f"no team {team!r} (create it with `shoal team create {team}`)"
