@@ -22,8 +22,7 @@ M = TypeVar("M", bound=BaseModel)
 
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.002
-LOCK_POLL_MAX_S = 0.01
-LOCK_BACKOFF_AFTER_S = 0.1
+LOCK_POLL_MAX_S = 0.2
 
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:
@@ -102,12 +101,12 @@ class LockTimeoutError(ShoalError):
 
 
 class BackoffFileLock(FileLock):
-    """A FileLock whose waiters back off: they try every LOCK_POLL_S (an update holds the lock
-    for a millisecond or two, so a waiter gets it at once) and, once they have waited
-    LOCK_BACKOFF_AFTER_S, less and less often, up to every LOCK_POLL_MAX_S, with jitter.
-    filelock polls a non-blocking flock at one fixed interval: its default 50 ms starves
-    waiters under contention, and at 2 ms a hundred waiters (teammates joining at once) burn
-    the CPU the holder needs to finish.
+    """A FileLock whose waiters back off: they try every LOCK_POLL_S at first (an update
+    holds the lock for a millisecond or two, so a waiter gets it at once), then about ten
+    times per time waited so far, at most every LOCK_POLL_MAX_S, with jitter. filelock polls
+    a non-blocking flock at one fixed interval: its default 50 ms starves waiters under
+    contention, and at 2 ms a hundred waiters (teammates joining at once) burn the CPU the
+    holder needs to finish, so that each hold lasts longer and the crowd never drains.
 
     A timeout raises LockTimeoutError (a Timeout too), naming the lock file.
     """
@@ -125,7 +124,7 @@ class BackoffFileLock(FileLock):
         limit = self.timeout if timeout is None else timeout
         start = time.monotonic()
         deadline = None if limit < 0 else start + limit
-        delay = poll_interval or LOCK_POLL_S
+        first = poll_interval or LOCK_POLL_S
         while True:
             try:
                 return super().acquire(blocking=False)
@@ -136,9 +135,10 @@ class BackoffFileLock(FileLock):
                         f"{self.lock_file} stayed locked for {limit:g}s "
                         "(another shoal process holds it; is one stuck?)"
                     ) from None
+                # The longer the wait, the bigger the crowd: try about ten times per wait so
+                # far (a waiter that sleeps is not competing for the CPU the holder needs).
+                delay = min(LOCK_POLL_MAX_S, max(first, (now - start) / 10))
                 time.sleep(delay * random.uniform(0.5, 1.5))
-                if now - start > LOCK_BACKOFF_AFTER_S:  # a crowd: fewer, slower tries
-                    delay = min(delay * 1.5, LOCK_POLL_MAX_S)
 
 
 def lock_for(path: Path) -> BackoffFileLock:

@@ -51,6 +51,19 @@ if TYPE_CHECKING:
     from shoal.orchestrator.leader import Leader
 
 SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
+# A batch of process teammates larger than the machine starts slower: each member past
+# 4 per CPU adds this much to everyone's ready timeout (they share the CPUs while starting).
+SPAWN_TIMEOUT_PER_MEMBER_S = 0.5
+
+
+def ready_timeout(batch: int, in_process: bool) -> float:
+    """Seconds a teammate launched in a batch of `batch` has to become ready."""
+    if in_process:  # (no interpreter to start: they do not slow each other down)
+        return SPAWN_TIMEOUT_S
+    crowd = max(0, batch - 4 * (os.cpu_count() or 1))
+    return SPAWN_TIMEOUT_S + SPAWN_TIMEOUT_PER_MEMBER_S * crowd
+
+
 SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
 # A file changed less than this long ago may change again within the filesystem's timestamp
 # granularity without its mtime moving: it is looked at once more on the next pass.
@@ -138,6 +151,7 @@ class MemberRun:
     ready: bool = False
     reply: Reply | None = None
     deadline: float = 0.0
+    launched: float = field(default_factory=time.monotonic)
     log_file: Path | None = None
     shutdown_approved: bool = False
     stop_reason: str | None = None
@@ -373,7 +387,7 @@ class Swarm:
                 why=plan.why,
                 prompt=plan.prompt,
                 reply=collector.for_member(plan.name),
-                deadline=time.monotonic() + SPAWN_TIMEOUT_S,
+                deadline=time.monotonic() + ready_timeout(collector.count, plan.in_process),
                 log_file=spec.log_file,
                 in_process=plan.in_process,
             )
@@ -632,7 +646,7 @@ class Swarm:
             if alive and not run.ready and now > run.deadline:
                 run.backend.kill(run.handle)
                 alive = False
-                run.stop_reason = f"not ready within {SPAWN_TIMEOUT_S:g}s"
+                run.stop_reason = f"not ready within {run.deadline - run.launched:.0f}s"
             if alive:
                 continue
             self._ended(run)
