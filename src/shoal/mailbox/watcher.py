@@ -27,7 +27,7 @@ from watchdog.observers.polling import PollingObserver
 logging.getLogger("watchdog").addHandler(logging.NullHandler())
 logging.getLogger("watchdog").propagate = False
 
-RECONCILE_INTERVAL_S = 5.0
+RECONCILE_INTERVAL_S = 10.0
 OBSERVER_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.1
 

@@ -41,7 +41,7 @@ from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
 # How often an idle teammate looks at the task list anyway (a stat; it is read only when
 # changed). Changes wake it at once through the watcher; this is the safety net.
-IDLE_RECHECK_S = 10.0
+IDLE_RECHECK_S = 30.0
 RECENT_ACTIVITIES = 5
 # Message texts kept in the status file (for views) are cut to this many characters.
 STATUS_TEXT_CAP = 500
