@@ -33,6 +33,7 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux
 SLEEP_SCRIPT = "import time; time.sleep(600)"
 SLEEP = [sys.executable, "-c", SLEEP_SCRIPT]
 EXIT3 = [sys.executable, "-c", "raise SystemExit(3)"]
+EXIT3_LATER = [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(3)"]
 TEAM = "alpha"
 
 
@@ -237,10 +238,13 @@ def test_a_worker_that_exits_is_detected_as_a_dead_pane(
     assert backend.is_alive(stayer)
     assert panes(sock)[quitter.pane_id or ""]["dead"] == "1"  # still visible, as dead
     # tmux marks the pane dead when its terminal closes and learns the status on SIGCHLD a
-    # moment later; until then the status shows as "?".
-    wait_until(lambda: backend.dead_panes(TEAM) == [f"{quitter.pane_id} quitter (exit 3)"])
-    late = backend.spawn(make_spec("late", EXIT3))  # a split pane dies at once too
-    wait_until(lambda: len(backend.dead_panes(TEAM)) == 2)
+    # moment later ("?" until then). For a process that exits the moment it starts, tmux 3.3
+    # now and then never learns it, and "?" is the honest answer.
+    shown = {f"{quitter.pane_id} quitter (exit 3)", f"{quitter.pane_id} quitter (exit ?)"}
+    assert backend.dead_panes(TEAM)[0] in shown and len(backend.dead_panes(TEAM)) == 1
+    late = backend.spawn(make_spec("late", EXIT3_LATER))  # a split pane dies too
+    wait_until(lambda: f"{late.pane_id} late (exit 3)" in backend.dead_panes(TEAM))
+    assert len(backend.dead_panes(TEAM)) == 2
     assert not backend.is_alive(late)
 
 
