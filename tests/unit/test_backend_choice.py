@@ -59,3 +59,14 @@ def test_unknown_backend_names_are_usage_errors(name: str) -> None:
         choose(name)
     assert err.value.exit_code == 2
     assert all(known in str(err.value) for known in BACKEND_NAMES)
+
+
+def test_a_dead_pane_line_keeps_its_exit_status() -> None:
+    from shoal.teams.backends.tmux import _parse_pane
+
+    line = "\t".join(["/tmp/s", "$1", "@2", "alpha", "0", "%3", "4242", "1", "3", "ana", "t"])
+    pane = _parse_pane(line)
+    assert pane is not None
+    assert (pane.pane_id, pane.dead, pane.dead_status, pane.member) == ("%3", True, "3", "ana")
+    assert _parse_pane(line.replace("alpha", "")) is None  # not a shoal window
+    assert _parse_pane("garbage") is None
