@@ -30,7 +30,6 @@ from shoal.core.tasks import (
     MonitorMcpTaskState,
     RemoteAgentTaskState,
     ShellResult,
-    TaskRegistry,
     TaskStatus,
     TaskType,
     TeammateIdentity,
@@ -45,6 +44,7 @@ from shoal.core.tasks import (
     transition,
     update_task,
 )
+from shoal.orchestrator.registry import TaskRegistry
 
 TERMINAL = {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.KILLED}
 

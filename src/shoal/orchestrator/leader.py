@@ -40,7 +40,6 @@ from shoal.core.tasks import (
     InProcessTeammateTaskState,
     LocalShellTaskState,
     ShellResult,
-    TaskRegistry,
     TaskStatus,
     TaskType,
     evolve,
@@ -50,6 +49,7 @@ from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import Session, SessionState
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME, TeamFile
