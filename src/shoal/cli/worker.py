@@ -15,7 +15,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _options(fn: F) -> F:
-    """The worker's own options (shared by the command and `parse_worker_args`)."""
+    """The worker's own options (`WorkerOptions.argv` writes a command line of them)."""
     for opt in reversed(
         [
             click.option("--name", required=True, help="Member name to join as."),
@@ -73,10 +73,3 @@ def worker(**params: object) -> None:
     env = get_env(click.get_current_context())
     opts = WorkerOptions(team=env.team(), **params)  # type: ignore[arg-type]
     sys.exit(run_worker(env.layout, opts))
-
-
-def parse_worker_args(args: list[str]) -> WorkerOptions:
-    """Parse worker options (as `shoal worker` would) into WorkerOptions."""
-    ctx = worker.make_context("worker", list(args))
-    env = get_env(ctx)
-    return WorkerOptions(team=env.team(), **ctx.params)

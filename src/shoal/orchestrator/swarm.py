@@ -49,6 +49,7 @@ from shoal.teams.tasklist import TaskList
 
 if TYPE_CHECKING:
     from shoal.orchestrator.leader import Leader
+    from shoal.workers.worker import WorkerOptions
 
 SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
 # A batch of process teammates larger than the machine starts slower: each member past
@@ -85,7 +86,7 @@ class _Plan:
     backend: Backend
     why: str
     cwd: str
-    argv: list[str]
+    options: WorkerOptions
     task_id: str
     output: Path
     plan_mode: bool
@@ -177,6 +178,8 @@ class Swarm:
         self._pushed: dict[str, dict[str, Any]] = {}
         self._push_lock = threading.Lock()
         self._launching: set[str] = set()
+        # The options of in-process teammates being started, for the backend's factory.
+        self._in_process_options: dict[str, WorkerOptions] = {}
         self._status_dir = leader.layout.status_dir(leader.team)
         self._status_dir_seen: int | None = None
         inproc = InProcessBackend.shared()
@@ -240,7 +243,7 @@ class Swarm:
 
     def _plan(self, args: dict[str, Any], tf: Any) -> _Plan:
         leader = self.leader
-        layout, team = leader.layout, leader.team
+        team = leader.team
         name = validate_name(str(args.get("name") or ""), "member name")
         if name == LEAD_NAME:
             raise ConflictError(f"{LEAD_NAME!r} is the lead's name; pick another")
@@ -278,43 +281,28 @@ class Swarm:
         output = leader.session.output_file(task_id)
         plan_mode = bool(args.get("plan_mode"))
         in_process = isinstance(backend, InProcessBackend)
-        argv = [
-            sys.executable,
-            "-m",
-            "shoal",
-            "--home",
-            str(layout.home),
-            "worker",
-            "--team",
-            team,
-            "--name",
-            name,
-            "--agent",
-            agent,
-            "--task-id",
-            task_id,
-            "--output",
-            str(output),
-            "--cwd",
-            cwd,
-            "--backend",
-            backend.name,
-        ]
-        if script:
-            argv += ["--script", str(Path(script).resolve())]
-        if cmd:
-            argv += ["--cmd", str(cmd)]
-        if plan_mode:
-            argv.append("--plan-mode")
-        if in_process:
-            argv.append("--joined")
+        from shoal.workers.worker import WorkerOptions
+
+        options = WorkerOptions(
+            team=team,
+            name=name,
+            agent=agent,
+            script=str(Path(script).resolve()) if script else None,
+            cmd=str(cmd) if cmd else None,
+            plan_mode=plan_mode,
+            task_id=task_id,
+            output=str(output),
+            cwd=cwd,
+            backend=backend.name,
+            joined=in_process,
+        )
         return _Plan(
             name=name,
             agent=agent,
             backend=backend,
             why=why,
             cwd=cwd,
-            argv=argv,
+            options=options,
             task_id=task_id,
             output=output,
             plan_mode=plan_mode,
@@ -334,7 +322,7 @@ class Swarm:
         spec = SpawnSpec(
             team=team,
             name=plan.name,
-            argv=plan.argv,
+            argv=plan.options.argv(sys.executable, layout.home),
             cwd=plan.cwd,
             home=layout.home,
             color=plan.color,
@@ -362,9 +350,12 @@ class Swarm:
             leader.registry.register_task(task)
             leader.mark_dirty()
             self._launching.add(plan.name)
+        if plan.in_process:
+            self._in_process_options[plan.name] = plan.options
         try:
             handle = plan.backend.spawn(spec)
         except Exception as exc:  # whatever the backend raised, the task must not hang
+            self._in_process_options.pop(plan.name, None)
             error = (
                 exc
                 if isinstance(exc, ShoalError)
@@ -438,9 +429,12 @@ class Swarm:
         return True
 
     def _in_process_factory(self, spec: SpawnSpec) -> Any:
-        from shoal.workers.worker import runner_from_argv
+        from shoal.workers.worker import build_runner
 
-        runner = runner_from_argv(self.leader.layout, spec.argv)
+        options = self._in_process_options.pop(spec.name, None)
+        if options is None:
+            raise ShoalError(f"no worker options for in-process teammate {spec.name!r}")
+        runner = build_runner(self.leader.layout, options)
         leader = self.leader
 
         def ready() -> None:  # called on the in-process loop's thread

@@ -34,6 +34,25 @@ class WorkerOptions:
     backend: str = "process"
     joined: bool = False
 
+    def argv(self, executable: str, home: Path) -> list[str]:
+        """The `shoal worker` command line that runs a teammate with these options."""
+        argv = [executable, "-m", "shoal", "--home", str(home), "worker", "--team", self.team]
+        argv += ["--name", self.name, "--agent", self.agent, "--backend", self.backend]
+        for flag, value in (
+            ("--task-id", self.task_id),
+            ("--output", self.output),
+            ("--cwd", self.cwd),
+            ("--script", self.script),
+            ("--cmd", self.cmd),
+        ):
+            if value is not None:
+                argv += [flag, value]
+        if self.plan_mode:
+            argv.append("--plan-mode")
+        if self.joined:
+            argv.append("--joined")
+        return argv
+
 
 def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
     """A runner for `opts` (the brain and files checked here, before joining the team)."""
@@ -60,13 +79,6 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         joined=opts.joined,
     )
     return TeammateRunner(layout, config)
-
-
-def runner_from_argv(layout: Layout, argv: list[str]) -> TeammateRunner:
-    """Build a runner from a worker command line (`... worker --team T --name N ...`)."""
-    from shoal.cli.worker import parse_worker_args
-
-    return build_runner(layout, parse_worker_args(argv[argv.index("worker") + 1 :]))
 
 
 def run_worker(layout: Layout, opts: WorkerOptions) -> int:
