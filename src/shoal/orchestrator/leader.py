@@ -649,8 +649,9 @@ class Leader:
             task = self.registry.get(task_id)
             if not isinstance(task, LocalShellTaskState):
                 continue
-            self._read_delta(task)
-            size = output_size(task.output_file)
+            size = output_size(task.output_file)  # (one stat when nothing was written)
+            if size > task.output_offset:
+                self._read_delta(task)
             if size > self.limits.output_cap:
                 reason = (
                     f"output reached {size} bytes, over the cap of {self.limits.output_cap} bytes"
