@@ -79,7 +79,7 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     layout = env.layout
     team = _default_team(layout, env.team_arg)
     if detach:
-        _detach(layout, team, jobs)
+        _detach(layout, team, jobs, quiet)
         _offer_tmux_status(layout, team)  # (this process only asks; the leader runs on)
         return
     from shoal.orchestrator.cleanup import CleanupRegistry
@@ -95,11 +95,13 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     use_board = sys.stdout.isatty() and not quiet and not board_off
 
     def show(event: dict[str, Any]) -> None:
+        if quiet or use_board:
+            return
         line = _event_line(event)
-        if line and not quiet and not use_board:
+        if line:
             click.echo(line)
 
-    leader = Leader(layout, team, jobs=jobs, on_event=show)
+    leader = Leader(layout, team, jobs=jobs, on_event=None if quiet or use_board else show)
     cleanup = CleanupRegistry()
     interrupted: list[int] = []
 
@@ -154,7 +156,7 @@ def _offer_tmux_status(layout: Layout, team: str) -> None:
         click.echo(f"(to do it later: {hint.command})", err=True)
 
 
-def _detach(layout: Layout, team: str, jobs: int) -> None:
+def _detach(layout: Layout, team: str, jobs: int, quiet: bool) -> None:
     from shoal.orchestrator.leader import leader_alive, leader_ready
 
     running = leader_alive(layout, team)
@@ -176,6 +178,8 @@ def _detach(layout: Layout, team: str, jobs: int) -> None:
                 team,
                 "--jobs",
                 str(jobs),
+                # (its log gets a line per task event unless asked to be quiet)
+                *(["--quiet"] if quiet else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
