@@ -1087,7 +1087,7 @@ def _timed(argv: list[str], stdin_path: Path, **kw: Any) -> float:
 
 def _leader_pid(home: Path, team: str) -> int:
     from shoal.core.paths import Layout
-    from shoal.orchestrator.leader import leader_alive
+    from shoal.orchestrator.liveness import leader_alive
 
     alive = leader_alive(Layout(home), team)
     if alive is None:

@@ -16,7 +16,7 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
-from shoal.orchestrator.leader import leader_alive, leader_ready
+from shoal.orchestrator.liveness import leader_alive, leader_ready
 from shoal.orchestrator.session import current_session
 from tests.conftest import Cli, group_gone, wait_until
 

@@ -20,7 +20,7 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.orchestrator.batch_report import JOBLOG_HEADER, read_joblog
-from shoal.orchestrator.leader import leader_alive
+from shoal.orchestrator.liveness import leader_alive
 from shoal.workers import shell
 from tests.conftest import Cli, group_gone, wait_until
 

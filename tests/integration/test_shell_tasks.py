@@ -163,7 +163,7 @@ def test_leader_stops_its_tasks_on_sigterm(home: Path) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        from shoal.orchestrator.leader import leader_alive
+        from shoal.orchestrator.liveness import leader_alive
 
         wait_until(lambda: leader_alive(Layout(home), "g") is not None, timeout=30)
         out = subprocess.run(

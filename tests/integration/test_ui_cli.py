@@ -125,18 +125,22 @@ def _run_in_pty(argv: list[str], env: dict[str, str], until: bytes) -> bytes:
                 except OSError:
                     break
     finally:
-        proc.send_signal(signal.SIGINT)
-        # Keep draining the terminal while it exits: its last redraw must not block on a full
-        # pty buffer.
-        stop_by = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < stop_by:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                with contextlib.suppress(OSError):
-                    os.read(master, 65536)
-        proc.wait(timeout=5)
-        os.close(master)
+        _interrupt_and_drain(proc, master)
     return out
+
+
+def _interrupt_and_drain(proc: subprocess.Popen[bytes], master: int) -> None:
+    """SIGINT `proc` and keep draining its terminal while it exits (its last redraw must not
+    block on a full pty buffer); then close the terminal."""
+    proc.send_signal(signal.SIGINT)
+    stop_by = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < stop_by:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            with contextlib.suppress(OSError):
+                os.read(master, 65536)
+    proc.wait(timeout=5)
+    os.close(master)
 
 
 def test_ps_watch_on_a_terminal(layout: Layout) -> None:
@@ -248,12 +252,4 @@ def test_up_inside_tmux_offers_the_status_line_and_the_leader_never_waits_on_it(
         task = cli("sh", "--team", "tf", "--", "true").stdout.strip()
         assert cli("wait", "--team", "tf", "--timeout", "20", task).returncode == 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        stop_by = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < stop_by:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                with contextlib.suppress(OSError):
-                    os.read(master, 65536)
-        proc.wait(timeout=5)
-        os.close(master)
+        _interrupt_and_drain(proc, master)

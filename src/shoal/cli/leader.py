@@ -83,7 +83,8 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
         _offer_tmux_status(layout, team)  # (this process only asks; the leader runs on)
         return
     from shoal.orchestrator.cleanup import CleanupRegistry
-    from shoal.orchestrator.leader import Leader, leader_alive
+    from shoal.orchestrator.leader import Leader
+    from shoal.orchestrator.liveness import leader_alive
 
     running = leader_alive(layout, team)
     if running is not None:  # (before any question: it would be asked in vain)
@@ -157,7 +158,7 @@ def _offer_tmux_status(layout: Layout, team: str) -> None:
 
 
 def _detach(layout: Layout, team: str, jobs: int, quiet: bool) -> None:
-    from shoal.orchestrator.leader import leader_alive, leader_ready
+    from shoal.orchestrator.liveness import leader_alive, leader_ready
 
     running = leader_alive(layout, team)
     if running is not None:

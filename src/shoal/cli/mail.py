@@ -153,7 +153,7 @@ def inbox(
                 click.echo(_message_text(m))
         return
     if name == LEAD_NAME:
-        from shoal.orchestrator.leader import leader_alive
+        from shoal.orchestrator.liveness import leader_alive
 
         if leader_alive(env.layout, team) is not None:
             raise ConflictError(

@@ -14,6 +14,7 @@ import orjson
 from shoal.cli.common import common_options, get_env
 from shoal.core.errors import UsageError
 from shoal.orchestrator.batch_spec import BACKEND_CHOICES, format_duration
+from shoal.ui.status import one_line as status_one_line
 
 # A reason longer than this is cut in a progress line (reports keep all of it).
 REASON_WIDTH: Final = 200
@@ -65,9 +66,8 @@ class Droppable(Generic[AnyStr]):
 
 
 def one_line(text: str, width: int = REASON_WIDTH) -> str:
-    """`text` on one line (its lines joined with " ⏎ "), cut to `width` characters."""
-    flat = " ⏎ ".join(part.strip() for part in text.strip().splitlines() if part.strip())
-    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+    """`text` on one progress line: its lines joined with " ⏎ ", cut to `width`."""
+    return status_one_line(text, width, line_sep=" ⏎ ")
 
 
 class StreamJson:

@@ -237,7 +237,7 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
 
 
 def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
-    from shoal.orchestrator.leader import leader_alive
+    from shoal.orchestrator.liveness import leader_alive
 
     team: str | None = None
     """Print the task's output (following it while it runs when `stream`); the final record."""
@@ -326,7 +326,7 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
 
     Exit code 0 when all completed, 1 when any failed or was killed (or on timeout).
     """
-    from shoal.orchestrator.leader import leader_alive
+    from shoal.orchestrator.liveness import leader_alive
 
     env = get_env(click.get_current_context())
     team = env.team()

@@ -19,7 +19,7 @@ from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.leader import leader_alive
+from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.models import LEAD_NAME
 
 REPLY_NAME = re.compile(r"^cli-[0-9a-f]{16}$")

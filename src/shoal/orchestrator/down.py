@@ -18,7 +18,7 @@ from shoal.core.tasks import (
     transition,
 )
 from shoal.orchestrator.control import ControlError, call
-from shoal.orchestrator.leader import leader_alive
+from shoal.orchestrator.liveness import leader_alive
 from shoal.orchestrator.session import current_session
 from shoal.teams.store import Teams
 from shoal.workers import shell

@@ -162,8 +162,8 @@ class Session:
         yield from _read_jsonl(self.events_file)
 
     def history(self) -> dict[str, dict[str, Any]]:
-        """Final records of evicted tasks by id."""
-        return {r["id"]: r for r in _read_jsonl(self.history_file) if "id" in r}
+        """Final records of evicted tasks by id (a poller keeps a HistoryReader instead)."""
+        return HistoryReader(self).read()
 
 
 class HistoryReader:

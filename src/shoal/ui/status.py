@@ -275,7 +275,9 @@ def rich_color(color: str | None) -> str:
     return _NAMED_COLORS.get(color, color)
 
 
-def one_line(text: Any, width: int = 80) -> str:
-    """`text` on one line, cut to `width` characters with an ellipsis."""
-    flat = " ".join(str(text or "").split())
-    return flat if len(flat) <= width else flat[: max(0, width - 1)] + "…"
+def one_line(text: Any, width: int = 80, *, line_sep: str = " ") -> str:
+    """`text` on one line (its lines joined with `line_sep`, runs of blanks made one), cut to
+    `width` characters with an ellipsis."""
+    lines = (" ".join(part.split()) for part in str(text or "").splitlines())
+    flat = line_sep.join(line for line in lines if line)
+    return flat if len(flat) <= width else flat[: max(0, width - 1)].rstrip() + "…"
