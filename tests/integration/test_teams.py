@@ -206,3 +206,33 @@ def test_updates_wait_for_the_lock(teams: Teams, layout: Layout) -> None:
     worker.join(10)
     assert done.is_set()
     assert teams.read("alpha").description == "changed"
+
+
+def test_delete_removes_member_worktrees_from_their_repository(
+    teams: Teams, layout: Layout, tmp_path: Path
+) -> None:
+    from shoal.core.git import worktree_add
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    git("init", "-q")
+    (repo / "f").write_text("x\n")
+    git("add", "f")
+    git("commit", "-q", "-m", "one")
+    teams.create("alpha")
+    tree = layout.ensure(layout.worktrees_dir("alpha")) / "bob"
+    worktree_add(repo, tree)
+    teams.join("alpha", "bob", worktree_path=str(tree))
+    teams.join("alpha", "carol", worktree_path=str(tmp_path / "never-made"))  # ignored
+    teams.delete("alpha")
+    assert not tree.exists()
+    assert str(tree.resolve()) not in git("worktree", "list", "--porcelain")

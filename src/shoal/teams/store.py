@@ -5,10 +5,10 @@ The team file is also the directory the mailbox router resolves recipients throu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -19,6 +19,7 @@ import orjson
 
 from shoal.core.clock import iso_now
 from shoal.core.errors import ConflictError, CorruptFileError, NotFoundError, UnknownRecipientError
+from shoal.core.git import GitError, worktree_remove
 from shoal.core.jsonio import atomic_write, dumps, lock_for, locked_update, read_bytes_nofollow
 from shoal.core.jsonio import read_model as _read_model
 from shoal.core.names import validate_name, with_slug
@@ -525,11 +526,12 @@ def _terminate_member(team: str, member: Member) -> None:
 
 
 def _remove_worktree(path: Path) -> None:
-    """Remove a member's git worktree (`git worktree remove --force`), ignoring a missing one."""
+    """Remove a member's git worktree (`git worktree remove --force`), ignoring a missing one.
+
+    A failure (the repository moved or gone) does not stop the delete half-way: the worktree
+    lies in the team's directory, which is removed next, and git prunes the record of a
+    worktree whose directory is gone (`git worktree prune`, or its next gc)."""
     if not path.exists():
         return
-    subprocess.run(
-        ["git", "-C", str(path), "worktree", "remove", "--force", str(path)],
-        capture_output=True,
-        check=False,
-    )
+    with contextlib.suppress(GitError):
+        worktree_remove(path, force=True)

@@ -1,0 +1,103 @@
+"""Every git command shoal runs, as small typed functions: a timeout, never a prompt, and git's
+own message in the error when one fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from shoal.core.errors import ShoalError
+
+# Seconds a quick query may take, and a checkout of a whole tree (a big repository's worktree).
+QUERY_TIMEOUT = 30.0
+CHECKOUT_TIMEOUT = 300.0
+
+# Variables that would point git at another repository than the one `-C` names (they are set
+# when shoal runs from a git hook, for one).
+_LOCATING_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
+
+
+class GitError(ShoalError):
+    """A git command failed; `stderr` holds what git said (or why it could not run)."""
+
+    def __init__(self, argv: Sequence[str], stderr: str, returncode: int | None = None) -> None:
+        self.argv = list(argv)
+        self.stderr = stderr
+        self.returncode = returncode
+        super().__init__(f"`{' '.join(self.argv)}` failed: {stderr}")
+
+
+class GitNotInstalledError(GitError):
+    """There is no `git` on PATH."""
+
+
+class GitTimeoutError(GitError):
+    """git did not finish within its timeout (it was killed)."""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LOCATING_VARS}
+    env["GIT_TERMINAL_PROMPT"] = "0"  # a credential question would hang a headless leader
+    env["LC_ALL"] = "C"  # git's messages untranslated, so `toplevel` can recognise one
+    return env
+
+
+def _run(cwd: str | os.PathLike[str], args: Sequence[str], *, timeout: float) -> str:
+    """Run `git -C cwd *args`; its stdout, or GitError with its stderr."""
+    argv = ["git", "-C", os.fspath(cwd), *args]
+    try:
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=_env(),
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise GitNotInstalledError(argv, "git is not installed (or not on PATH)") from None
+    except subprocess.TimeoutExpired:
+        raise GitTimeoutError(argv, f"git did not finish within {timeout:g}s") from None
+    if proc.returncode != 0:
+        stderr = proc.stderr.decode("utf-8", "replace").strip()
+        raise GitError(argv, stderr or f"exit code {proc.returncode}", proc.returncode)
+    return os.fsdecode(proc.stdout)
+
+
+def toplevel(cwd: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -> Path | None:
+    """The root of the work tree that `cwd` is in, or None when it is in none (or is not a
+    directory). Any other failure (git missing, an unsafe repository) raises GitError."""
+    if not Path(cwd).is_dir():
+        return None
+    try:
+        out = _run(cwd, ["rev-parse", "--show-toplevel"], timeout=timeout)
+    except GitError as exc:
+        if "not a git repository" in exc.stderr:
+            return None
+        raise
+    return Path(out.rstrip("\n"))
+
+
+def worktree_add(
+    repo: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    detach: bool = True,
+    timeout: float = CHECKOUT_TIMEOUT,
+) -> Path:
+    """Check `repo`'s HEAD out into a new worktree at `path` (detached: no branch is created or
+    taken, so any number of worktrees can share one commit). Returns `path`."""
+    args = ["worktree", "add", *(["--detach"] if detach else []), os.fspath(path)]
+    _run(repo, args, timeout=timeout)
+    return Path(path)
+
+
+def worktree_remove(
+    path: str | os.PathLike[str], *, force: bool = True, timeout: float = QUERY_TIMEOUT
+) -> None:
+    """Remove the worktree at `path` from its repository and from disk (with `force`, even with
+    changes in it: a member's worktree is the member's, and goes with it)."""
+    args = ["worktree", "remove", *(["--force"] if force else []), os.fspath(path)]
+    _run(path, args, timeout=timeout)
