@@ -106,7 +106,7 @@ def test_git_never_prompts(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
         return real(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
 
     monkeypatch.setenv("GIT_DIR", "/nonexistent")  # would send git elsewhere than `-C`
-    monkeypatch.setattr(git.subprocess, "run", spy)
+    monkeypatch.setattr(subprocess, "run", spy)
     assert git.toplevel(repo) == repo.resolve()
     assert seen["GIT_TERMINAL_PROMPT"] == "0" and "GIT_DIR" not in seen
 
