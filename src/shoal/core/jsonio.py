@@ -42,10 +42,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
-    """Write `data` to `path` by temp file + os.replace, so readers see old or new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+def write_new_file(path: str | os.PathLike[str], data: bytes, *, durable: bool = False) -> None:
+    """Create `path` (0600, O_EXCL|O_NOFOLLOW: never an existing file or a planted link) and
+    write all of `data` to it, fsynced when `durable`; a failed write removes the file.
+
+    The one write loop behind every temp-file-then-publish write (atomic_write here, maildir
+    delivery's link into `new/`). FileExistsError and FileNotFoundError from the create pass
+    through untouched (nothing was made), so callers can pick another name or report the dir.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
     try:
         try:
             view = memoryview(data)
@@ -55,6 +60,17 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
                 os.fsync(fd)
         finally:
             os.close(fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+
+
+def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write `data` to `path` by temp file + os.replace, so readers see old or new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    write_new_file(tmp, data, durable=durable)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -97,7 +113,10 @@ def read_model(path: Path, model: type[M], what: str = "file") -> M:
 
 
 class LockTimeoutError(ShoalError):
-    """A lock stayed taken for the whole timeout."""
+    """A lock stayed taken for the whole timeout (or, for a non-blocking try, was taken).
+
+    The only error a shoal lock raises: callers never need filelock's own Timeout.
+    """
 
 
 class BackoffFileLock(FileLock):
@@ -108,7 +127,8 @@ class BackoffFileLock(FileLock):
     contention, and at 2 ms a hundred waiters (teammates joining at once) burn the CPU the
     holder needs to finish, so that each hold lasts longer and the crowd never drains.
 
-    A timeout raises LockTimeoutError (a Timeout too), naming the lock file.
+    A timeout raises LockTimeoutError naming the lock file (a non-blocking try that finds
+    the lock taken raises it too), so this module is the only one that imports filelock.
     """
 
     def acquire(
@@ -120,7 +140,12 @@ class BackoffFileLock(FileLock):
         **kwargs: Any,
     ) -> AcquireReturnProxy[Any]:
         if blocking is False:
-            return super().acquire(blocking=False)
+            try:
+                return super().acquire(blocking=False)
+            except Timeout:
+                raise LockTimeoutError(
+                    f"{self.lock_file} is locked (another shoal process holds it)"
+                ) from None
         limit = self.timeout if timeout is None else timeout
         start = time.monotonic()
         deadline = None if limit < 0 else start + limit
@@ -141,9 +166,15 @@ class BackoffFileLock(FileLock):
                 time.sleep(delay * random.uniform(0.5, 1.5))
 
 
+def lock_at(lock_file: str | os.PathLike[str]) -> BackoffFileLock:
+    """A lock on `lock_file` itself (never deleted), for a lock that guards more than one
+    file (e.g. a team's whole task list, `tasklist/.lock`)."""
+    return BackoffFileLock(lock_file, timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+
+
 def lock_for(path: Path) -> BackoffFileLock:
     """The lock guarding `path` (`{path}.lock`, never deleted)."""
-    return BackoffFileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+    return lock_at(f"{path}.lock")
 
 
 def locked_update(

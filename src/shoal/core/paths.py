@@ -10,6 +10,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Literal
 
 from shoal.core.errors import UnsafePathError, UsageError
 from shoal.core.names import validate_name
@@ -19,6 +20,8 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
+PathKind = Literal["file", "dir"]
+
 
 def resolve_home(home: str | os.PathLike[str] | None = None) -> Path:
     """The shoal home: `home`, else $SHOAL_HOME, else ~/.shoal (symlinks in it resolved)."""
@@ -26,18 +29,40 @@ def resolve_home(home: str | os.PathLike[str] | None = None) -> Path:
     return Path(os.path.realpath(os.path.expanduser(os.fspath(raw))))
 
 
+def unsafe_reason(st: os.stat_result, kind: PathKind | None = None) -> str | None:
+    """Why a path whose lstat is `st` must not be used (as `kind`, when given), or None.
+
+    The one symlink check: every lstat-based refusal in shoal words it through here.
+    """
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink; refusing to follow it"
+    if kind == "file" and not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if kind == "dir" and not stat.S_ISDIR(st.st_mode):
+        return "exists and is not a directory"
+    return None
+
+
+def check_path(path: str | os.PathLike[str], kind: PathKind | None = None) -> os.stat_result | None:
+    """lstat `path` and refuse a symlink (or, with `kind`, anything else than that kind) with
+    UnsafePathError naming it; None when nothing is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    reason = unsafe_reason(st, kind)
+    if reason is not None:
+        raise UnsafePathError(f"{os.fspath(path)} {reason} (remove it)")
+    return st
+
+
 def check_no_symlink(path: Path, root: Path) -> None:
     """Raise UnsafePathError if any existing component of `path` below `root` is a symlink."""
-    rel = path.relative_to(root)
     current = root
-    for part in rel.parts:
+    for part in path.relative_to(root).parts:
         current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
+        if check_path(current) is None:
             return
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError(f"{current} is a symlink; refusing to follow it (remove it)")
 
 
 def ensure_dir(path: Path, root: Path) -> Path:
@@ -48,18 +73,12 @@ def ensure_dir(path: Path, root: Path) -> Path:
         root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     for part in parts:
         current = current / part
+        if check_path(current, "dir") is not None:
+            continue
         try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            try:
-                os.mkdir(current, DIR_MODE)
-                continue
-            except FileExistsError:  # made by someone else meanwhile: check what it is
-                st = os.lstat(current)
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError(f"{current} is a symlink; refusing to follow it (remove it)")
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafePathError(f"{current} exists and is not a directory")
+            os.mkdir(current, DIR_MODE)
+        except FileExistsError:  # made by someone else meanwhile: check what it is
+            check_path(current, "dir")
     return path
 
 

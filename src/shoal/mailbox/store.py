@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from shoal.core.errors import MessageTooLargeError, NotFoundError, UnsafePathError
-from shoal.core.jsonio import fsync_dir
-from shoal.core.paths import FILE_MODE, ensure_dir
+from shoal.core.jsonio import fsync_dir, write_new_file
+from shoal.core.paths import FILE_MODE, check_path, ensure_dir
 from shoal.mailbox.schema import MAX_MESSAGE_BYTES
 
 SUBDIRS = ("tmp", "new", "cur", "bad")
@@ -82,14 +82,8 @@ class Maildir:
     def open(cls, path: Path) -> Maildir:
         """An existing inbox; refuses a symlinked inbox or subdirectory."""
         for p in (path, *(path / s for s in SUBDIRS)):
-            try:
-                st = os.lstat(p)
-            except FileNotFoundError:
-                raise NotFoundError(f"no inbox at {p}") from None
-            if stat.S_ISLNK(st.st_mode):
-                raise UnsafePathError(f"{p} is a symlink; refusing to use it as an inbox")
-            if not stat.S_ISDIR(st.st_mode):
-                raise UnsafePathError(f"{p} is not a directory")
+            if check_path(p, "dir") is None:
+                raise NotFoundError(f"no inbox at {p}")
         return cls(path)
 
     # -- delivery ----------------------------------------------------------------------------
@@ -109,23 +103,11 @@ class Maildir:
             name = unique_name()
             tmp = f"{self._tmp_s}/{name}"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+                write_new_file(tmp, data, durable=durable)
             except FileExistsError:
                 continue
             except FileNotFoundError:
                 raise NotFoundError(f"inbox {self.path} is gone (was the team deleted?)") from None
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if durable:
-                    os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            os.close(fd)
             try:
                 os.link(tmp, f"{self._new_s}/{name}")
             except FileExistsError:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from filelock import Timeout
 from libtmux import exc as tmux_exc
 from libtmux.server import Server
 
@@ -408,7 +407,7 @@ class TmuxBackend:
         lock = lock_for(team_dir / "tmux")
         try:
             lock.acquire()
-        except (Timeout, LockTimeoutError):
+        except LockTimeoutError:
             raise TmuxError(
                 f"timed out waiting for {lock.lock_file} to create a pane for team {team!r}"
             ) from None
