@@ -1,10 +1,11 @@
 """The shared task list of a team: one JSON file per item, one lock for the whole list.
 
-`teams/{team}/tasklist/{id}.json` holds one item; `.lock` (filelock, never deleted) guards
-every read-modify-write, so claiming is atomic across processes; `.highwatermark` holds the
-highest id ever issued, so ids are never reused, even after the highest one is deleted.
-Reads need no lock (every write is an atomic replace). A file that fails validation is
-reported with its path and never overwritten.
+`teams/{team}/tasklist/{id}.json` holds one item; `.lock` (core.jsonio's backing-off lock,
+never deleted) guards every read-modify-write, so claiming is atomic across processes;
+`.highwatermark` holds the highest id ever issued, so ids are never reused, even after the
+highest one is deleted. Reads need no lock (every write is an atomic replace). A file that
+fails validation is reported with its path and never overwritten. An item's status moves only
+as TRANSITIONS allows, checked in one place (`move_item`) by every writer.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import errno
 import logging
 import os
 import re
-import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal
 
 import orjson
-from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shoal.core.clock import iso_now
@@ -31,21 +31,44 @@ from shoal.core.errors import (
     ConflictError,
     CorruptFileError,
     NotFoundError,
-    ShoalError,
-    UnsafePathError,
     UsageError,
 )
-from shoal.core.jsonio import LOCK_TIMEOUT_S, atomic_write, dumps, read_bytes_nofollow
+from shoal.core.jsonio import (
+    BackoffFileLock,
+    LockTimeoutError,
+    atomic_write,
+    dumps,
+    lock_at,
+    read_bytes_nofollow,
+)
 from shoal.core.names import NAME_PATTERN, validate_name
-from shoal.core.paths import FILE_MODE
+from shoal.core.paths import check_path, unsafe_reason
 from shoal.mailbox.router import send
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
 
 log = logging.getLogger(__name__)
 
-TaskItemStatus = Literal["pending", "in_progress", "completed"]
-STATUSES: Final[tuple[str, ...]] = get_args(TaskItemStatus)
+
+class TaskItemStatus(StrEnum):
+    """The status of a task-list item, as written in its file."""
+
+    PENDING = "pending"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+# The legal status moves (moving to the status an item already has is always a no-op).
+# pending -> completed is allowed: a lead or a script may close a task nobody claimed.
+# completed -> pending is the explicit reopen; completed -> in_progress is refused, so a
+# reopened task is claimed again through pending, under the claim rules (blockers, busy).
+TRANSITIONS: Final[Mapping[TaskItemStatus, frozenset[TaskItemStatus]]] = {
+    TaskItemStatus.PENDING: frozenset({TaskItemStatus.IN_PROGRESS, TaskItemStatus.COMPLETED}),
+    TaskItemStatus.IN_PROGRESS: frozenset({TaskItemStatus.PENDING, TaskItemStatus.COMPLETED}),
+    TaskItemStatus.COMPLETED: frozenset({TaskItemStatus.PENDING}),
+}
+STATUSES: Final[tuple[str, ...]] = tuple(s.value for s in TaskItemStatus)
+# Not a status: `update(status="deleted")` removes the item, whatever its status.
 DELETED: Final = "deleted"
 UPDATE_STATUSES: Final[tuple[str, ...]] = (*STATUSES, DELETED)
 ClaimReason = Literal["already_claimed", "already_resolved", "blocked", "agent_busy"]
@@ -78,7 +101,7 @@ class TaskItem(BaseModel):
     description: str = ""
     active_form: str | None = None
     owner: str | None = None
-    status: TaskItemStatus = "pending"
+    status: TaskItemStatus = TaskItemStatus.PENDING
     blocks: tuple[TaskId, ...] = ()
     blocked_by: tuple[TaskId, ...] = ()
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -95,7 +118,34 @@ class TaskItem(BaseModel):
     @property
     def resolved(self) -> bool:
         """True once the task is completed (it no longer blocks anything)."""
-        return self.status == "completed"
+        return self.status == TaskItemStatus.COMPLETED
+
+
+class IllegalStatusMove(ConflictError):
+    """A status change that TRANSITIONS does not allow; nothing was written."""
+
+    def __init__(self, task_id: int, current: TaskItemStatus, requested: TaskItemStatus) -> None:
+        self.task_id = task_id
+        self.current = current
+        self.requested = requested
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "nothing"
+        hint = ""
+        if current == TaskItemStatus.COMPLETED:
+            hint = f"; reopen it first with `shoal task update {task_id} --status pending`"
+        super().__init__(
+            f"task {task_id} is {current.value} and cannot move to {requested.value} "
+            f"(from {current.value} only to: {allowed}){hint}"
+        )
+
+
+def move_item(item: TaskItem, status: TaskItemStatus | str, **changes: Any) -> TaskItem:
+    """`item` with `status` and `changes` (not written); IllegalStatusMove unless TRANSITIONS
+    allows the move. The one place a status move is checked: update, claim and release all
+    build their new item here. The same status is no move (only `changes` apply)."""
+    current, target = TaskItemStatus(item.status), TaskItemStatus(status)
+    if target != current and target not in TRANSITIONS[current]:
+        raise IllegalStatusMove(item.id, current, target)
+    return item.model_copy(update={**changes, "status": target})
 
 
 class ClaimRefused(ConflictError):
@@ -139,7 +189,7 @@ class TaskSnapshot:
         return [
             t.id
             for t in self.sorted()
-            if t.owner == name and t.status == "in_progress" and t.id != besides
+            if t.owner == name and t.status == TaskItemStatus.IN_PROGRESS and t.id != besides
         ]
 
     def sorted(self) -> list[TaskItem]:
@@ -182,7 +232,7 @@ class TaskList:
         # The last failure to tell a new owner about its task (None when the last add or update
         # notified fine or had nobody to notify). The update itself is never undone by it.
         self.last_notify_error: Exception | None = None
-        self._lock: FileLock | None = None
+        self._lock: BackoffFileLock | None = None
 
     # -- paths and locking -------------------------------------------------------------------
 
@@ -203,18 +253,16 @@ class TaskList:
 
     @contextmanager
     def _locked(self) -> Iterator[Path]:
+        """Hold the list's lock (waiters back off, see core.jsonio); yields the directory."""
         directory = self._dir()
         lock_path = directory / LOCK_NAME
-        _refuse_link(lock_path)
+        check_path(lock_path, "file")
         if self._lock is None:
-            self._lock = FileLock(lock_path, timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+            self._lock = lock_at(lock_path)
         try:
             self._lock.acquire()
-        except Timeout:
-            raise ShoalError(
-                f"the task list of team {self.team!r} stayed locked for {LOCK_TIMEOUT_S:g}s "
-                f"({lock_path}); is a process stuck holding it?"
-            ) from None
+        except LockTimeoutError as exc:
+            raise LockTimeoutError(f"the task list of team {self.team!r}: {exc}") from None
         try:
             yield directory
         finally:
@@ -451,11 +499,13 @@ class TaskList:
     ) -> TaskItem:
         """Change a task under the lock and return it as written.
 
-        `status="deleted"` deletes it (see `delete`) and returns its last state. `owner` must be
-        a current member (None clears it); a new owner is told through `notify` after the write
-        (a failed notice never undoes the update: see `last_notify_error`). `metadata` is merged
-        into the task's (a key set to None is removed). `add_blocked_by` / `add_blocks` add
-        dependency edges on both sides; an unknown id, the task itself or a cycle is refused.
+        A status move must be allowed by TRANSITIONS (else IllegalStatusMove: nothing is
+        written, and the CLI exits 1). `status="deleted"` deletes it (see `delete`) and returns
+        its last state. `owner` must be a current member (None clears it); a new owner is told
+        through `notify` after the write (a failed notice never undoes the update: see
+        `last_notify_error`). `metadata` is merged into the task's (a key set to None is
+        removed). `add_blocked_by` / `add_blocks` add dependency edges on both sides; an unknown
+        id, the task itself or a cycle is refused.
         """
         self.last_notify_error = None
         _check_id(task_id)
@@ -479,8 +529,6 @@ class TaskList:
             snap = self._snapshot(directory)
             old = self._existing(snap, task_id)
             changes: dict[str, Any] = {}
-            if status is not None:
-                changes["status"] = status
             if not isinstance(owner, _Unset):
                 changes["owner"] = owner
             if subject is not None:
@@ -495,7 +543,8 @@ class TaskList:
             edits = self._edges(snap, task_id, wanted_by, wanted_blocks)
             if edits:
                 old = edits.pop(task_id, old)
-            new = old.model_copy(update=changes)
+            # An illegal move raises here, before anything is written.
+            new = move_item(old, status if status is not None else old.status, **changes)
             if new != snap.items[task_id]:
                 new = new.model_copy(update={"updated_at": iso_now()})
                 self._write(directory, new)
@@ -598,11 +647,9 @@ class TaskList:
             snap = self._snapshot(directory)
             item = self._existing(snap, task_id)
             _check_claim(snap, item, name, check_busy)
-            if item.owner == name and item.status == "in_progress":
+            if item.owner == name and item.status == TaskItemStatus.IN_PROGRESS:
                 return item
-            claimed = item.model_copy(
-                update={"owner": name, "status": "in_progress", "updated_at": iso_now()}
-            )
+            claimed = move_item(item, TaskItemStatus.IN_PROGRESS, owner=name, updated_at=iso_now())
             self._write(directory, claimed)
             return claimed
 
@@ -619,9 +666,7 @@ class TaskList:
             item = _next_claimable(snap, name)
             if item is None:
                 return None
-            claimed = item.model_copy(
-                update={"owner": name, "status": "in_progress", "updated_at": iso_now()}
-            )
+            claimed = move_item(item, TaskItemStatus.IN_PROGRESS, owner=name, updated_at=iso_now())
             self._write(directory, claimed)
             return claimed
 
@@ -632,9 +677,7 @@ class TaskList:
         with self._locked() as directory:
             for item in self._snapshot(directory).sorted():
                 if item.owner == name and not item.resolved:
-                    new = item.model_copy(
-                        update={"owner": None, "status": "pending", "updated_at": iso_now()}
-                    )
+                    new = move_item(item, TaskItemStatus.PENDING, owner=None, updated_at=iso_now())
                     self._write(directory, new)
                     released.append(new)
         return released
@@ -724,11 +767,9 @@ def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
 def _read_regular(path: Path) -> bytes:
     """The bytes of a regular file; a symlink, FIFO, directory or unreadable file is a
     CorruptFileError naming it (FileNotFoundError passes through)."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise CorruptFileError(path, "is a symlink; refusing to follow it")
-    if not stat.S_ISREG(st.st_mode):
-        raise CorruptFileError(path, "is not a regular file")
+    reason = unsafe_reason(os.lstat(path), "file")
+    if reason is not None:
+        raise CorruptFileError(path, reason)
     try:
         return read_bytes_nofollow(path)
     except FileNotFoundError:
@@ -739,23 +780,12 @@ def _read_regular(path: Path) -> bytes:
         raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
 
 
-def _refuse_link(path: Path) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(f"{path} is a symlink; refusing to follow it (remove it)")
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(f"{path} is not a regular file (remove it)")
-
-
 def _next_claimable(snap: TaskSnapshot, name: str) -> TaskItem | None:
     # A task whose metadata says `"auto_claim": false` is only ever given by assignment (e.g.
     # the attempts of a batch run, whose engine decides retries itself).
     for item in snap.sorted():
         if (
-            item.status == "pending"
+            item.status == TaskItemStatus.PENDING
             and item.owner in (None, name)
             and (item.metadata or {}).get("auto_claim", True) is not False
             and not snap.open_blockers(item)
@@ -766,7 +796,7 @@ def _next_claimable(snap: TaskSnapshot, name: str) -> TaskItem | None:
 
 def _check_claim(snap: TaskSnapshot, item: TaskItem, name: str, check_busy: bool) -> None:
     if item.resolved:
-        raise ClaimRefused(item.id, "already_resolved", item.status, "it is completed")
+        raise ClaimRefused(item.id, "already_resolved", item.status.value, "it is completed")
     if item.owner is not None and item.owner != name:
         raise ClaimRefused(item.id, "already_claimed", item.owner, f"owned by {item.owner}")
     blockers = snap.open_blockers(item)
