@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -14,8 +13,7 @@ import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
-from shoal.core.paths import FILE_MODE, Layout
-from shoal.core.procs import terminate
+from shoal.core.paths import Layout
 
 
 def _event_line(event: dict[str, Any]) -> str | None:
@@ -158,77 +156,15 @@ def _offer_tmux_status(layout: Layout, team: str) -> None:
 
 
 def _detach(layout: Layout, team: str, jobs: int, quiet: bool) -> None:
-    from shoal.orchestrator.liveness import leader_alive, leader_ready
+    from shoal.orchestrator.detach import start_detached
 
-    running = leader_alive(layout, team)
-    if running is not None:
-        raise ShoalError(f"a leader already runs for team {team!r} (pid {running[0]})")
-    logs = layout.ensure(layout.home / "logs")
-    log_path = logs / f"leader-{team}.log"
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
-    with os.fdopen(log_fd, "ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shoal",
-                "--home",
-                str(layout.home),
-                "up",
-                "--team",
-                team,
-                "--jobs",
-                str(jobs),
-                # (its log gets a line per task event unless asked to be quiet)
-                *(["--quiet"] if quiet else []),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if leader_ready(layout, team) == proc.pid:
-            click.echo(
-                f"leader of team {team} running in the background (pid {proc.pid}); log: {log_path}"
-            )
-            _echo_start_notes(layout, team, proc.pid)
-            return
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
-            raise ShoalError(
-                f"the leader exited at start (code {proc.returncode}): " + " | ".join(tail)
-            )
-        time.sleep(0.02)
-    terminate(proc.pid)
-    raise ShoalError(f"the leader did not become ready within 60s; see {log_path}")
-
-
-def _echo_start_notes(layout: Layout, team: str, pid: int) -> None:
-    """What the detached leader `pid` noted while starting (a corrupt state set aside,
-    adopted tasks), which would otherwise only be in its log."""
-    from shoal.orchestrator.session import current_session
-
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            session = current_session(layout, team)
-        except ShoalError:
-            return  # (a courtesy only: the log has them)
-        if session is None:
-            return
-        notes: list[str] = []
-        for event in session.events():
-            if event.get("subtype") == "note":
-                notes.append(str(event.get("text", "")))
-            elif event.get("subtype") == "leader_started":
-                if event.get("pid") == pid:
-                    for note in notes:
-                        click.echo(f"note: {note}", err=True)
-                    return
-                notes = []  # an earlier leader's
-        time.sleep(0.02)
+    started = start_detached(layout, team, jobs=jobs, quiet=quiet)
+    click.echo(
+        f"leader of team {team} running in the background (pid {started.pid});"
+        f" log: {started.log_path}"
+    )
+    for note in started.notes:
+        click.echo(f"note: {note}", err=True)
 
 
 @click.command()
