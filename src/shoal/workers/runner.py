@@ -4,6 +4,9 @@ join -> watch the inbox -> tell the lead it is ready -> loop: next message by pr
 turn of the brain, progress into the status file, the result to the lead as a
 `task_notification`, idle (one notice per change), then claim the next open task. While a
 turn runs, shutdown requests, aborts and plan answers are still read.
+
+The run state (idle, busy, stopping, stopped) is a `RunState`; it changes only through
+`move_run_state`, which enforces `RUN_TRANSITIONS`, and is what the status file's `state` says.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from shoal.core.errors import ShoalError
 from shoal.core.notify import task_notification_xml
@@ -47,6 +51,54 @@ RECENT_ACTIVITIES = 5
 STATUS_TEXT_CAP = 500
 # A task whose turn failed this many times is no longer claimed automatically.
 MAX_TASK_FAILURES = 3
+
+
+class RunState(StrEnum):
+    """Where a teammate's run is; the value is the `state` of its status file (as written)."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+RUN_TRANSITIONS: Final[dict[RunState, frozenset[RunState]]] = {
+    # A turn starts; or a shutdown is approved, or the teammate is aborted.
+    RunState.IDLE: frozenset({RunState.BUSY, RunState.STOPPING, RunState.STOPPED}),
+    # The turn ends; or the teammate stops in the middle of it (the turn is then cut short).
+    RunState.BUSY: frozenset({RunState.IDLE, RunState.STOPPING, RunState.STOPPED}),
+    RunState.STOPPING: frozenset({RunState.STOPPED}),
+    RunState.STOPPED: frozenset(),
+}
+# (idle/busy -> stopped directly: the runner's task was cancelled from outside, e.g. an
+# in-process teammate killed with its lead, and it ends without a stopping phase.)
+TERMINAL_RUN_STATES: Final = frozenset(s for s, nexts in RUN_TRANSITIONS.items() if not nexts)
+
+
+class IllegalRunTransition(RuntimeError):
+    """A run state change RUN_TRANSITIONS does not allow: a bug in the runner, never input (so
+    not a ShoalError, which the runner's best-effort writes suppress)."""
+
+    def __init__(self, name: str, from_state: RunState, to_state: RunState) -> None:
+        self.name = name
+        self.from_state = from_state
+        self.to_state = to_state
+        allowed = sorted(s.value for s in RUN_TRANSITIONS[from_state])
+        why = f"allowed: {', '.join(allowed)}" if allowed else f"{from_state.value} is terminal"
+        super().__init__(
+            f"teammate {name}: illegal run state change {from_state.value} -> {to_state.value} "
+            f"({why})"
+        )
+
+
+def move_run_state(name: str, current: RunState, target: RunState) -> RunState:
+    """`target` if RUN_TRANSITIONS allows `current -> target`, else IllegalRunTransition.
+
+    Staying put is not a move: the table has no self-loops, so the caller decides (and says
+    why) when a state is already reached."""
+    if target not in RUN_TRANSITIONS[current]:
+        raise IllegalRunTransition(name, current, target)
+    return target
 
 
 @dataclass
@@ -86,7 +138,10 @@ class TeammateRunner:
         self.name = config.name
         self.team = config.team
         self.exit_code = 0
-        self._stop = False
+        # Not started yet counts as idle: nothing is written until `run()` joins the team.
+        self._state = RunState.IDLE
+        # Why it stops, not a state of its own: True when it approved a shutdown (it then leaves
+        # the team), False when aborted. Both stops go through the same `stopping` state.
         self._leave = False
         self._wake: asyncio.Event | None = None
         self._turn: asyncio.Task[TurnResult] | None = None
@@ -94,6 +149,8 @@ class TeammateRunner:
         self._messages: deque[dict[str, Any]] = deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
         self._activities: deque[str] = deque(maxlen=RECENT_ACTIVITIES)
         self._status: dict[str, Any] = {}
+        # Whether the lead has heard of this idle spell (one notice per change): a fact about the
+        # notices, not a run state (a teammate is idle before its first turn, and tells no one).
         self._idle_notified = False
         self._turns = 0
         self._tool_uses = 0
@@ -108,6 +165,30 @@ class TeammateRunner:
     def shutdown_approved(self) -> bool:
         """True once the teammate approved a shutdown request (it then leaves the team)."""
         return self._leave
+
+    @property
+    def state(self) -> RunState:
+        """The run state (what the status file's `state` says once the runner has started)."""
+        return self._state
+
+    @property
+    def _stopping(self) -> bool:
+        """Shut down or aborted: every wait ends and no new turn starts."""
+        return self._state in (RunState.STOPPING, RunState.STOPPED)
+
+    def _move(self, target: RunState, **changes: Any) -> None:
+        """Move to `target` (IllegalRunTransition if the table forbids it) and write it to the
+        status file with `changes`; a refused move changes nothing."""
+        self._state = move_run_state(self.name, self._state, target)
+        self._set_status(state=target.value, **changes)
+
+    def _begin_stopping(self, **changes: Any) -> None:
+        """Enter `stopping` (writing `changes`) unless already stopping or stopped: a second
+        shutdown request or SIGTERM is no news, and only its `changes` are written."""
+        if not self._stopping:
+            self._move(RunState.STOPPING, **changes)
+        elif changes:
+            self._set_status(**changes)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -145,7 +226,7 @@ class TeammateRunner:
                 self.layout.tasklist_dir(self.team), wake_loop
             )
         self._set_status(
-            state="idle",
+            state=self._state.value,  # idle, unless aborted before it ran
             started_at=time.time(),
             watcher=self._inbox.watcher_mode,
             pid=os.getpid(),
@@ -170,7 +251,7 @@ class TeammateRunner:
 
     async def _serve(self) -> None:
         assert self._inbox is not None and self._wake is not None
-        while not self._stop:
+        while not self._stopping:
             delivery = self._inbox.receive(timeout=0)
             if delivery is not None:
                 await self._handle(delivery)
@@ -201,7 +282,7 @@ class TeammateRunner:
 
     def abort(self) -> None:
         """Abort the whole teammate (its current turn too); it exits without a handshake."""
-        self._stop = True
+        self._begin_stopping()
         if self._turn is not None:
             self._turn.cancel()
         if self._wake is not None:
@@ -221,8 +302,10 @@ class TeammateRunner:
             self._unwatch_tasks()
         with contextlib.suppress(ShoalError, OSError):
             self.tasks.release_member(self.name)
+        # Moved outside the suppression: only the write is best effort, never the table.
+        self._state = move_run_state(self.name, self._state, RunState.STOPPED)
         with contextlib.suppress(ShoalError, OSError):
-            self._set_status(state="stopped")
+            self._set_status(state=RunState.STOPPED.value)
         if self._leave and not self.config.joined:
             # (teammates joined by the spawner are marked as departed by it, in one batch)
             with contextlib.suppress(ShoalError, OSError):
@@ -292,13 +375,12 @@ class TeammateRunner:
                 data={"request_id": request_id, "approve": False, "reason": reason},
             )
             return
-        self._set_status(state="stopping", shutdown_requested=True)
+        self._begin_stopping(shutdown_requested=True)
+        self._leave = True
         # Answered before the turn is aborted: this may run inside that very turn (reading side
         # messages while it waits for a plan approval), and must not be cut short.
         await self._to_lead("shutdown_response", data={"request_id": request_id, "approve": True})
-        self._stop = True
-        self._leave = True
-        # Whatever it was doing, it leaves now: the turn ends, and every wait checks `_stop`.
+        # Whatever it was doing, it leaves now: the turn ends, and every wait checks the state.
         self.abort_turn()
         if self._wake is not None:
             self._wake.set()
@@ -348,8 +430,10 @@ class TeammateRunner:
         self._turns += 1
         started = time.monotonic()
         subject = (task or {}).get("subject") or prompt
-        self._set_status(
-            state="busy", current_task=(task or {}).get("id"), activity=f"working on {subject[:80]}"
+        self._move(
+            RunState.BUSY,
+            current_task=(task or {}).get("id"),
+            activity=f"working on {subject[:80]}",
         )
         ctx = TurnContext(
             name=self.name,
@@ -366,10 +450,10 @@ class TeammateRunner:
             env=self.config.env,
         )
         self._turn = asyncio.create_task(self.config.brain.turn(ctx))
-        stopping = False
+        cancelled = False  # a fact about this turn, not the run: it was cancelled once already
         while not self._turn.done():
-            if self._stop and not stopping:
-                stopping = True  # the teammate is stopping: its turn must end (once is enough)
+            if self._stopping and not cancelled:
+                cancelled = True  # the teammate is stopping: its turn must end (once is enough)
                 self._turn.cancel()
             side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
             if side is not None:
@@ -394,7 +478,7 @@ class TeammateRunner:
         if result is None:
             result = TurnResult(False, "turn aborted")
         # A turn cut short because the teammate is stopping was aborted, whatever it raised.
-        aborted = aborted or (self._stop and not result.ok)
+        aborted = aborted or (self._stopping and not result.ok)
         # (an aborted turn reports no steps, but those it took were counted as they ran)
         self._tool_uses += max(result.steps, self._turn_steps)
         self._turn_steps = 0
@@ -431,19 +515,22 @@ class TeammateRunner:
             },
         )
         self._summary = summary
-        self._set_status(
-            state="idle" if not self._stop else "stopping",
-            current_task=None,
-            progress=self._progress(),
-            last_result=result.result[-500:],
-        )
+        ended = {
+            "current_task": None,
+            "progress": self._progress(),
+            "last_result": result.result[-500:],
+        }
+        if self._stopping:
+            self._set_status(**ended)  # it stays stopping: the runner's loop ends next
+        else:
+            self._move(RunState.IDLE, **ended)
 
     async def _settle_task(self, task_id: int, result: TurnResult) -> None:
         with contextlib.suppress(ShoalError):
             if result.ok:
                 self.tasks.update(task_id, status="completed")
                 return
-            if self._stop:  # cut short by a shutdown or abort: not the task's failure
+            if self._stopping:  # cut short by a shutdown or abort: not the task's failure
                 self.tasks.update(task_id, status="pending", owner=None)
                 return
             item = self.tasks.get(task_id)
@@ -460,8 +547,8 @@ class TeammateRunner:
             )
 
     def _become_idle(self) -> None:
-        if self._status.get("state") != "idle":
-            self._set_status(state="idle")
+        if self._state is not RunState.IDLE:
+            self._move(RunState.IDLE)
         if self._turns and not self._idle_notified:
             self._idle_notified = True
             asyncio.get_running_loop().create_task(
@@ -496,6 +583,8 @@ class TeammateRunner:
         self.tasks.update(task_id, status=status)
 
     async def _approve_plan(self, plan: str) -> tuple[bool, str | None]:
+        # Waiting for a plan approval is not a run state: it happens inside a busy turn and is
+        # written as its own key (`awaiting_approval`) next to `state`, which stays `busy`.
         assert self._wake is not None
         request_id = secrets.token_hex(8)
         self._set_status(
@@ -508,14 +597,14 @@ class TeammateRunner:
         assert self._inbox is not None
         try:
             while request_id not in self._plan_answers:
-                if self._stop:  # shut down or aborted while waiting: no answer will matter
+                if self._stopping:  # shut down or aborted while waiting: no answer will matter
                     raise TurnAborted("the teammate is stopping")
                 side = self._inbox.receive(timeout=0, where=lambda m: m.kind in SIDE_KINDS)
                 if side is not None:
                     await self._handle(side)
                     continue
                 self._wake.clear()
-                if request_id in self._plan_answers or self._stop:
+                if request_id in self._plan_answers or self._stopping:
                     continue
                 await self._woken(IDLE_RECHECK_S)
         except BaseException:
