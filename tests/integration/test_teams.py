@@ -19,11 +19,12 @@ from shoal.core.errors import (
     InvalidNameError,
     NotFoundError,
     UnsafePathError,
+    UsageError,
 )
 from shoal.core.paths import Layout
 from shoal.teams.colors import PALETTE
 from shoal.teams.models import LEAD_NAME, TeamFile
-from shoal.teams.store import MemberState, Teams
+from shoal.teams.store import JoinSpec, MemberState, Teams
 
 Sleeper = Callable[[], subprocess.Popen[bytes]]
 
@@ -91,8 +92,9 @@ def test_reused_pid_does_not_look_alive(teams: Teams) -> None:
     teams.create("alpha")
     teams.join("alpha", "bob", pid=os.getpid())
     # Same pid, different start time: a pid reused by another process.
-    start = teams.read("alpha").member("bob").pid_started_at  # type: ignore[union-attr]
-    teams.update_member("alpha", "bob", pid_started_at=start - 100)
+    bob = teams.read("alpha").member("bob")
+    assert bob is not None and bob.pid_started_at is not None
+    teams.update_member("alpha", "bob", pid_started_at=bob.pid_started_at - 100)
     states = {v.member.name: v.state for v in teams.members("alpha")}
     assert states["bob"] is MemberState.DEAD
 
@@ -236,3 +238,74 @@ def test_delete_removes_member_worktrees_from_their_repository(
     teams.delete("alpha")
     assert not tree.exists()
     assert str(tree.resolve()) not in git("worktree", "list", "--porcelain")
+
+
+def test_join_and_join_many_refuse_the_same_live_duplicate(
+    teams: Teams, layout: Layout, sleeper: Sleeper
+) -> None:
+    teams.create("alpha")
+    live = sleeper()
+    teams.join("alpha", "bob", pid=live.pid)
+    teams.join_many("alpha", [JoinSpec(name="eve", pid=live.pid)])
+    before = layout.team_file("alpha").read_bytes()
+    other = sleeper().pid
+    for name in ("bob", "eve"):  # each listed by one path, refused by both
+        expected = f"member {name!r} is already active in team 'alpha' (pid {live.pid}); "
+        with pytest.raises(ConflictError) as by_join:
+            teams.join("alpha", name, pid=other)
+        with pytest.raises(ConflictError) as by_many:
+            # A batch with one refused member writes nobody (carol is not listed either).
+            teams.join_many("alpha", [JoinSpec(name="carol"), JoinSpec(name=name, pid=other)])
+        assert str(by_join.value) == str(by_many.value) == expected + "pick another name"
+        assert layout.team_file("alpha").read_bytes() == before
+
+
+def test_dead_or_departed_members_are_replaced_by_both_paths_keeping_their_colour(
+    teams: Teams, sleeper: Sleeper
+) -> None:
+    teams.create("alpha")
+    first = sleeper()
+    teams.join("alpha", "bob", pid=first.pid)
+    teams.join_many("alpha", [JoinSpec(name="eve", pid=first.pid)])
+    teams.join("alpha", "ann")
+    colours = {m.name: m.color for m in teams.read("alpha").members}
+    first.kill()
+    first.wait()
+    teams.leave("alpha", "ann")
+    # Dead bob re-spawned by the batch path, dead eve re-joined alone, departed ann by both.
+    second = sleeper()
+    teams.join_many("alpha", [JoinSpec(name="bob"), JoinSpec(name="ann", pid=second.pid)])
+    teams.join("alpha", "eve", pid=second.pid)
+    tf = teams.read("alpha")
+    assert [m.name for m in tf.members] == [LEAD_NAME, "bob", "eve", "ann"]
+    assert {m.name: m.color for m in tf.members} == colours
+    assert all(m.is_active for m in tf.members)
+
+
+def test_a_listed_member_is_joined_by_its_own_worker_and_by_its_own_pid_again(
+    teams: Teams, sleeper: Sleeper
+) -> None:
+    teams.create("alpha")
+    # The swarm lists a process teammate with no pid (dead until its worker joins) ...
+    listed = teams.join_many("alpha", [JoinSpec(name="bob", prompt="write the docs")])[0]
+    worker = sleeper()
+    # ... and the worker joins it with its own pid (`shoal worker` gives no prompt).
+    joined = teams.join("alpha", "bob", pid=worker.pid, backend="process")
+    assert joined.pid == worker.pid and joined.color == listed.color
+    assert joined.prompt == "write the docs"
+    # The same process joining again (identical pid and start time) is not a duplicate.
+    assert teams.join("alpha", "bob", pid=worker.pid).pid == worker.pid
+    # In-process teammates are listed with the leader's own pid, each batch alike.
+    me = os.getpid()
+    first = teams.join_many("alpha", [JoinSpec(name="ann", pid=me)])[0]
+    same = JoinSpec(name="ann", pid=me, pid_started_at=first.pid_started_at)
+    again = teams.join_many("alpha", [same])[0]
+    assert (again.pid, again.pid_started_at, again.color) == (me, first.pid_started_at, first.color)
+
+
+def test_join_many_refuses_a_name_given_twice(teams: Teams, layout: Layout) -> None:
+    teams.create("alpha")
+    before = layout.team_file("alpha").read_bytes()
+    with pytest.raises(UsageError, match="given twice: bob"):
+        teams.join_many("alpha", [JoinSpec(name="bob"), JoinSpec(name="bob")])
+    assert layout.team_file("alpha").read_bytes() == before

@@ -6,9 +6,11 @@ The team file is also the directory the mailbox router resolves recipients throu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,7 +20,13 @@ from typing import Any
 import orjson
 
 from shoal.core.clock import iso_now
-from shoal.core.errors import ConflictError, CorruptFileError, NotFoundError, UnknownRecipientError
+from shoal.core.errors import (
+    ConflictError,
+    CorruptFileError,
+    NotFoundError,
+    UnknownRecipientError,
+    UsageError,
+)
 from shoal.core.git import GitError, worktree_remove
 from shoal.core.jsonio import atomic_write, dumps, lock_for, locked_update, read_bytes_nofollow
 from shoal.core.jsonio import read_model as _read_model
@@ -61,7 +69,7 @@ class MemberView:
 
 @dataclass(frozen=True)
 class JoinSpec:
-    """One member to add with `Teams.join_many`."""
+    """One member to add with `Teams.join_many` (or `Teams.join`)."""
 
     name: str
     agent_type: str = "worker"
@@ -73,6 +81,61 @@ class JoinSpec:
     pid: int | None = None
     pid_started_at: float | None = None
     prompt: str | None = None
+    model: str | None = None
+    pane_id: str | None = None
+    # With no `prompt`, keep the one of an active record of this name: a worker joining a
+    # member its spawner listed does not know the prompt the spawner saved.
+    keep_listed_prompt: bool = False
+
+
+def _admit(
+    team: str, spec: JoinSpec, existing: Member | None, taken: list[str], now: str
+) -> Member:
+    """The member record `spec` makes, given the `existing` record of its name: the one set
+    of rules for every join.
+
+    A live, active member of the name is refused (ConflictError naming it and the team)
+    unless it is the joining process itself (same pid and start time: a pre-listed member
+    whose own worker joins, or an in-process teammate joined with its leader's pid). A dead
+    or departed record of the name is replaced, keeping its colour and worktree. `taken`
+    holds the colours in use and gets the new member's.
+    """
+    if (
+        existing is not None
+        and existing.is_active
+        and is_alive(existing.pid, existing.pid_started_at)
+        and (existing.pid, existing.pid_started_at) != (spec.pid, spec.pid_started_at)
+    ):
+        raise ConflictError(
+            f"member {spec.name!r} is already active in team {team!r} (pid {existing.pid}); "
+            "pick another name"
+        )
+    color = spec.color or (
+        existing.color if existing is not None and existing.color else pick_color(taken)
+    )
+    taken.append(color)
+    prompt = spec.prompt
+    if prompt is None and spec.keep_listed_prompt and existing is not None and existing.is_active:
+        prompt = existing.prompt
+    member = Member(
+        agent_id=agent_id(spec.name, team),
+        name=spec.name,
+        agent_type=spec.agent_type,
+        model=spec.model,
+        prompt=prompt,
+        color=color,
+        plan_mode_required=spec.plan_mode_required,
+        joined_at=now,
+        backend=spec.backend,
+        pane_id=spec.pane_id,
+        pid=spec.pid,
+        pid_started_at=spec.pid_started_at,
+        cwd=spec.cwd or os.getcwd(),
+        worktree_path=spec.worktree_path
+        or (existing.worktree_path if existing is not None else None),
+        is_active=True,
+    )
+    return member
 
 
 class Teams:
@@ -301,69 +364,39 @@ class Teams:
     ) -> Member:
         """Add `name` to `team` (or re-join a departed or dead member of that name).
 
-        Refused when a live member already has the name. The member's inbox is created here.
+        Refused when a live member already has the name (see `join_many`: one set of rules).
+        With no `prompt`, a member listed by its spawner keeps the prompt saved for it.
         """
-        validate_name(name, "member name")
-        if pid is not None and pid_started_at is None:
-            pid_started_at = process_start_time(pid)
-            if pid_started_at is None:
-                raise NotFoundError(f"no process with pid {pid}; cannot join {name!r} with it")
-        result: list[Member] = []
-
-        def add(tf: TeamFile) -> TeamFile:
-            existing = tf.member(name)
-            if (
-                existing is not None
-                and existing.is_active
-                and is_alive(existing.pid, existing.pid_started_at)
-                and (existing.pid, existing.pid_started_at) != (pid, pid_started_at)
-            ):
-                raise ConflictError(
-                    f"member {name!r} is already active in team {team!r} (pid {existing.pid}); "
-                    "pick another name"
-                )
-            color = (
-                existing.color
-                if existing is not None and existing.color
-                else pick_color(m.color for m in tf.members if m.is_active and m.name != name)
-            )
-            saved = prompt
-            if saved is None and existing is not None and existing.is_active:
-                # Listed by a spawner that saved its prompt; the worker joining does not know it.
-                saved = existing.prompt
-            member = Member(
-                agent_id=agent_id(name, team),
-                name=name,
-                agent_type=agent_type,
-                model=model,
-                prompt=saved,
-                color=color,
-                plan_mode_required=plan_mode_required,
-                joined_at=iso_now(),
-                backend=backend,
-                pane_id=pane_id,
-                pid=pid,
-                pid_started_at=pid_started_at,
-                cwd=cwd or os.getcwd(),
-                worktree_path=worktree_path
-                or (existing.worktree_path if existing is not None else None),
-                is_active=True,
-            )
-            result.append(member)
-            return tf.with_member(member)
-
-        Maildir.create(self.layout.inbox_dir(team, name), self.layout.home)
-        self.update(team, add)
-        return result[0]
+        spec = JoinSpec(
+            name=name,
+            agent_type=agent_type,
+            backend=backend,
+            cwd=cwd,
+            plan_mode_required=plan_mode_required,
+            worktree_path=worktree_path,
+            pid=pid,
+            pid_started_at=pid_started_at,
+            prompt=prompt,
+            model=model,
+            pane_id=pane_id,
+            keep_listed_prompt=True,
+        )
+        return self.join_many(team, [spec])[0]
 
     def join_many(self, team: str, specs: list[JoinSpec]) -> list[Member]:
         """Add (or re-list) many members with one locked update of the team file.
 
-        The caller has checked that none of the names belongs to a live member; existing
-        records of these names are replaced (keeping their colour and worktree).
+        Each goes through the same rules (`_admit`): a live, active member of a name is
+        refused with ConflictError and nothing is written; a dead or departed one is replaced,
+        keeping its colour and worktree. A pid without a start time gets it looked up here.
+        The inboxes are created before the team file lists anyone.
         """
-        for spec in specs:
-            validate_name(spec.name, "member name")
+        names = [validate_name(spec.name, "member name") for spec in specs]
+        joining = set(names)
+        dupes = sorted(n for n, count in Counter(names).items() if count > 1)
+        if dupes:
+            raise UsageError(f"member name(s) given twice: {', '.join(dupes)}")
+        specs = [_with_start_time(spec) for spec in specs]
         for spec in specs:
             Maildir.create(self.layout.inbox_dir(team, spec.name), self.layout.home)
         now = iso_now()
@@ -371,30 +404,15 @@ class Teams:
 
         def add(tf: TeamFile) -> TeamFile:
             members = {m.name: m for m in tf.members}
-            taken = [m.color for m in tf.members if m.is_active]
+            taken = [
+                m.color for m in tf.members if m.is_active and m.color and m.name not in joining
+            ]
             for spec in specs:
-                old = members.get(spec.name)
-                color = spec.color or (old.color if old and old.color else pick_color(taken))
-                taken.append(color)
-                member = Member(
-                    agent_id=agent_id(spec.name, team),
-                    name=spec.name,
-                    agent_type=spec.agent_type,
-                    prompt=spec.prompt,
-                    color=color,
-                    joined_at=now,
-                    backend=spec.backend,
-                    pid=spec.pid,
-                    pid_started_at=spec.pid_started_at,
-                    cwd=spec.cwd or os.getcwd(),
-                    plan_mode_required=spec.plan_mode_required,
-                    worktree_path=spec.worktree_path or (old.worktree_path if old else None),
-                )
+                member = _admit(team, spec, members.get(spec.name), taken, now)
                 members[spec.name] = member
                 added.append(member)
-            order = [m.name for m in tf.members] + [
-                s.name for s in specs if s.name not in {m.name for m in tf.members}
-            ]
+            listed = {m.name for m in tf.members}
+            order = [m.name for m in tf.members] + [n for n in names if n not in listed]
             return tf.model_copy(update={"members": tuple(members[n] for n in order)})
 
         self.update(team, add)
@@ -517,6 +535,16 @@ class TeamDirectory:
             if isinstance(tf, TeamFile) and tf.lead_session_id == session:
                 return self.layout.inbox_dir(tf.name, LEAD_NAME)
         raise UnknownRecipientError(f"no running leader session {session!r}; nothing was sent")
+
+
+def _with_start_time(spec: JoinSpec) -> JoinSpec:
+    """`spec` with the start time of its pid filled in; NotFoundError if no such process."""
+    if spec.pid is None or spec.pid_started_at is not None:
+        return spec
+    started = process_start_time(spec.pid)
+    if started is None:
+        raise NotFoundError(f"no process with pid {spec.pid}; cannot join {spec.name!r} with it")
+    return dataclasses.replace(spec, pid_started_at=started)
 
 
 def _terminate_member(team: str, member: Member) -> None:
