@@ -225,3 +225,22 @@ def test_undelivered_assignment_is_a_warning_not_a_rollback(
     assert out.returncode == 0
     assert "shoal: warning:" in out.stderr and "not delivered" in out.stderr
     assert team.get(1).owner == "bob"
+
+
+def test_an_illegal_status_move_is_one_error_line_and_exit_1(cli: Cli, team: TaskList) -> None:
+    team.add("one")
+    assert cli("task", "update", "1", "--status", "completed").returncode == 0
+    before = (team.directory / "1.json").read_bytes()
+    refused = cli("task", "update", "1", "--status", "in_progress", "--json")
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert error_line(refused.stderr) == (
+        "shoal: error: task 1 is completed and cannot move to in_progress (from completed only "
+        "to: pending); reopen it first with `shoal task update 1 --status pending`"
+    )
+    assert (team.directory / "1.json").read_bytes() == before
+    same = cli("task", "update", "1", "--status", "completed")  # same status: a no-op
+    assert same.returncode == 0 and (team.directory / "1.json").read_bytes() == before
+    reopened = cli("task", "update", "1", "--status", "pending", "--json")
+    assert reopened.returncode == 0 and json.loads(reopened.stdout)["status"] == "pending"
+    assert cli("task", "update", "1", "--status", "in_progress").returncode == 0
+    assert team.get(1).status == "in_progress"
