@@ -272,7 +272,7 @@ class Teams:
         path = self.layout.team_file(team)
         self.layout.ensure(path.parent)
         with lock_for(path):
-            if path.exists() or path.is_symlink():
+            if os.path.lexists(path):  # (a planted link counts as taken, never followed)
                 return None
             now = iso_now()
             lead = Member(
