@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import sys
 
 import click
 
@@ -20,7 +18,7 @@ from shoal.teams.backends.base import BackendUnavailable
 @click.pass_context
 def attach(ctx: click.Context, print_only: bool) -> None:
     """Open the team's tmux window: attach to its server, or select it when inside tmux."""
-    from shoal.teams.backends.tmux import TmuxBackend
+    from shoal.teams.backends.tmux import TmuxBackend, exec_tmux
 
     team = get_env(ctx).team()
     backend = TmuxBackend()
@@ -31,6 +29,4 @@ def attach(ctx: click.Context, print_only: bool) -> None:
     if print_only:
         click.echo(shlex.join(argv))
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvp(argv[0], argv)
+    exec_tmux(argv)

@@ -2,7 +2,8 @@
 
 tmux runs `#(...)` through `/bin/sh -c` every `status-interval` seconds and shows its first
 line. The command names this very shoal (absolute path) and its home and team, so it works from
-a tmux server whose PATH or environment differs from the shell's.
+a tmux server whose PATH or environment differs from the shell's. Setting it runs tmux through
+`shoal.teams.backends.tmux`, like every tmux command shoal runs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +30,8 @@ class TmuxStatusHint:
 
     @property
     def argv(self) -> list[str]:
-        """The tmux command that sets it (globally, for that server only)."""
+        """The tmux command that sets it (globally, for that server only), as shown to the user;
+        `install_tmux_status` runs the same command."""
         return ["tmux", "-S", self.socket, "set-option", "-g", "status-right", self.status_right]
 
     @property
@@ -77,16 +78,17 @@ def tmux_status_hint(
 
 def install_tmux_status(hint: TmuxStatusHint, *, timeout: float = 10.0) -> None:
     """Run `hint.argv`; a failure raises ShoalError with tmux's own message."""
+    # Imported here: the hint alone needs no libtmux (it costs a tenth of a second to load).
+    from shoal.teams.backends.base import BackendUnavailable
+    from shoal.teams.backends.tmux import TmuxRefused, TmuxTimeout, set_global_option
+
     try:
-        proc = subprocess.run(
-            hint.argv, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except FileNotFoundError:
+        set_global_option(hint.socket, "status-right", hint.status_right, timeout=timeout)
+    except BackendUnavailable:
         raise ShoalError(
             "tmux is not installed (or not on PATH); cannot set its status line"
         ) from None
-    except subprocess.TimeoutExpired:
+    except TmuxTimeout:
         raise ShoalError(f"tmux did not answer within {timeout:g}s on {hint.socket}") from None
-    if proc.returncode != 0:
-        why = (proc.stderr or proc.stdout).strip() or f"exit code {proc.returncode}"
-        raise ShoalError(f"could not set tmux's status line ({hint.command}): {why}")
+    except TmuxRefused as exc:
+        raise ShoalError(f"could not set tmux's status line ({hint.command}): {exc.why}") from None

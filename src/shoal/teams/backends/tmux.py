@@ -6,7 +6,8 @@ the user's own windows are never split. Windows are named `{team}`, `{team}-2`, 
 past the per-window cap) and marked with the window option `@shoal_team`, so a name clash with a
 user's window never confuses shoal. `remain-on-exit` keeps a pane whose process died visible as
 dead until `kill`/`close` removes it. This is the only module that imports libtmux, and every
-tmux command runs through `_tmux`.
+tmux command shoal runs comes from here: through `_tmux`, except `exec_tmux`, which hands the
+terminal over to a tmux client (`shoal attach`). `set_global_option` serves the status line.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import re
 import secrets
 import shlex
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 from libtmux import exc as tmux_exc
 from libtmux.server import Server
@@ -80,6 +83,18 @@ class TmuxError(ShoalError):
     """A tmux command failed; the message names the team or member and tmux's own words."""
 
 
+class TmuxTimeout(TmuxError):
+    """tmux did not answer within the time a caller allowed (e.g. a stopped server)."""
+
+
+class TmuxRefused(TmuxError):
+    """tmux ran a command and refused it; `why` is tmux's own words (else its exit status)."""
+
+    def __init__(self, what: str, why: str) -> None:
+        self.why = why
+        super().__init__(f"{what}: tmux says: {why}")
+
+
 def socket_name(team: str) -> str:
     """The socket name (`tmux -L`) of a team's dedicated server — shared with `shoal attach`.
 
@@ -131,8 +146,34 @@ class _Result:
     stderr: str
 
 
-def _tmux(server: Server, *args: str) -> _Result:
-    """Run one tmux command line (commands separated by ";") on `server` through libtmux."""
+def _tmux(server: Server, *args: str, timeout: float | None = None) -> _Result:
+    """Run one tmux command line (commands separated by ";") on `server` through libtmux.
+
+    With `timeout`, stop waiting after that many seconds (TmuxTimeout). libtmux itself waits
+    without a limit, so the command runs on a daemon thread; a client stuck on a hung server
+    ends when that server answers or goes."""
+    if timeout is None:
+        return _run_cmd(server, args)
+    outcome: list[_Result | BaseException] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(_run_cmd(server, args))
+        except BaseException as exc:  # handed to the waiting caller, raised there
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, name="tmux-command", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        raise TmuxTimeout(f"tmux did not answer within {timeout:g}s: tmux {shlex.join(args)}")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _run_cmd(server: Server, args: tuple[str, ...]) -> _Result:
+    """`server.cmd(*args)` with libtmux's and the OS's failures as shoal errors."""
     try:
         res = server.cmd(*args)
     except tmux_exc.TmuxCommandNotFound:
@@ -147,6 +188,26 @@ def _check(res: _Result, what: str) -> list[str]:
     if res.returncode != 0:
         raise TmuxError(f"{what}: tmux says: {res.stderr or f'exit status {res.returncode}'}")
     return res.stdout
+
+
+def set_global_option(socket_path: str, option: str, value: str, *, timeout: float) -> None:
+    """`tmux -S socket_path set-option -g option value`: a global option of that server only
+    (the status line's pill). Raises BackendUnavailable without tmux, TmuxTimeout when the
+    server does not answer within `timeout` s, TmuxRefused with tmux's words otherwise."""
+    res = _tmux(Server(socket_path=socket_path), "set-option", "-g", option, value, timeout=timeout)
+    if res.returncode != 0:
+        why = res.stderr or " ".join(res.stdout).strip() or f"exit code {res.returncode}"
+        raise TmuxRefused(f"cannot set tmux option {option} on {socket_path}", why)
+
+
+def exec_tmux(argv: list[str]) -> NoReturn:
+    """Replace this process with the tmux client `argv` (from `attach_command`).
+
+    Not through `_tmux`: this one gets the terminal instead of having its output captured.
+    What was printed is flushed first (exec drops Python's buffers)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(argv[0], argv)
 
 
 def _server_gone(res: _Result) -> bool:
