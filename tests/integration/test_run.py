@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +18,11 @@ import psutil
 import pytest
 
 from shoal.core.paths import Layout
-from shoal.orchestrator.batch_report import JOBLOG_HEADER, read_joblog
+from shoal.orchestrator.batch.report import JOBLOG_HEADER, read_joblog
 from shoal.orchestrator.liveness import leader_alive
 from shoal.workers import shell
-from tests.conftest import Cli, group_gone, wait_until
+from tests.conftest import Cli, group_gone
+from tests.polling import wait_until
 
 FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
 
@@ -362,21 +362,28 @@ def read_events_until(
     fd = proc.stdout.fileno()
     events: list[Any] = []
     pending = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.1)
+
+    def got_it() -> bool:
+        nonlocal pending
+        ready, _, _ = select.select([fd], [], [], 0.1)  # paces the polling
         if not ready:
-            continue
+            return False
         chunk = os.read(fd, 65536)
         if not chunk:
-            break
+            raise AssertionError(f"no {subtype} event; got {subtypes()} (end of output)")
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             events.append(json.loads(line))
             if events[-1].get("subtype") == subtype:
-                return events, pending
-    raise AssertionError(f"no {subtype} event; got {[e.get('subtype') for e in events]}")
+                return True
+        return False
+
+    def subtypes() -> list[str | None]:
+        return [e.get("subtype") for e in events]
+
+    wait_until(got_it, timeout, interval=0, what=lambda: f"a {subtype} event; got {subtypes()}")
+    return events, pending
 
 
 def test_halt_soon_lets_running_tasks_finish_streaming_json(

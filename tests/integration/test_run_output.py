@@ -15,8 +15,8 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.orchestrator.batch import RunOptions, run_batch
-from shoal.orchestrator.batch_report import read_joblog
-from shoal.orchestrator.batch_spec import parse_spec
+from shoal.orchestrator.batch.parse import parse_spec
+from shoal.orchestrator.batch.report import read_joblog
 from shoal.orchestrator.liveness import leader_alive
 from tests.conftest import Cli, group_gone
 from tests.integration.test_run import FAST, attempt_pids, our_processes, report_of, write_spec

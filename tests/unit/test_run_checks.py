@@ -14,8 +14,9 @@ import pytest
 from shoal.cli.run import Droppable, StreamJson, TextProgress, one_line
 from shoal.core.errors import UsageError
 from shoal.orchestrator.batch import resolve_backend
-from shoal.orchestrator.batch_agents import _exit_code
-from shoal.orchestrator.batch_spec import SpecError, SpecLocator, parse_spec
+from shoal.orchestrator.batch.agents import _exit_code
+from shoal.orchestrator.batch.parse import SpecLocator, parse_spec
+from shoal.orchestrator.batch.spec import SpecError
 from shoal.workers.brains import (
     ExecBrain,
     Script,

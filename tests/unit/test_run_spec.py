@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from shoal.cli.run import TextProgress
 from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from shoal.core.events import RunEvent
 from shoal.orchestrator.batch import (
     AGENTS_UNAVAILABLE,
     BatchRun,
@@ -25,23 +26,21 @@ from shoal.orchestrator.batch import (
     Started,
     check_agents,
 )
-from shoal.orchestrator.batch_report import (
+from shoal.orchestrator.batch.parse import SpecLocator, parse_spec, parse_spec_text
+from shoal.orchestrator.batch.report import (
     JOBLOG_HEADER,
     JoblogWriter,
     junit_xml,
     plan_resume,
     read_joblog,
 )
-from shoal.orchestrator.batch_spec import (
+from shoal.orchestrator.batch.spec import (
     HaltPolicy,
     Spec,
     SpecError,
-    SpecLocator,
     format_duration,
     parse_duration,
     parse_halt,
-    parse_spec,
-    parse_spec_text,
     team_from_path,
 )
 
@@ -405,8 +404,8 @@ class Clock:
 
 def make_run(
     text: str, *, jobs: int = 4, halt: str = "never", **kw: Any
-) -> tuple[BatchRun, FakeShell, list[dict[str, Any]], Clock]:
-    events: list[dict[str, Any]] = []
+) -> tuple[BatchRun, FakeShell, list[RunEvent], Clock]:
+    events: list[RunEvent] = []
     shell = FakeShell(kw.pop("refuse", None))
     clock = Clock()
     run = BatchRun(
@@ -780,14 +779,3 @@ def test_live_progress_redraws_one_status_line() -> None:
     assert out.getvalue().endswith("\r\x1b[K[1/3] 1 running, 1 ok, 0 failed, 0 skipped")
     show.close()
     assert out.getvalue().endswith("\n")
-
-
-def test_only_ends_that_matter_are_urgent() -> None:
-    run, shell, _, _ = make_run(CHAIN, jobs=1)
-    urgent = {req.env["SHOAL_RUN_TASK"]: req.urgent for _, req in shell.submitted}
-    assert urgent == {"a": True, "d": True}  # both have dependents
-    run, shell, _, _ = make_run(FORTY, jobs=2)
-    assert not any(req.urgent for _, req in shell.submitted)
-    assert run.quiet_ends() == 18 - 2 - 8  # refill in time: half the prefetch before the slots
-    _, shell, _, _ = make_run(FORTY, jobs=2, halt="now,fail=1")
-    assert all(req.urgent for _, req in shell.submitted)

@@ -7,28 +7,35 @@ import signal
 import sys
 import time
 from datetime import datetime
-from typing import Any
 
 import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
+from shoal.core.events import (
+    Event,
+    MessageReceived,
+    Note,
+    TaskStalled,
+    TaskStarted,
+    TaskTerminated,
+)
 from shoal.core.paths import Layout
 
 
-def _event_line(event: dict[str, Any]) -> str | None:
-    stamp = datetime.fromtimestamp(event.get("ts", time.time())).strftime("%H:%M:%S")
-    sub = event.get("subtype")
-    if sub == "task_started":
-        return f"{stamp} started   {event['task_id']}  {event.get('description', '')}"
-    if sub == "task_terminated":
-        return f"{stamp} {event['status']:<9} {event['task_id']}  {event.get('summary', '')}"
-    if sub == "task_stalled":
-        return f"{stamp} waiting?  {event['task_id']}  last line: {event.get('prompt', '')}"
-    if sub == "note":
-        return f"{stamp} note      {event.get('text', '')}"
-    if event.get("type") == "message":
-        msg = event.get("message", {})
+def _event_line(event: Event) -> str | None:
+    """The line a foreground leader prints for an event (None: not shown)."""
+    stamp = datetime.fromtimestamp(event.ts or time.time()).strftime("%H:%M:%S")
+    if isinstance(event, TaskStarted):
+        return f"{stamp} started   {event.task_id}  {event.description}"
+    if isinstance(event, TaskTerminated):
+        return f"{stamp} {event.status:<9} {event.task_id}  {event.summary}"
+    if isinstance(event, TaskStalled):
+        return f"{stamp} waiting?  {event.task_id}  last line: {event.prompt}"
+    if isinstance(event, Note):
+        return f"{stamp} note      {event.text}"
+    if isinstance(event, MessageReceived):
+        msg = event.message
         return (
             f"{stamp} message   from {msg.get('from')} [{msg.get('kind')}] {msg.get('text') or ''}"
         )
@@ -93,7 +100,7 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     # On a terminal the lead's pane shows the live board; elsewhere, one line per event.
     use_board = sys.stdout.isatty() and not quiet and not board_off
 
-    def show(event: dict[str, Any]) -> None:
+    def show(event: Event) -> None:
         if quiet or use_board:
             return
         line = _event_line(event)

@@ -13,7 +13,7 @@ import orjson
 
 from shoal.cli.common import common_options, get_env
 from shoal.core.errors import UsageError
-from shoal.orchestrator.batch_spec import BACKEND_CHOICES, format_duration
+from shoal.orchestrator.batch.spec import BACKEND_CHOICES, format_duration
 from shoal.ui.status import one_line as status_one_line
 
 # A reason longer than this is cut in a progress line (reports keep all of it).
@@ -335,7 +335,8 @@ def run(
     spec's file name.
     """
     from shoal.orchestrator.batch import RunOptions, run_batch
-    from shoal.orchestrator.batch_spec import parse_halt, parse_spec
+    from shoal.orchestrator.batch.parse import parse_spec
+    from shoal.orchestrator.batch.spec import parse_halt
 
     env = get_env(click.get_current_context())
     try:

@@ -54,3 +54,7 @@ class MessageTooLargeError(UsageError):
 
 class UnknownRecipientError(ShoalError):
     """A message names a recipient that is not a member (no phantom inboxes)."""
+
+
+class TaskError(ShoalError):
+    """A task request was refused (unknown task, already finished, bad command)."""

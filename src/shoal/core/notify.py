@@ -90,12 +90,18 @@ def stall_summary(description: str) -> str:
     return f'Task "{description}" appears to be waiting for interactive input'
 
 
-def task_notification_for(task: TaskStateBase, summary: str | None = None) -> str:
-    """The notification XML of a terminal task (result and usage included for agent tasks)."""
-    result: str | None = None
-    usage: TaskUsage | None = None
+def task_notification_for(
+    task: TaskStateBase,
+    summary: str | None = None,
+    *,
+    result: str | None = None,
+    usage: TaskUsage | None = None,
+) -> str:
+    """The notification XML of a terminal task; `result` and `usage` are what its kind adds
+    (agent tasks' own fields when not given)."""
     if isinstance(task, LocalAgentTaskState | InProcessTeammateTaskState):
-        result, usage = task.result, task.usage
+        result = result if result is not None else task.result
+        usage = usage if usage is not None else task.usage
     return task_notification_xml(
         task_id=task.id,
         task_type=task.type,

@@ -62,39 +62,92 @@ def _signal(pid: int, sig: int, group: bool) -> bool:
 GROUP_TERM_RESEND_S = 0.2
 
 
+class Termination:
+    """A polite death as a state, so a caller that must not block can drive it.
+
+    `begin()` sends SIGTERM (to the group) and records the deadline; each `advance(now)`
+    sends SIGTERM once more to a group still there after GROUP_TERM_RESEND_S (a process forked
+    while the first was delivered may have missed it), SIGKILL once the grace has run out, and
+    returns True when the process is gone. `terminate()` is this in a loop, for callers that
+    may wait.
+    """
+
+    def __init__(
+        self, pid: int, started_at: float | None, *, grace: float, group: bool = False
+    ) -> None:
+        self.pid = pid
+        self.started_at = started_at
+        self.grace = grace
+        self.group = group
+        self.deadline = 0.0
+        self.resend_at = 0.0
+        self.killed = False
+        self.signalled = False
+
+    def begin(self, now: float | None = None) -> bool:
+        """Send SIGTERM; returns False when the process was already gone (stragglers of a dead
+        group leader get SIGKILL at once)."""
+        now = time.monotonic() if now is None else now
+        if not is_alive(self.pid, self.started_at):
+            if self.group:
+                _signal(self.pid, signal.SIGKILL, group=True)
+            self.killed = True
+            return False
+        _signal(self.pid, signal.SIGTERM, self.group)
+        self.signalled = True
+        self.deadline = now + self.grace
+        self.resend_at = now + GROUP_TERM_RESEND_S if self.group else self.deadline
+        return True
+
+    def advance(self, now: float | None = None, *, alive: bool | None = None) -> bool:
+        """One step: True once the process is gone (`alive`: what the caller knows already)."""
+        now = time.monotonic() if now is None else now
+        if alive is None:
+            alive = is_alive(self.pid, self.started_at)
+        if not alive:
+            if self.group and not self.killed:
+                _signal(self.pid, signal.SIGKILL, group=True)  # children that ignored TERM
+                self.killed = True
+            return True
+        if self.killed:
+            return False  # SIGKILL is on its way
+        if now >= self.deadline:
+            _signal(self.pid, signal.SIGKILL, self.group)
+            if self.group:
+                _signal(self.pid, signal.SIGKILL, group=True)
+            self.killed = True
+        elif now >= self.resend_at:
+            _signal(self.pid, signal.SIGTERM, self.group)
+            self.resend_at = self.deadline
+        return False
+
+    def next_due(self) -> float:
+        """When `advance` next has something to do (monotonic seconds)."""
+        return min(self.resend_at, self.deadline) if not self.killed else time.monotonic()
+
+
 def terminate(
     pid: int, started_at: float | None = None, *, grace: float = 5.0, group: bool = False
 ) -> bool:
-    """Politely end a process (or its whole group): SIGTERM, up to `grace` s, then SIGKILL.
+    """Politely end a process (or its whole group): SIGTERM, up to `grace` s, then SIGKILL,
+    waiting for it (see `Termination` for the same without waiting).
 
     Only acts when `pid` is still the process that started at `started_at`. Returns True when
     a signal was sent. Zombies count as gone (their parent reaps them).
     """
-    if not is_alive(pid, started_at):
-        if group:
-            _signal(pid, signal.SIGKILL, group=True)  # stragglers of a dead leader
+    ending = Termination(pid, started_at, grace=grace, group=group)
+    if not ending.begin():
         return False
-    _signal(pid, signal.SIGTERM, group)
-    start = time.monotonic()
-    deadline = start + grace
-    resend_at = start + GROUP_TERM_RESEND_S if group else deadline
     delay = 0.005
-    while time.monotonic() < deadline:
-        if not is_alive(pid, started_at):
+    while not ending.advance():
+        if ending.killed:
             break
-        if time.monotonic() >= resend_at:
-            # A process the group forked while the first SIGTERM was being delivered (or that
-            # had not reset its handlers yet) may have missed it: once more, for the group.
-            _signal(pid, signal.SIGTERM, group)
-            resend_at = deadline
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
-    else:
-        _signal(pid, signal.SIGKILL, group)
-    if group:
-        _signal(pid, signal.SIGKILL, group=True)  # children that ignored SIGTERM
     # SIGKILL is delivered asynchronously: wait (briefly) until the process is really gone.
     deadline = time.monotonic() + KILL_WAIT_S
     while is_alive(pid, started_at) and time.monotonic() < deadline:
         time.sleep(0.005)
+    if group:
+        _signal(pid, signal.SIGKILL, group=True)
     return True

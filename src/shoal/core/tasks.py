@@ -20,6 +20,9 @@ PANEL_GRACE_S: Final = 30.0
 KILLED_DISPLAY_S: Final = 3.0
 """How long a killed non-agent task stays visible after it ends."""
 MAX_TASK_OUTPUT_BYTES: Final = 5 * 1024**3
+# The kill reason of a task stopped because someone asked (`shoal stop`, a leader shutting
+# down): such an end is not news, so it sends no notification.
+STOPPED_ON_REQUEST: Final = "stopped on request"
 """Default output cap of one task; past it the task is killed and the reason recorded."""
 OUTPUT_READ_CHUNK: Final = 8 * 1024**2
 """The most output the poll loop reads from one task in one tick."""

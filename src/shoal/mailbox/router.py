@@ -146,3 +146,64 @@ def send(
     for _, inbox in targets:
         _maildir(inbox).deliver(raw, durable=durable)
     return SendResult(message.id, message, [name for name, _ in targets])
+
+
+def task_notification_message(
+    *,
+    sender: str,
+    to: str,
+    xml: str,
+    summary: str,
+    task_id: str,
+    status: str,
+    task_type: str,
+    output_file: str | None,
+    message_id: str | None = None,
+    **extra: Any,
+) -> AnyMessage:
+    """The one builder of `task_notification` messages: the XML as text, its plain summary
+    (never scraped back out of the escaped XML) and the fields a reader acts on as data."""
+    return make_message(
+        sender=sender,
+        to=to,
+        kind="task_notification",
+        text=xml,
+        summary=summary,
+        data={
+            "task_id": task_id,
+            "status": status,
+            "task_type": task_type,
+            "summary": summary,
+            "output_file": output_file,
+            **extra,
+        },
+        message_id=message_id,
+    )
+
+
+def notify_owner(
+    directory: Directory,
+    owner: str,
+    *,
+    xml: str,
+    summary: str,
+    task_id: str,
+    status: str,
+    task_type: str,
+    output_file: str | None,
+    message_id: str | None = None,
+) -> str:
+    """Deliver a task's notification to its owner's inbox; returns the message id."""
+    message = task_notification_message(
+        sender=directory.lead_name,
+        to=owner,
+        xml=xml,
+        summary=summary,
+        task_id=task_id,
+        status=status,
+        task_type=task_type,
+        output_file=output_file,
+        message_id=message_id,
+    )
+    deliver_to(directory.inbox(owner), message)
+    return message.id

@@ -3,21 +3,34 @@
 A client makes an ephemeral reply inbox (`teams/{team}/replies/cli-{hex}`), sends a `control`
 message to the lead with `reply_to` naming it, and waits for the `control_reply`. With no
 leader running it fails at once, naming `shoal up`.
+
+On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
+request is validated into one model per operation (`ping, sh, stop, spawn, down`), carried out
+through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
+code is a declared field. `stop` and `spawn` answer later (once the task has ended, once the
+teammates are ready), so the loop never waits for them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Protocol
 
-from shoal.core.errors import ShoalError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError
 from shoal.core.paths import Layout
+from shoal.core.tasks import AnyTaskState
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
+from shoal.mailbox.schema import ControlMessage
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.models import LEAD_NAME
@@ -103,3 +116,248 @@ def call(
             raise ControlError(f"the leader of team {team!r} did not answer within {timeout:g}s")
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- requests and replies, one model per operation ---------------------------------------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
+
+
+class ShellSpec(_Request):
+    """One shell task to start (the fields of `shoal sh`)."""
+
+    command: list[str] = Field(default_factory=list)
+    description: str | None = None
+    agent: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    kind: str = "bash"
+    background: bool = True
+
+
+class PingRequest(_Request):
+    op: Literal["ping"] = "ping"
+
+
+class ShRequest(ShellSpec):
+    """Start one shell task, or the `batch` of them (all checked before any starts)."""
+
+    op: Literal["sh"] = "sh"
+    batch: list[ShellSpec] | None = None
+
+
+class StopRequest(_Request):
+    op: Literal["stop"] = "stop"
+    task_id: str
+
+
+class SpawnRequest(_Request):
+    """Start a teammate, or the `batch` of them; the fields are `shoal spawn`'s."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
+
+    op: Literal["spawn"] = "spawn"
+    batch: list[dict[str, Any]] | None = None
+
+    def members(self) -> list[dict[str, Any]]:
+        """The spawn arguments of each teammate asked for."""
+        if self.batch is not None:
+            return self.batch
+        return [dict(self.model_extra or {})]
+
+
+class DownRequest(_Request):
+    op: Literal["down"] = "down"
+
+
+ControlRequest = Annotated[
+    PingRequest | ShRequest | StopRequest | SpawnRequest | DownRequest,
+    Field(discriminator="op"),
+]
+_REQUESTS: TypeAdapter[ControlRequest] = TypeAdapter(ControlRequest)
+OPERATIONS = ("ping", "sh", "stop", "spawn", "down")
+
+
+def parse_request(op: str, args: dict[str, Any]) -> ControlRequest:
+    """The request `op` with `args`, validated; TaskError naming what is wrong."""
+    if op not in OPERATIONS:
+        raise TaskError(f"unknown control operation {op!r}")
+    try:
+        return _REQUESTS.validate_python({**args, "op": op})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or op
+        raise TaskError(f"bad {op!r} request: {where}: {first['msg']}") from None
+
+
+class ControlReply(BaseModel):
+    """The answer to one request: `result` when ok, else `error` and the exit code `code`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_id: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    code: int = EXIT_OK
+
+    @classmethod
+    def success(cls, request_id: str, result: Any) -> ControlReply:
+        return cls(request_id=request_id, ok=True, result=result)
+
+    @classmethod
+    def failure(cls, request_id: str, error: BaseException) -> ControlReply:
+        """A refusal (a ShoalError, with its exit code) or a bug (exit 1, named as such)."""
+        if isinstance(error, ShoalError):
+            return cls(request_id=request_id, ok=False, error=str(error), code=error.exit_code)
+        return cls(
+            request_id=request_id,
+            ok=False,
+            error=f"internal error: {error!r}",
+            code=EXIT_FAILED,
+        )
+
+    def data(self) -> dict[str, Any]:
+        """The `control_reply` message's data (a success carries no code, as ever)."""
+        if self.ok:
+            return {"request_id": self.request_id, "ok": True, "result": self.result}
+        return {
+            "request_id": self.request_id,
+            "ok": False,
+            "error": self.error,
+            "code": self.code,
+        }
+
+
+Answer = Callable[[Any, BaseException | None], None]
+
+
+class ControlTarget(Protocol):
+    """What the control server asks of the leader (called on the loop's thread only)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def start_shell(self, specs: list[ShellSpec]) -> list[AnyTaskState]:
+        """Check every spec, then register and start them (one state write)."""
+        ...
+
+    def stop(
+        self,
+        task_id: str,
+        on_done: Callable[[AnyTaskState], None] | None = None,
+        reason: str = "stopped on request",
+    ) -> AnyTaskState:
+        """Begin stopping a task; `on_done` gets its final state once it ended."""
+        ...
+
+    def spawn(self, members: list[dict[str, Any]], answer: Answer) -> None:
+        """Start teammates; `answer` gets their records once all are ready, or the error."""
+        ...
+
+    def request_stop(self) -> dict[str, Any]:
+        """Begin shutting down; returns what is being stopped."""
+        ...
+
+    def note(self, text: str) -> None: ...
+
+
+class ControlServer:
+    """Answers control requests in the lead's inbox (on the loop's thread, never waiting)."""
+
+    def __init__(self, layout: Layout, team: str, target: ControlTarget) -> None:
+        self.layout = layout
+        self.team = team
+        self.target = target
+        self.pending = 0  # requests answered later (stop, spawn) not answered yet
+
+    def handle(self, msg: ControlMessage) -> None:
+        """Carry out one request and answer it (now, or once `stop`/`spawn` have finished)."""
+        request_id = msg.data.request_id
+        answered = False
+
+        def answer(result: Any, error: BaseException | None) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            if later:
+                self.pending -= 1
+            reply = (
+                ControlReply.failure(request_id, error)
+                if error is not None
+                else ControlReply.success(request_id, result)
+            )
+            self.send(msg, reply)
+
+        later = False
+        try:
+            request = parse_request(msg.data.op, msg.data.args)
+            later = isinstance(request, StopRequest | SpawnRequest)
+            if later:
+                self.pending += 1
+            self._dispatch(request, answer)
+        except Exception as exc:  # a bug must not kill the leader; the client hears of it
+            answer(None, exc)
+
+    def _dispatch(self, request: ControlRequest, answer: Answer) -> None:
+        target = self.target
+        if target.stopping and isinstance(request, ShRequest | SpawnRequest):
+            raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
+        if isinstance(request, PingRequest):
+            answer({"session_id": target.session_id, "pid": os.getpid()}, None)
+        elif isinstance(request, ShRequest):
+            specs = request.batch if request.batch is not None else [request]
+            started = target.start_shell(list(specs))
+            records = [t.model_dump(mode="json") for t in started]
+            answer(records if request.batch is not None else records[0], None)
+        elif isinstance(request, StopRequest):
+            target.stop(request.task_id, lambda final: answer(final.model_dump(mode="json"), None))
+        elif isinstance(request, SpawnRequest):
+
+            def spawned(result: Any, error: BaseException | None) -> None:
+                if error is None and request.batch is None and isinstance(result, list):
+                    result = result[0]
+                answer(result, error)
+
+            target.spawn(request.members(), spawned)
+        else:
+            answer(target.request_stop(), None)
+
+    def send(self, msg: ControlMessage, reply: ControlReply) -> None:
+        """Deliver `reply` to the client's reply inbox, if it still waits."""
+        if not msg.reply_to:
+            return
+        path = reply_inbox_path(self.layout, self.team, msg.reply_to)
+        if path is None or not path.is_dir():
+            return  # the client gave up waiting
+        try:
+            deliver_to(
+                path,
+                make_message(
+                    sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=reply.data()
+                ),
+            )
+        except (ShoalError, OSError) as exc:
+            # (e.g. an answer over the message cap): the client must not wait for nothing.
+            self.target.note(
+                f"could not answer the {msg.data.op!r} request {reply.request_id}: {exc}"
+            )
+            failed = ControlReply(
+                request_id=reply.request_id,
+                ok=False,
+                error=f"the leader could not send its answer: {exc}",
+                code=EXIT_FAILED,
+            )
+            with contextlib.suppress(ShoalError, OSError):
+                deliver_to(
+                    path,
+                    make_message(
+                        sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=failed.data()
+                    ),
+                )

@@ -14,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from shoal.core.errors import ShoalError
+from shoal.core.events import Event, MessageReceived, TeammateReady
 from shoal.core.paths import Layout
 from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams
@@ -124,17 +126,14 @@ def run_demo(
     started = time.monotonic()
     teams = Teams(layout)
     team = teams.create("demo", "shoal demo", unique=True).name
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
 
-    def on_event(event: dict[str, Any]) -> None:
+    def on_event(event: Event) -> None:
         events.append(event)
-        sub = event.get("subtype")
-        if sub == "teammate_ready":
-            say(f"  {event['name']} is ready")
-        elif event.get("type") == "message":
-            msg = event["message"]
-            if msg["kind"] == "task_notification":
-                say(f"  {msg.get('summary') or msg['from']}")
+        if isinstance(event, TeammateReady):
+            say(f"  {event.name} is ready")
+        elif isinstance(event, MessageReceived) and event.kind == "task_notification":
+            say(f"  {event.message.get('summary') or event.message['from']}")
 
     leader = Leader(layout, team, on_event=on_event).start()
     stop = threading.Event()
@@ -158,16 +157,14 @@ def run_demo(
                 answer["result"], answer["error"] = res, err
                 ready.set()
 
-            leader.swarm.spawn(
-                {
-                    "name": name,
-                    "agent": "scripted",
-                    "script": str(script),
-                    "backend": backend,
-                    "cwd": cwd,
-                },
-                done,
-            )
+            spec = {
+                "name": name,
+                "agent": "scripted",
+                "script": str(script),
+                "backend": backend,
+                "cwd": cwd,
+            }
+            leader.call(partial(leader.swarm.spawn, spec, done)).result(30)
             if not ready.wait(30):
                 raise ShoalError(f"teammate {name} did not become ready")
             if answer["error"] is not None:
@@ -202,7 +199,7 @@ def run_demo(
             result.done_by[item.subject] = item.owner or "?"
         with contextlib.suppress(OSError):
             result.report = (scratch / "report.txt").read_text()
-        result.messages = sum(1 for e in events if e.get("type") == "message")
+        result.messages = sum(1 for e in events if isinstance(e, MessageReceived))
     finally:
         stop.set()
         leader.wake()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.core.errors import ConflictError, ShoalError
+from shoal.core.events import LeaderStarted, Note
 from shoal.core.paths import FILE_MODE, Layout
 from shoal.core.procs import terminate
 from shoal.orchestrator.liveness import leader_alive, leader_ready
@@ -131,11 +132,11 @@ def _start_notes(
             return session_id, ()
         session_id = session.id
         notes: list[str] = []
-        for event in session.events():
-            if event.get("subtype") == "note":
-                notes.append(str(event.get("text", "")))
-            elif event.get("subtype") == "leader_started":
-                if event.get("pid") == pid:
+        for event in session.typed_events():
+            if isinstance(event, Note):
+                notes.append(event.text)
+            elif isinstance(event, LeaderStarted):
+                if event.pid == pid:
                     return session_id, tuple(notes)
                 notes = []  # an earlier leader's
         time.sleep(_POLL)

@@ -1,79 +1,89 @@
-"""The leader: owns a team's task registry and runs its supervisor loop.
+"""The leader: one thread owns a team's task registry and runs its loop of named steps.
 
-The loop is a `tick()` of small named steps in a fixed order — reap, read output, watch for
-stalls and the output cap, clean up orphans, notify, evict, start pending, persist — each a
-method a test can call. Between ticks it sleeps in a selector on pidfds of running tasks and a
-wake-up pipe, so a task ending or a control request is handled at once, and an idle leader
-costs nothing but one tick a second.
+Everything that happens elsewhere — a message in the lead's inbox, a control request, a call
+from another thread, a teammate's status, a pidfd saying a process ended — enters through a
+queue or a wake-up and is handled by a step of the tick, in this order:
+
+    reap, deliver mail, answer control, teammates, output, stalls, orphans, task list,
+    policy, notify, evict, start, persist
+
+Each step is a method a test can call without sleeping, and none blocks: a kill is a state
+(TERM sent, deadline recorded), finished by a later `reap`. What a kind of task does lives
+behind the `TaskKind` protocol (workers/), resume in `session.py`, the control channel in
+`control.py`; the leader never branches on a task's type. Between ticks it sleeps in a
+selector on the pidfds of live processes and a wake-up pipe.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
+import queue
 import selectors
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
-
-import orjson
-from ulid import ULID
+from typing import Any, Final, Protocol, TypeVar
 
 from shoal.core.config import Limits
-from shoal.core.errors import ConflictError, CorruptFileError, ShoalError
-from shoal.core.notify import (
-    stall_notification_xml,
-    summary_for,
-    task_notification_for,
-    task_started_event,
-    task_terminated_event,
-)
-from shoal.core.output import output_size, read_output_delta, tail
+from shoal.core.errors import ConflictError, CorruptFileError, ShoalError, TaskError
+from shoal.core.events import Event, LeaderStarted, LeaderStopped, MessageReceived, Note
 from shoal.core.paths import Layout
-from shoal.core.procs import current_identity, is_alive, process_start_time
+from shoal.core.procs import current_identity, is_alive
 from shoal.core.tasks import (
+    STOPPED_ON_REQUEST,
     AnyTaskState,
-    InProcessTeammateTaskState,
     LocalShellTaskState,
-    ShellResult,
     TaskStatus,
     TaskType,
     evolve,
     new_task_id,
 )
 from shoal.mailbox.inbox import Inbox
-from shoal.mailbox.router import deliver_to, make_message
+from shoal.mailbox.router import notify_owner
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator.control import ControlServer, ShellSpec
 from shoal.orchestrator.registry import TaskRegistry
-from shoal.orchestrator.session import Session, SessionState
+from shoal.orchestrator.session import Session, Snapshot, new_session_id, notify_once, resume
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME, TeamFile
 from shoal.teams.store import MemberState, Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
+from shoal.workers.kinds import Poll, TaskKind
 
-EventSink = Callable[[dict[str, Any]], None]
+__all__ = ["Leader", "Policy", "TaskError"]
+
+EventSink = Callable[[Event], None]
+T = TypeVar("T")
 
 # How often the shared task list is checked for tasks of members that are gone.
-RELEASE_INTERVAL_S = 5.0
+RELEASE_INTERVAL_S: Final = 5.0
 # state.json is rewritten at most this often by the loop (requests from users force a write).
-PERSIST_INTERVAL_S = 0.2
+PERSIST_INTERVAL_S: Final = 0.2
+# With SHOAL_STRICT_STEPS=1 (the test suite sets it) a step that raises stops the loop with
+# its exception instead of becoming a note: a bug in a step fails the test that hit it.
+STRICT_ENV: Final = "SHOAL_STRICT_STEPS"
 
 
-class TaskError(ShoalError):
-    """A task request was refused (unknown task, already finished)."""
+class Policy(Protocol):
+    """Something the `policy` step consults every pass (the batch engine of `shoal run`)."""
 
+    def on_event(self, event: Event) -> None:
+        """An event the leader emitted (called on the loop's thread, at once)."""
+        ...
 
-def notification_id(task_id: str) -> str:
-    """A message id fixed by the task alone (a task ends once), so a notification re-sent after
-    a crash — even with another end time — is the same message and handled once."""
-    digest = hashlib.sha256(task_id.encode()).digest()
-    return str(ULID.from_bytes(digest[:16]))
+    def step(self, leader: Leader, now: float) -> None:
+        """Decide: submit tasks, stop tasks, or ask the leader to stop."""
+        ...
+
+    def next_due(self) -> float | None:
+        """The next monotonic time the policy must run at, if any."""
+        ...
 
 
 class Leader:
@@ -87,43 +97,50 @@ class Leader:
         limits: Limits | None = None,
         jobs: int = 0,
         on_event: EventSink | None = None,
+        strict: bool | None = None,
     ) -> None:
         self.layout = layout
         self.team = team
         self.teams = Teams(layout)
-        self.limits = limits or Limits()
+        self._limits = limits or Limits()
         self.jobs = jobs
         self.on_event = on_event
+        self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
         self.registry = TaskRegistry()
-        self.procs: dict[str, shell.ShellProcess] = {}
-        self.queue: deque[str] = deque()
-        self.lock = threading.RLock()
+        self.queue: deque[str] = deque()  # pending tasks, in order, waiting for a job slot
         self.session: Session
         self.created_at = time.time()
-        self._dirty = True
-        self._stopping = False
-        self._last_growth: dict[str, tuple[int, float]] = {}
-        self._last_stall_check = 0.0
-        self._announced: set[str] = set()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._pidfds: dict[str, int] = {}
-        self._task_json: dict[str, tuple[AnyTaskState, orjson.Fragment]] = {}
-        self._exited: set[str] = set()
-        self._step_errors: dict[str, str] = {}  # keys whose pidfd said "exited" since the last pass
-        self._last_persist = 0.0
-        self._last_release = 0.0
+        self.notes: list[str] = []
+        self.policies: list[Policy] = []
+        self.shell = shell.ShellKind()
+        self.swarm = Swarm(self)
+        self.kinds: dict[TaskType, TaskKind] = {}
+        for kind in (self.shell, self.swarm):
+            for task_type in kind.types:
+                self.kinds[task_type] = kind
+        self.control = ControlServer(layout, team, self)
+        self.snapshot = Snapshot()
         self._identity = current_identity()
         # What tasks inherit, as a plain dict: handing posix_spawn `os.environb` itself costs a
         # Python-level lookup per variable on every start.
         self._environ: dict[bytes, bytes] = dict(os.environb)
+        self._mail: queue.SimpleQueue[AnyMessage] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._waiters: dict[str, list[Callable[[AnyTaskState], None]]] = {}
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pidfds: dict[str, int] = {}
+        self._step_errors: dict[str, str] = {}
+        self._last_release = 0.0
+        self._loop_thread: threading.Thread | None = None
+        self._stop_requested = False
+        self._stopping = False  # shutting down: tasks are being stopped, nothing new starts
+        self._closed = False
         self._inbox: Inbox | None = None
-        self.swarm = Swarm(self)
         self._subscription: Any = None
-        self.notes: list[str] = []
 
-    # -- start and resume ----------------------------------------------------------------------
+    # -- start ---------------------------------------------------------------------------------
 
     def start(self) -> Leader:
         """Become the team's leader: resume its last session or begin a new one."""
@@ -141,325 +158,134 @@ class Leader:
                     f"a leader already runs for team {self.team!r} (pid {lead.pid}); "
                     f"stop it with `shoal down --team {self.team}`"
                 )
-            return tf.with_member(
-                lead.model_copy(
-                    update={
-                        "pid": me,
-                        "pid_started_at": my_start,
-                        "backend": "leader",
-                        "cwd": os.getcwd(),
-                    }
-                )
-            )
+            update = {"pid": me, "pid_started_at": my_start, "backend": "leader"}
+            return tf.with_member(lead.model_copy(update={**update, "cwd": os.getcwd()}))
 
         tf = self.teams.update(self.team, claim)
         _raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
-        session_id = tf.lead_session_id
-        resumed = False
-        if session_id and Session(self.layout, session_id).state_file.exists():
-            self.session = Session(self.layout, session_id).ensure()
-            try:
-                state = self.session.read_state()
-            except CorruptFileError as exc:
-                aside = self.session.set_aside()
-                self.session.close()
-                self.session = Session(self.layout, _new_session_id()).ensure()
-                self.note(f"{exc}; moved it to {aside} and started a new session")
-            else:
-                self._resume(state)
-                resumed = True
-        else:
-            self.session = Session(self.layout, _new_session_id()).ensure()
+        resumed = resume(self, tf.lead_session_id)
         self.teams.update(
             self.team, lambda t: t.model_copy(update={"lead_session_id": self.session.id})
         )
         self.persist(force=True)
-        self.emit(
-            {
-                "type": "system",
-                "subtype": "leader_started",
-                "team": self.team,
-                "pid": me,
-                "resumed": resumed,
-            }
-        )
+        self.emit(LeaderStarted(team=self.team, pid=me, resumed=resumed))
         maildir = Maildir.create(self.layout.inbox_dir(self.team, LEAD_NAME), self.layout.home)
         self._inbox = Inbox(maildir, lead=LEAD_NAME)
         self._subscription = self._inbox.subscribe(self._on_message)
         return self
 
-    def _resume(self, state: SessionState) -> None:
-        """Adopt what still runs; give tasks that ended meanwhile their recorded result.
+    def new_session(self, session_id: str | None = None) -> Session:
+        """Lead session `session_id` (a new one by default)."""
+        self.session = Session(self.layout, session_id or new_session_id()).ensure()
+        return self.session
 
-        state.json is written at most every PERSIST_INTERVAL_S, so it can lag behind the event
-        stream: what the events say was announced or notified is not announced again.
-        """
-        announced: set[str] = set()
-        notified: set[str] = set()
-        for event in self.session.events():
-            task_id = event.get("task_id")
-            if not isinstance(task_id, str):
-                continue
-            if event.get("subtype") == "task_terminated":
-                announced.add(task_id)
-            elif event.get("subtype") == "task_notification":
-                notified.add(task_id)
-        self._announced = announced
-        self.created_at = state.created_at
-        for task in state.tasks.values():
-            self.registry.register_task(task)
-            if isinstance(task, InProcessTeammateTaskState) and not task.is_terminal:
-                if self.swarm.adopt(task):
-                    self.note(f"adopted teammate {task.identity.agent_name} ({task.id})")
-                else:
-                    self._move(
-                        task.id,
-                        TaskStatus.FAILED,
-                        error="the teammate ended while no leader was running",
-                    )
-                continue
-            if task.is_terminal or not isinstance(task, LocalShellTaskState):
-                continue
-            started, proc = shell.locate(task.pid, task.pid_started_at, task.output_file)
-            if not started:
-                self.queue.append(task.id)
-                continue
-            if task.status == TaskStatus.PENDING:
-                pid = proc.pid if proc else shell.recorded_pid(task.output_file)
-                self._move(
-                    task.id,
-                    TaskStatus.RUNNING,
-                    pid=pid,
-                    pid_started_at=proc.started_at if proc else None,
-                )
-            if proc is not None:
-                self._watch(task.id, proc)
-                self.note(f"adopted {task.id} (pid {proc.pid}): {task.command}")
-            else:
-                self._finish_shell(task.id, None, ended_unattended=True)
-        for task_id in notified:  # (a no-op for tasks state.json already has as notified)
-            self.registry.mark_notified(task_id)
+    # -- the store interface of task kinds and the swarm -----------------------------------------
 
-    def note(self, text: str) -> None:
-        """A line for the person running the leader (also an event)."""
-        self.notes.append(text)
-        self.emit({"type": "system", "subtype": "note", "text": text})
+    @property
+    def limits(self) -> Limits:
+        return self._limits
 
-    # -- events and persistence ----------------------------------------------------------------
+    @property
+    def environ(self) -> dict[bytes, bytes]:
+        return self._environ
 
-    def emit(self, event: dict[str, Any]) -> None:
-        record = self.session.emit(event)
-        if self.on_event is not None:
-            self.on_event(record)
+    @property
+    def identity(self) -> tuple[int, float]:
+        """(pid, start time) of the leader's process."""
+        return self._identity
 
-    def persist(self, *, force: bool = False) -> None:
-        """Write state.json if anything changed, at most every PERSIST_INTERVAL_S unless forced.
+    @property
+    def session_id(self) -> str:
+        return self.session.id
 
-        The throttle is safe because what a crash must not lose is on disk per task anyway
-        (output file, the wrapper's pid and exit files). Each task's JSON is kept between
-        writes and re-encoded only when the (immutable) task object changed.
-        """
-        if not (self._dirty or force):
-            return
-        now = time.monotonic()
-        if not force and now - self._last_persist < PERSIST_INTERVAL_S:
-            return
-        self._last_persist = now
-        fragments: dict[str, orjson.Fragment] = {}
-        cache = self._task_json
-        for task in self.registry.get_all_tasks():
-            hit = cache.get(task.id)
-            if hit is None or hit[0] is not task:
-                hit = (task, orjson.Fragment(orjson.dumps(task.model_dump(mode="json"))))
-                cache[task.id] = hit
-            fragments[task.id] = hit[1]
-        for gone in [k for k in cache if k not in fragments]:
-            del cache[gone]
-        me, started = self._identity
-        leader = (
-            None
-            if self._stopping and not self.procs
-            else {"pid": me, "started_at": started, "jobs": self.jobs}
-        )
-        self.session.write_state_bytes(
-            orjson.dumps(
-                {
-                    "v": 1,
-                    "session_id": self.session.id,
-                    "team": self.team,
-                    "created_at": self.created_at,
-                    "updated_at": time.time(),
-                    "leader": leader,
-                    "tasks": fragments,
-                }
-            )
-        )
-        self._dirty = False
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
-    def _update(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
+    @property
+    def procs(self) -> dict[str, shell.ShellProcess]:
+        """Live shell processes by task id."""
+        return self.shell.procs
+
+    def get(self, task_id: str) -> AnyTaskState | None:
+        return self.registry.get(task_id)
+
+    def register(self, task: AnyTaskState) -> AnyTaskState:
+        """Add a task to the registry (state.json is written on the next persist)."""
+        stored = self.registry.register_task(task)
+        self.snapshot.dirty = True
+        return stored
+
+    def update_task(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
         changed = self.registry.update_task_state(task_id, updater)
-        self._dirty = self._dirty or changed
+        if changed:
+            self.snapshot.dirty = True
+            if task_id in self._waiters:
+                current = self.registry.get(task_id)
+                if current is not None and current.is_terminal:
+                    for waiter in self._waiters.pop(task_id):
+                        waiter(current)
         return changed
 
-    def _set(self, task_id: str, **changes: Any) -> bool:
+    def set_task(self, task_id: str, **changes: Any) -> bool:
         """Change fields of a task (same values: no change, no write)."""
-        return self._update(task_id, lambda t: evolve(t, **changes))
+        return self.update_task(task_id, lambda t: evolve(t, **changes))
 
-    def _move(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
-        """Move a task through the transition table (see `transition`; the values are the
-        leader's own, so the record is not re-validated)."""
+    def move_task(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
+        """Move a task through the transition table (the registry checks the move)."""
 
         def move(task: AnyTaskState) -> AnyTaskState:
             if status == task.status:
                 return task if task.is_terminal else evolve(task, **changes)
             return evolve(task, status=status, **changes)
 
-        return self._update(task_id, move)
+        return self.update_task(task_id, move)
 
-    # -- submitting and stopping ----------------------------------------------------------------
+    def mark_notified(self, task_id: str) -> bool:
+        marked = self.registry.mark_notified(task_id)
+        self.snapshot.dirty = self.snapshot.dirty or marked
+        return marked
 
-    def make_shell_task(
-        self,
-        command: list[str],
-        *,
-        description: str | None = None,
-        agent: str | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        kind: str = "bash",
-        background: bool = True,
-        tool_use_id: str | None = None,
-    ) -> LocalShellTaskState:
-        """Build (and check) a new pending shell task; nothing is registered yet."""
-        if not command or not all(isinstance(a, str) for a in command) or not command[0]:
-            raise TaskError("no command given (usage: shoal sh -- CMD ARGS...)")
-        if cwd is not None and not os.path.isdir(cwd):
-            raise TaskError(f"working directory {cwd!r} does not exist")
-        if kind not in ("bash", "monitor"):
-            raise TaskError(f"unknown shell task kind {kind!r} (bash or monitor)")
-        owner = LEAD_NAME
-        if agent:
-            name = agent.split("@", 1)[0]
-            if self.teams.read(self.team).member(name) is None:
-                raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
-            owner = name
-        display, argv = shell.argv_for(command)
-        task_id = new_task_id(TaskType.LOCAL_BASH)
-        return LocalShellTaskState(
-            id=task_id,
-            description=description or display,
-            command=display,
-            argv=tuple(argv),
-            cwd=cwd or os.getcwd(),
-            env=env or None,
-            output_file=str(self.session.output_file(task_id)),
-            owner=owner,
-            agent_id=owner if agent else None,
-            kind=kind,
-            is_backgrounded=background,
-            tool_use_id=tool_use_id,
-        )
+    def mark_dirty(self) -> None:
+        """Something in the registry changed outside `update_task` (state.json must be written)."""
+        self.snapshot.dirty = True
 
-    def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
-        """Register tasks and start them now (or as job slots free); one state write."""
-        with self.lock:
-            for task in tasks:
-                self.registry.register_task(task)
-                self.queue.append(task.id)
-            self._dirty = True
-            self.start_pending()
-            self.persist(force=True)
-            current = [self.registry.get(t.id) for t in tasks]
-        self.wake()
-        return [t for t in current if isinstance(t, LocalShellTaskState)]
+    def emit(self, event: Event) -> None:
+        """Append an event to the session's stream and hand it to the sink and the policies."""
+        record = self.session.emit(event)
+        for policy in self.policies:
+            policy.on_event(record)
+        if self.on_event is not None:
+            self.on_event(record)
 
-    def submit_shell(self, command: list[str], **options: Any) -> LocalShellTaskState:
-        """Register one shell task and start it (see `make_shell_task` for the options)."""
-        return self.submit([self.make_shell_task(command, **options)])[0]
+    def note(self, text: str) -> None:
+        """A line for the person running the leader (also an event)."""
+        self.notes.append(text)
+        self.emit(Note(text=text))
 
-    def start_pending(self) -> None:
-        """Start queued tasks while job slots are free (`jobs` 0 means no limit)."""
-        while self.queue and (self.jobs <= 0 or len(self.procs) < self.jobs):
-            task_id = self.queue.popleft()
-            task = self.registry.get(task_id)
-            if not isinstance(task, LocalShellTaskState) or task.status != TaskStatus.PENDING:
-                continue
-            env = task.env
-            try:
-                proc = shell.start(
-                    list(task.argv),
-                    Path(task.output_file),
-                    cwd=task.cwd,
-                    env=self._task_environ(env),
-                    # (the session's tasks/ directory was checked against symlinks when it
-                    # was made; the file itself is opened O_EXCL|O_NOFOLLOW)
-                )
-            except (ShoalError, OSError) as exc:
-                message = str(exc)
-                self._move(task_id, TaskStatus.FAILED, error=message, result=ShellResult(code=-1))
-                self.emit(task_started_event(self.registry.get(task_id)))  # type: ignore[arg-type]
-                continue
-            self._move(
-                task_id,
-                TaskStatus.RUNNING,
-                pid=proc.pid,
-                pid_started_at=proc.started_at,
-                start_time=time.time(),
+    def notify_owner(
+        self, task: AnyTaskState, xml: str, summary: str, *, status: str, msg_id: str | None
+    ) -> None:
+        owner = task.owner
+        if not owner or owner == LEAD_NAME:
+            return  # the lead reads notifications from the event stream
+        try:
+            notify_owner(
+                self.teams.directory(self.team),
+                owner,
+                xml=xml,
+                summary=summary,
+                task_id=task.id,
+                status=status,
+                task_type=task.type.value,
+                output_file=task.output_file,
+                message_id=msg_id,
             )
-            self._watch(task_id, proc)
-            self.emit(task_started_event(self.registry.get(task_id)))  # type: ignore[arg-type]
+        except ShoalError as exc:
+            self.note(f"could not notify {owner} about {task.id}: {exc}")
 
-    def _task_environ(self, extra: dict[str, str] | None) -> dict[bytes, bytes]:
-        """The leader's environment (as at its start) plus a task's own variables."""
-        if not extra:
-            return self._environ
-        return {**self._environ, **{os.fsencode(k): os.fsencode(v) for k, v in extra.items()}}
-
-    def stop_task(self, task_id: str, reason: str = "stopped on request") -> AnyTaskState:
-        """Stop a running task: kill it and mark it notified, with no exit-137 failure noise."""
-        with self.lock:
-            task = self.registry.get(task_id)
-            if task is None:
-                if task_id in self.session.history():
-                    raise TaskError(f"task {task_id} already finished")
-                raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
-            if task.is_terminal:
-                raise TaskError(f"task {task_id} already finished ({task.status.value})")
-            member = self.swarm.member_of_task(task_id)
-        if member is not None:
-            self.swarm.stop(member, reason)
-            with self.lock:
-                self.persist(force=True)
-                final_member = self.registry.get(task_id)
-            assert final_member is not None
-            return final_member
-        with self.lock:
-            proc = self.procs.get(task_id)
-            self._set(task_id, kill_reason=reason)
-        if proc is not None:
-            shell.kill(proc, self.limits.kill_grace)
-        with self.lock:
-            self._finish_shell(task_id, proc, killed=True)
-            self.persist(force=True)
-            final = self.registry.get(task_id)
-        self.wake()
-        assert final is not None
-        return final
-
-    # -- the loop -------------------------------------------------------------------------------
-
-    def wake(self) -> None:
-        """Make the loop run its steps now (from any thread)."""
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"x")
-
-    def _watch(self, task_id: str, proc: shell.ShellProcess) -> None:
-        self.procs[task_id] = proc
-        self.watch_pid(task_id, proc.pid)
-
-    def _unwatch(self, task_id: str) -> None:
-        self.procs.pop(task_id, None)
-        self.unwatch_pid(task_id)
+    def output_file(self, task_id: str) -> Path:
+        return self.session.output_file(task_id)
 
     def watch_pid(self, key: str, pid: int | None) -> None:
         """Wake the loop when process `pid` exits (a pidfd in the selector)."""
@@ -479,221 +305,296 @@ class Leader:
             self._selector.unregister(fd)
             os.close(fd)
 
-    @property
-    def identity(self) -> tuple[int, float]:
-        """(pid, start time) of the leader's process."""
-        return self._identity
+    def wake(self) -> None:
+        """Make the loop run its steps now (from any thread)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
 
-    def mark_dirty(self) -> None:
-        """Something in the registry changed outside `_update` (state.json must be written)."""
-        self._dirty = True
+    # -- requests (from the control server, a policy, or another thread through `call`) ----------
 
-    def set_task(self, task_id: str, **changes: Any) -> bool:
-        """Change fields of a task (public for the swarm and other task kinds)."""
-        return self._set(task_id, **changes)
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the loop's thread (at once when called there); its Future has the result."""
+        future: Future[T] = Future()
+        if self._owns():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
+        if self._closed:
+            future.set_exception(TaskError(f"the leader of team {self.team!r} has stopped"))
+            return future
+        self._calls.put((fn, future))
+        self.wake()
+        return future
 
-    def move_task(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
-        """Move a task through the transition table (public for other task kinds)."""
-        return self._move(task_id, status, **changes)
+    def _owns(self) -> bool:
+        """True on the thread that owns the registry (the loop's, or anyone's when none runs)."""
+        return self._loop_thread is None or threading.current_thread() is self._loop_thread
+
+    def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState:
+        """Build (and check) a new pending shell task; nothing is registered yet."""
+        owner, agent_id = LEAD_NAME, None
+        agent = options.pop("agent", None)
+        if agent:
+            name = agent.split("@", 1)[0]
+            if self.teams.read(self.team).member(name) is None:
+                raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
+            owner = agent_id = name
+        task_id = new_task_id(TaskType.LOCAL_BASH)
+        return shell.new_task(
+            command,
+            task_id=task_id,
+            output_file=str(self.session.output_file(task_id)),
+            owner=owner,
+            agent_id=agent_id,
+            **options,
+        )
+
+    def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
+        """Register tasks and start them now (or as job slots free); one state write."""
+        if not self._owns():
+            return self.call(lambda: self.submit(tasks)).result()
+        for task in tasks:
+            self.register(task)
+            self.queue.append(task.id)
+        self.start_pending()
+        self.persist(force=True)
+        self.wake()
+        current = [self.registry.get(t.id) for t in tasks]
+        return [t for t in current if isinstance(t, LocalShellTaskState)]
+
+    def submit_shell(self, command: list[str], **options: Any) -> LocalShellTaskState:
+        """Register one shell task and start it (see `make_shell_task` for the options)."""
+        return self.submit([self.make_shell_task(command, **options)])[0]
+
+    def start_shell(self, specs: list[ShellSpec]) -> list[AnyTaskState]:
+        tasks = [  # all checked before any runs
+            self.make_shell_task(
+                list(s.command),
+                description=s.description,
+                agent=s.agent,
+                cwd=s.cwd,
+                env=s.env,
+                kind=s.kind,
+                background=s.background,
+            )
+            for s in specs
+        ]
+        return list(self.submit(tasks))
+
+    def stop(
+        self,
+        task_id: str,
+        on_done: Callable[[AnyTaskState], None] | None = None,
+        reason: str = STOPPED_ON_REQUEST,
+    ) -> AnyTaskState:
+        """Begin stopping a task (never waits); `on_done` gets its final state once it ended."""
+        task = self.registry.get(task_id)
+        if task is None:
+            if task_id in self.session.history():
+                raise TaskError(f"task {task_id} already finished")
+            raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
+        if task.is_terminal:
+            raise TaskError(f"task {task_id} already finished ({task.status.value})")
+        if on_done is not None:
+            self._waiters.setdefault(task_id, []).append(on_done)
+        if task.status == TaskStatus.PENDING and task_id in self.queue:
+            self.queue.remove(task_id)
+            self.move_task(task_id, TaskStatus.KILLED, kill_reason=reason)
+            if reason == STOPPED_ON_REQUEST:
+                self.mark_notified(task_id)
+        else:
+            self.kinds[task.type].kill(task, self, reason)
+        self.persist(force=True)
+        return self.registry.get(task_id) or task
+
+    def stop_task(
+        self, task_id: str, reason: str = STOPPED_ON_REQUEST, *, timeout: float = 60.0
+    ) -> AnyTaskState:
+        """Stop a task and wait until it has ended (from a thread other than the loop's; on
+        the loop's own thread this only begins the stop, as `stop` does)."""
+        if self._loop_thread is not None and self._owns():
+            return self.stop(task_id, reason=reason)
+        done: Future[AnyTaskState] = Future()
+        started = self.call(lambda: self.stop(task_id, done.set_result, reason))
+        started.result(timeout)  # (raises what `stop` refused)
+        if self._loop_thread is None:  # nobody else runs the loop: run it here until it ended
+            self.run_until(done.done, timeout)
+        return done.result(timeout)
+
+    def spawn(self, members: list[dict[str, Any]], answer: Callable[..., None]) -> None:
+        self.swarm.spawn_many(members, answer)
+
+    def request_stop(self) -> dict[str, Any]:
+        """Ask the loop to shut down (from any thread): stop every task, then return."""
+        self._stop_requested = True
+        self.wake()
+        return {
+            "stopping": True,
+            "running": self.shell.running(),
+            "teammates": sorted(self.swarm.members),
+        }
+
+    # -- the loop --------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Run ticks until `stop` is set or `request_stop` is called."""
-        stop = stop or threading.Event()
-        self._stop_event = stop
+        """Run ticks until `stop` is set, or until `request_stop` and every task has ended."""
+        self._loop_thread = threading.current_thread()
         next_tick = 0.0
-        while not stop.is_set() and not self._stopping:
-            now = time.monotonic()
-            due = next_tick
-            if self._dirty:
-                due = min(due, self._last_persist + PERSIST_INTERVAL_S)
-            timeout = max(0.0, due - now)
-            for key, _ in self._selector.select(timeout):
-                if key.data is None:
-                    with contextlib.suppress(BlockingIOError):
-                        while os.read(self._wake_r, 4096):
-                            pass
-                else:
-                    self._exited.add(key.data)
-            with self.lock:
-                if time.monotonic() >= next_tick:
-                    self.tick()
-                    next_tick = time.monotonic() + self.limits.poll_interval
-                else:
-                    self.quick_tick()
+        try:
+            while not (stop is not None and stop.is_set()):
+                next_tick = self._pass(next_tick)
+                if self._stopping and self._drained():
+                    break
+        finally:
+            self._loop_thread = None
 
-    def request_stop(self) -> None:
-        self._stopping = True
-        self.wake()
+    def _pass(self, next_tick: float) -> float:
+        """Sleep until something is due, then run a tick (or the quick steps between ticks)."""
+        now = time.monotonic()
+        self._wait(max(0.0, self._next_due(next_tick) - now))
+        if self._stop_requested and not self._stopping:
+            self.begin_shutdown()
+        if time.monotonic() >= next_tick:
+            self.tick()
+            return time.monotonic() + self._limits.poll_interval
+        self.quick_tick()
+        return next_tick
+
+    def _next_due(self, next_tick: float) -> float:
+        due = [next_tick]
+        if self.snapshot.dirty:
+            due.append(self.snapshot.last_write + PERSIST_INTERVAL_S)
+        due += [d for k in self._kinds() if (d := k.next_due()) is not None]
+        due += [d for p in self.policies if (d := p.next_due()) is not None]
+        return min(due)
+
+    def _wait(self, timeout: float) -> None:
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wake_r, 4096):
+                        pass
+            else:
+                for kind in self._kinds():
+                    if kind.on_exit(key.data):
+                        break
+
+    def run_until(self, until: Callable[[], bool], timeout: float) -> None:
+        """Run the loop on this thread until `until()` holds (when no other thread runs it)."""
+        deadline = time.monotonic() + timeout
+        next_tick = 0.0
+        while not until() and time.monotonic() < deadline:
+            next_tick = self._pass(min(next_tick, time.monotonic() + 0.05))
+
+    def _kinds(self) -> Iterable[TaskKind]:
+        return (self.shell, self.swarm)
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:
-        """Run one step of a pass; a failure (a full disk, a broken team file) is reported and
-        the leader carries on, rather than taking every task down with it."""
+        """Run one step; a failure (a full disk, a broken team file) is a note, once per new
+        error, and the leader carries on rather than taking every task down with it. In strict
+        mode (tests) it is raised: a bug in a step must fail the test that hit it."""
         try:
             fn()
         except Exception as exc:
+            if self.strict:
+                raise
             message = f"{name} failed: {exc!r}"
-            if self._step_errors.get(name) != message:  # once per new error, not every pass
+            if self._step_errors.get(name) != message:
                 self._step_errors[name] = message
                 with contextlib.suppress(Exception):
                     self.note(message)
         else:
             self._step_errors.pop(name, None)
 
-    def quick_tick(self) -> None:
-        """The steps that must not wait for the next full tick: reap, notify, start, persist."""
-        now = time.time()
-        self._step("reap", lambda: self.reap(only_signalled=True))
+    def tick(self) -> None:
+        """One full pass of every step."""
+        now, mono = time.time(), time.monotonic()
+        self._step("reap", self.reap)
+        self._step("deliver mail", self.deliver_mail)
+        self._step("answer control", self.answer_control)
         self._step("teammates", self.swarm.check)
+        self._step("output", lambda: self.poll_live(Poll.OUTPUT, mono))
+        self._step("stalls", lambda: self.poll_live(Poll.STALLS, mono))
+        self._step("orphans", self.cleanup_orphans)
+        self._step("task list", lambda: self.release_orphaned_tasks(mono))
+        self._step("policy", lambda: self.apply_policies(mono))
         self._step("notify", self.notify)
         self._step("evict", lambda: self.evict(now))
         self._step("start", self.start_pending)
         self._step("persist", self.persist)
 
-    def tick(self) -> None:
-        """One full supervisor pass."""
-        now = time.time()
-        self._step("reap", self.reap)
+    def quick_tick(self) -> None:
+        """The steps that must not wait for the next full tick (between ticks, on a wake-up)."""
+        now, mono = time.time(), time.monotonic()
+        self._step("reap", lambda: self.reap(only_signalled=True))
+        self._step("deliver mail", self.deliver_mail)
+        self._step("answer control", self.answer_control)
         self._step("teammates", self.swarm.check)
-        self._step("start times", self.record_start_times)
-        self._step("output", self.read_output)
-        self._step("stall check", lambda: self.check_stalls(now))
-        self._step("orphan cleanup", self.cleanup_orphans)
-        self._step("task list", lambda: self.release_orphaned_tasks(now))
+        self._step("policy", lambda: self.apply_policies(mono))
         self._step("notify", self.notify)
         self._step("evict", lambda: self.evict(now))
         self._step("start", self.start_pending)
         self._step("persist", self.persist)
+
+    # -- the steps -------------------------------------------------------------------------------
 
     def reap(self, *, only_signalled: bool = False) -> None:
-        """Finish tasks whose process has ended, with their exit code.
+        """Settle processes that ended and kills that are due (all live tasks, or only those a
+        pidfd or a deadline points at)."""
+        now = time.monotonic()
+        for kind in (self.shell,):
+            ids = kind.signalled() if only_signalled else kind.live()
+            for task_id in list(ids):
+                task = self.registry.get(task_id)
+                if task is not None:
+                    kind.poll(task, self, now, Poll.REAP)
 
-        With `only_signalled`, look only at the tasks whose pidfd reported an exit (a quick
-        pass between ticks); a full tick looks at all of them.
-        """
-        exited, self._exited = self._exited, set()
-        if only_signalled:  # (plus any already reaped elsewhere)
-            ids = [i for i, p in self.procs.items() if i in exited or p.status is not None]
-        else:
-            ids = list(self.procs)
-        for task_id in ids:
-            proc = self.procs[task_id]
-            if not proc.poll():
-                self._finish_shell(task_id, proc)
+    def poll_live(self, what: Poll, now: float) -> None:
+        """Ask each live task's kind to look at `what` (output deltas, stalls)."""
+        for kind in (self.shell,):
+            for task_id in list(kind.live()):
+                task = self.registry.get(task_id)
+                if task is not None:
+                    kind.poll(task, self, now, what)
 
-    def record_start_times(self) -> None:
-        """Note the start time of tasks started since the last tick (pid reuse protection)."""
-        for task_id, proc in self.procs.items():
-            if proc.started_at is None:
-                proc.started_at = process_start_time(proc.pid)
-                if proc.started_at is not None:
-                    self._set(task_id, pid_started_at=proc.started_at)
+    def deliver_mail(self) -> None:
+        """Messages that reached the lead: an event each, and the swarm's reactions."""
+        while True:
+            try:
+                msg = self._mail.get_nowait()
+            except queue.Empty:
+                return
+            self.emit(MessageReceived(message=msg.model_dump(mode="json", by_alias=True)))
+            self.swarm.on_message(msg)
 
-    def _finish_shell(
-        self,
-        task_id: str,
-        proc: shell.ShellProcess | None,
-        *,
-        killed: bool = False,
-        ended_unattended: bool = False,
-    ) -> None:
-        task = self.registry.get(task_id)
-        self._unwatch(task_id)
-        if not isinstance(task, LocalShellTaskState) or task.is_terminal:
+    def answer_control(self) -> None:
+        """Control requests from the inbox, then calls from other threads of this process."""
+        while True:
+            try:
+                fn, future = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+    def cleanup_orphans(self) -> None:
+        """Kill shell tasks whose owning agent has exited or left the team."""
+        owned = [
+            t
+            for t in self.registry.get_all_tasks()
+            if isinstance(t, LocalShellTaskState) and t.agent_id and not t.is_terminal
+        ]
+        if not owned:
             return
-        # Our own child: its wait status is the wrapper's (= the command's) exit code. A task
-        # adopted after a restart has only what the wrapper recorded on disk.
-        code = proc.returncode() if proc is not None else None
-        if code is None:
-            code = shell.recorded_exit(task.output_file)
-        self._read_delta(task)
-        if killed or task.kill_reason:
-            result = ShellResult(code=code if code is not None else 137, interrupted=True)
-            self._move(task_id, TaskStatus.KILLED, result=result)
-            if not task.kill_reason or task.kill_reason == "stopped on request":
-                # A kill the user asked for is not news: no notification, no 137 "failure".
-                self.registry.mark_notified(task_id)
-                self.emit(task_terminated_event(self.registry.get(task_id)))  # type: ignore[arg-type]
-                self._announced.add(task_id)
-            return
-        if code is None:
-            error = (
-                "ended while no leader was running and recorded no exit code"
-                if ended_unattended
-                else "ended without recording an exit code (killed?)"
-            )
-            self._move(task_id, TaskStatus.FAILED, result=ShellResult(code=-1), error=error)
-        elif code == 0:
-            self._move(task_id, TaskStatus.COMPLETED, result=ShellResult(code=0))
-        else:
-            self._move(task_id, TaskStatus.FAILED, result=ShellResult(code=code))
-
-    def _read_delta(self, task: LocalShellTaskState) -> int:
-        """Advance the task's reported offset over new output (8 MiB a read); returns growth."""
-        data, offset = read_output_delta(task.output_file, task.output_offset)
-        if not data:
-            return 0
-        lines = data.count(b"\n")
-        self._update(
-            task.id,
-            lambda t: evolve(
-                t,
-                output_offset=offset,
-                last_reported_total_lines=t.last_reported_total_lines + lines,
-            ),
-        )
-        return len(data)
-
-    def read_output(self) -> None:
-        """Read each running task's output delta; kill a task past the output cap."""
-        for task_id in list(self.procs):
-            task = self.registry.get(task_id)
-            if not isinstance(task, LocalShellTaskState):
-                continue
-            size = output_size(task.output_file)  # (one stat when nothing was written)
-            if size > task.output_offset:
-                self._read_delta(task)
-            if size > self.limits.output_cap:
-                reason = (
-                    f"output reached {size} bytes, over the cap of {self.limits.output_cap} bytes"
-                )
-                self._set(task_id, kill_reason=reason)
-                proc = self.procs.get(task_id)
-                if proc is not None:
-                    shell.kill(proc, self.limits.kill_grace)
-                self._finish_shell(task_id, proc, killed=True)
-                self.note(f"killed {task_id}: {reason}")
-
-    def check_stalls(self, now: float) -> None:
-        """Every stall interval: a task silent for `stall_after` at a prompt is reported once."""
-        if now - self._last_stall_check < self.limits.stall_check_interval:
-            return
-        self._last_stall_check = now
-        for task_id in list(self.procs):
-            task = self.registry.get(task_id)
-            if not isinstance(task, LocalShellTaskState) or task.kind == "monitor":
-                continue
-            size = output_size(task.output_file)
-            last_size, since = self._last_growth.get(task_id, (-1, now))
-            if size != last_size:
-                self._last_growth[task_id] = (size, now)
-                continue
-            if task.stall_notified or now - since < self.limits.stall_after:
-                continue
-            prompt = shell.looks_like_prompt(task.output_file)
-            if prompt is None:
-                continue
-            self._set(task_id, stall_notified=True)
-            text = stall_notification_xml(task, tail(task.output_file, 1024))
-            self.emit(
-                {
-                    "type": "system",
-                    "subtype": "task_stalled",
-                    "task_id": task_id,
-                    "prompt": prompt,
-                    "notification": text,
-                }
-            )
-            self._deliver(task, text, status="running", msg_id=None)
+        states = {v.member.name: v.state for v in self.teams.members(self.team)}
+        for task in owned:
+            if states.get(task.agent_id or "") in (MemberState.DEAD, MemberState.LEFT, None):
+                self.kinds[task.type].kill(task, self, f"its agent {task.agent_id} exited")
 
     def release_orphaned_tasks(self, now: float) -> None:
         """Every few seconds: list tasks owned by members that died or left go back to pending
@@ -712,245 +613,92 @@ class Leader:
                 + ", ".join(f"{t.id} ({t.subject})" for t in released)
             )
 
-    def cleanup_orphans(self) -> None:
-        """Kill shell tasks whose owning agent has exited or left the team."""
-        owned = [
-            t
-            for t in self.registry.get_all_tasks()
-            if isinstance(t, LocalShellTaskState) and t.agent_id and not t.is_terminal
-        ]
-        if not owned:
-            return
-        states = {v.member.name: v.state for v in self.teams.members(self.team)}
-        for task in owned:
-            if states.get(task.agent_id or "") in (MemberState.DEAD, MemberState.LEFT, None):
-                reason = f"its agent {task.agent_id} exited"
-                self._set(task.id, kill_reason=reason)
-                proc = self.procs.get(task.id)
-                if proc is not None:
-                    shell.kill(proc, self.limits.kill_grace)
-                self._finish_shell(task.id, proc, killed=True)
+    def apply_policies(self, now: float) -> None:
+        for policy in list(self.policies):
+            policy.step(self, now)
 
     def notify(self) -> None:
         """Send each terminal task's notification exactly once."""
         for task in self.registry.terminal_tasks():
-            if task.notified or not self.registry.mark_notified(task.id):
-                continue
-            self._dirty = True
-            final = self.registry.get(task.id)
-            assert final is not None
-            summary = summary_for(final)
-            if task.id not in self._announced:
-                self.emit(task_terminated_event(final, summary))
-                self._announced.add(task.id)
-            text = task_notification_for(final, summary)
-            self._deliver(
-                final,
-                text,
-                status=final.status.value,
-                msg_id=notification_id(final.id),
-            )
-            self.emit(
-                {
-                    "type": "system",
-                    "subtype": "task_notification",
-                    "task_id": final.id,
-                    "owner": final.owner,
-                    "status": final.status.value,
-                    "notification": text,
-                }
-            )
-
-    def _deliver(self, task: AnyTaskState, text: str, *, status: str, msg_id: str | None) -> None:
-        owner = task.owner
-        if not owner or owner == LEAD_NAME:
-            return  # the lead reads notifications from the event stream
-        try:
-            inbox = self.teams.directory(self.team).inbox(owner)
-            msg = make_message(
-                sender=LEAD_NAME,
-                to=owner,
-                kind="task_notification",
-                text=text,
-                summary=text.split("<summary>")[-1].split("</summary>")[0],
-                data={
-                    "task_id": task.id,
-                    "status": status,
-                    "task_type": task.type.value,
-                    "output_file": task.output_file,
-                },
-                message_id=msg_id,
-            )
-            deliver_to(inbox, msg)
-        except ShoalError as exc:
-            self.note(f"could not notify {owner} about {task.id}: {exc}")
+            if not task.notified:
+                extras = self.kinds[task.type].notification(task)
+                if notify_once(self, task, extras):
+                    self.snapshot.dirty = True
 
     def evict(self, now: float) -> None:
         """Drop terminal, notified tasks (after their grace) into history."""
         for task in self.registry.evict(now):
             self.session.record_history(task)
-            self._last_growth.pop(task.id, None)
-            self._dirty = True
+            self.snapshot.dirty = True
 
-    # -- control requests ------------------------------------------------------------------------
+    def start_pending(self) -> None:
+        """Start queued tasks while job slots are free (`jobs` 0 means no limit)."""
+        while self.queue and not self._stopping:
+            if self.jobs > 0 and self.shell.running() >= self.jobs:
+                return
+            task = self.registry.get(self.queue.popleft())
+            if task is not None and task.status == TaskStatus.PENDING:
+                self.kinds[task.type].start(task, self)
+
+    def persist(self, *, force: bool = False) -> None:
+        """Write state.json if anything changed (at most every PERSIST_INTERVAL_S unless forced);
+        see `Snapshot` for why the throttle is safe."""
+        if not force and not self.snapshot.due(PERSIST_INTERVAL_S):
+            return
+        me, started = self._identity
+        leader = (
+            None
+            if self._stopping and not self.shell.running()
+            else {"pid": me, "started_at": started, "jobs": self.jobs}
+        )
+        self.snapshot.write(self.session, self.team, self.created_at, leader, self.registry)
+
+    # -- inbox -----------------------------------------------------------------------------------
 
     def _on_message(self, msg: AnyMessage) -> None:
-        if not isinstance(msg, ControlMessage):
-            self.emit({"type": "message", "message": msg.model_dump(mode="json", by_alias=True)})
-            with self.lock:
-                self.swarm.on_message(msg)
-            self.wake()
-            return
-        if msg.data.op == "spawn" and not self._stopping:
-            self._spawn_later(msg)
-            return
-        request_id = msg.data.request_id
-        reply: dict[str, Any]
-        try:
-            result = self.handle_control(msg.data.op, msg.data.args)
-            reply = {"request_id": request_id, "ok": True, "result": result}
-        except ShoalError as exc:
-            reply = {
-                "request_id": request_id,
-                "ok": False,
-                "error": str(exc),
-                "code": exc.exit_code,
-            }
-        except Exception as exc:  # a bug must not kill the leader; the client hears of it
-            reply = {
-                "request_id": request_id,
-                "ok": False,
-                "error": f"internal error: {exc!r}",
-                "code": 1,
-            }
-        self._reply(msg, reply)
-
-    def _spawn_later(self, msg: ControlMessage) -> None:
-        """Start teammates now; answer the client once they are ready (or failed)."""
-        request_id = msg.data.request_id
-        batch = msg.data.args.get("batch")
-
-        def answer(result: Any, error: ShoalError | None) -> None:
-            if error is not None:
-                self._reply(
-                    msg,
-                    {
-                        "request_id": request_id,
-                        "ok": False,
-                        "error": str(error),
-                        "code": error.exit_code,
-                    },
-                )
-            else:
-                self._reply(msg, {"request_id": request_id, "ok": True, "result": result})
-
-        try:
-            if isinstance(batch, list):
-                self.swarm.spawn_many(batch, answer)
-            else:
-                self.swarm.spawn(msg.data.args, answer)
-        except ShoalError as exc:
-            answer(None, exc)
-        except Exception as exc:  # a bug must not kill the leader; the client hears of it
-            self._reply(
-                msg,
-                {
-                    "request_id": request_id,
-                    "ok": False,
-                    "error": f"internal error: {exc!r}",
-                    "code": 1,
-                },
-            )
-
-    def _reply(self, msg: AnyMessage, reply: dict[str, Any]) -> None:
-        from shoal.orchestrator.control import reply_inbox_path
-
-        if not msg.reply_to:
-            return
-        path = reply_inbox_path(self.layout, self.team, msg.reply_to)
-        if path is None or not path.is_dir():
-            return  # the client gave up waiting
-        try:
-            deliver_to(
-                path,
-                make_message(sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=reply),
-            )
-        except (ShoalError, OSError) as exc:
-            # (e.g. an answer over the message cap): the client must not wait for nothing.
-            op = getattr(msg.data, "op", msg.kind)
-            self.note(f"could not answer the {op!r} request {reply.get('request_id')}: {exc}")
-            failed = {
-                "request_id": reply.get("request_id"),
-                "ok": False,
-                "error": f"the leader could not send its answer: {exc}",
-                "code": 1,
-            }
-            with contextlib.suppress(ShoalError, OSError):
-                deliver_to(
-                    path,
-                    make_message(
-                        sender=LEAD_NAME, to=msg.reply_to, kind="control_reply", data=failed
-                    ),
-                )
-
-    def _task_from_spec(self, spec: dict[str, Any]) -> LocalShellTaskState:
-        return self.make_shell_task(
-            list(spec.get("command") or []),
-            description=spec.get("description"),
-            agent=spec.get("agent"),
-            cwd=spec.get("cwd"),
-            env=spec.get("env"),
-            kind=spec.get("kind", "bash"),
-            background=bool(spec.get("background", True)),
-        )
-
-    def handle_control(self, op: str, args: dict[str, Any]) -> Any:
-        """Carry out one control request; returns JSON-able data or raises ShoalError."""
-        if self._stopping and op in ("sh", "spawn"):
-            raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
-        if op == "ping":
-            return {"session_id": self.session.id, "pid": os.getpid()}
-        if op == "sh":
-            specs = args.get("batch")
-            if specs is None:
-                specs = [args]
-            if not isinstance(specs, list) or not all(isinstance(x, dict) for x in specs):
-                raise TaskError("'batch' must be a list of task specs")
-            tasks = [self._task_from_spec(spec) for spec in specs]  # all checked before any runs
-            started = self.submit(tasks)
-            if args.get("batch") is None:
-                return started[0].model_dump(mode="json")
-            return [t.model_dump(mode="json") for t in started]
-        if op == "stop":
-            return self.stop_task(str(args.get("task_id"))).model_dump(mode="json")
-        if op == "down":
-            self.request_stop()
-            return {
-                "stopping": True,
-                "running": len(self.procs),
-                "teammates": sorted(self.swarm.members),
-            }
-        raise TaskError(f"unknown control operation {op!r}")
+        """From the inbox watcher's thread: hand the message to the loop."""
+        if isinstance(msg, ControlMessage):
+            self._calls.put((lambda: self.control.handle(msg), Future()))
+        else:
+            self._mail.put(msg)
+        self.wake()
 
     # -- shutdown --------------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Stop every task this leader owns, notify, persist and step down as lead."""
+    def begin_shutdown(self) -> None:
+        """Stop starting things; ask teammates to shut down; begin killing every task."""
+        if self._stopping:
+            return
         self._stopping = True
-        killed = self.swarm.shutdown_all()  # the inbox still reads their answers meanwhile
-        if killed:
-            self.note(f"killed teammates that did not shut down: {', '.join(killed)}")
+        self.swarm.begin_shutdown()
+        for task_id in list(self.queue):
+            self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
+        self.queue.clear()
+        for task_id in list(self.shell.live()):
+            task = self.registry.get(task_id)
+            if task is not None:
+                self.shell.kill(task, self, STOPPED_ON_REQUEST)
+        self.persist(force=True)
+
+    def _drained(self) -> bool:
+        return not self.shell.running() and not self.swarm.members and not self.control.pending
+
+    def shutdown(self, timeout: float = 120.0) -> None:
+        """Stop every task this leader owns, notify, persist and step down as lead."""
+        if self._closed:
+            return
+        self._loop_thread = None  # (the loop has returned: this thread owns the registry now)
+        self.begin_shutdown()
+        self.run_until(self._drained, timeout)
+        if not self._drained():  # (past the timeout: the last resort waits)
+            self.shell.kill_all_now(self._limits.kill_grace)
+            self.swarm.kill_all()
+            self.reap()
         if self._subscription is not None:
             self._subscription.stop()
-        with self.lock:
-            for task_id in list(self.procs):
-                with contextlib.suppress(ShoalError):
-                    self.stop_task(task_id, reason="stopped on request")
-            for task_id in list(self.queue):
-                self._move(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
-            self.queue.clear()
-            self.notify()
-            self.persist(force=True)
+        self.answer_control()  # (requests that came meanwhile hear that it stopped)
+        self.notify()
+        self.persist(force=True)
         if self._inbox is not None:
             self._inbox.close()
         with contextlib.suppress(ShoalError):
@@ -958,7 +706,8 @@ class Leader:
             lead = self.teams.read(self.team).member(LEAD_NAME)
             if lead is not None and lead.pid == me:
                 self.teams.update_member(self.team, LEAD_NAME, pid=None, pid_started_at=None)
-        self.emit({"type": "system", "subtype": "leader_stopped", "team": self.team})
+        self.emit(LeaderStopped(team=self.team))
+        self._closed = True
         self._selector.close()
         self.session.close()
         for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):
@@ -975,7 +724,3 @@ def _raise_fd_limit(want: int = 65536) -> None:
     if soft != resource.RLIM_INFINITY and soft < target:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-
-
-def _new_session_id() -> str:
-    return str(ULID()).lower()

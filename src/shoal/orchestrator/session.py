@@ -1,26 +1,47 @@
-"""A leader session on disk: `state.json` (registry snapshot), `events.jsonl`, `history.jsonl`.
+"""A leader session on disk, and how a leader resumes it and announces what ended.
 
-`state.json` holds plain data only (pids and start times, never handles) and is replaced
-atomically. Finished tasks leave the registry once notified; their final record is appended to
-`history.jsonl`, so `ps --all` and `wait` still find them.
+`state.json` (the registry snapshot) holds plain data only (pids and start times, never
+handles) and is replaced atomically; `events.jsonl` is the event stream; finished tasks leave
+the registry once notified and their final record is appended to `history.jsonl`, so
+`ps --all` and `wait` still find them.
+
+Resume (`resume`): the team file names the last session; its state.json is read (a corrupt
+one is set aside and a new session begun), every task is registered again, and each kind
+adopts its live tasks: a process still running (same pid *and* start time) is watched again,
+one that ended meanwhile gets the exit code its wrapper recorded on disk, one that never
+started is queued. What the event stream says was announced or notified is not announced
+again, even where state.json (written at most every 0.2 s) lags behind it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ulid import ULID
 
 from shoal.core.errors import CorruptFileError, NotFoundError
+from shoal.core.events import (
+    Event,
+    TaskNotified,
+    TaskTerminated,
+    parse_event,
+    task_notified,
+    task_terminated,
+)
 from shoal.core.jsonio import atomic_write, read_bytes_nofollow
+from shoal.core.notify import summary_for
 from shoal.core.paths import FILE_MODE, Layout
-from shoal.core.tasks import AnyTaskState, TaskState
+from shoal.core.tasks import AnyTaskState, TaskState, TaskStatus, TaskType
+from shoal.workers.kinds import TaskKind, TaskStore
 
 
 class LeaderInfo(BaseModel):
@@ -147,19 +168,26 @@ class Session:
                 os.close(fd)
         self._fds.clear()
 
-    def emit(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Append an event record (with `session_id` and `ts`) to events.jsonl."""
-        record = {**event, "session_id": self.id, "ts": time.time()}
-        self._append(self.events_file, record)
-        return record
+    def emit(self, event: Event) -> Event:
+        """Append an event (stamped with `session_id` and `ts`) to events.jsonl; returns it."""
+        stamped = event.stamped(self.id, time.time())
+        self._append(self.events_file, stamped.to_record())
+        return stamped
 
     def record_history(self, task: AnyTaskState) -> None:
         """Append the final record of a task that leaves the registry."""
         self._append(self.history_file, task.model_dump(mode="json"))
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """Every event so far (a torn last line, from a crash mid-write, is skipped)."""
+        """Every event record so far (a torn last line, from a crash mid-write, is skipped)."""
         yield from _read_jsonl(self.events_file)
+
+    def typed_events(self) -> Iterator[Event]:
+        """Every event so far that this build knows, as its model."""
+        for record in self.events():
+            event = parse_event(record)
+            if event is not None:
+                yield event
 
     def history(self) -> dict[str, dict[str, Any]]:
         """Final records of evicted tasks by id (a poller keeps a HistoryReader instead)."""
@@ -216,3 +244,158 @@ def current_session(layout: Layout, team: str) -> Session | None:
         return None
     session = Session(layout, tf.lead_session_id)
     return session if session.dir.is_dir() else None
+
+
+def new_session_id() -> str:
+    """A new session id (a lower-case ULID: time-ordered)."""
+    return str(ULID()).lower()
+
+
+def notification_id(task_id: str) -> str:
+    """A message id fixed by the task alone (a task ends once), so a notification re-sent after
+    a crash — even with another end time — is the same message and handled once."""
+    digest = hashlib.sha256(task_id.encode()).digest()
+    return str(ULID.from_bytes(digest[:16]))
+
+
+class Snapshot:
+    """Writes the registry to state.json: only when something changed, at most every so often.
+
+    The throttle is safe because what a crash must not lose is on disk per task anyway (output
+    file, the wrapper's pid and exit files). Each task's JSON is kept between writes and
+    re-encoded only when the (immutable) task object changed. `announced` holds the tasks
+    whose end is in the event stream (so a resumed leader does not announce them again).
+    """
+
+    def __init__(self) -> None:
+        self.dirty = True
+        self.last_write = 0.0
+        self.announced: set[str] = set()
+        self._cache: dict[str, tuple[AnyTaskState, orjson.Fragment]] = {}
+
+    def due(self, interval: float) -> bool:
+        return self.dirty and time.monotonic() - self.last_write >= interval
+
+    def write(
+        self,
+        session: Session,
+        team: str,
+        created_at: float,
+        leader: Mapping[str, Any] | None,
+        tasks: _Tasks,
+    ) -> None:
+        self.last_write = time.monotonic()
+        fragments: dict[str, orjson.Fragment] = {}
+        cache = self._cache
+        for task in tasks.get_all_tasks():
+            hit = cache.get(task.id)
+            if hit is None or hit[0] is not task:
+                hit = (task, orjson.Fragment(orjson.dumps(task.model_dump(mode="json"))))
+                cache[task.id] = hit
+            fragments[task.id] = hit[1]
+        for gone in [k for k in cache if k not in fragments]:
+            del cache[gone]
+        session.write_state_bytes(
+            orjson.dumps(
+                {
+                    "v": 1,
+                    "session_id": session.id,
+                    "team": team,
+                    "created_at": created_at,
+                    "updated_at": time.time(),
+                    "leader": leader,
+                    "tasks": fragments,
+                }
+            )
+        )
+        self.dirty = False
+
+
+class _Tasks(Protocol):
+    def get_all_tasks(self) -> list[AnyTaskState]: ...
+
+
+class SessionHost(TaskStore, Protocol):
+    """What resuming and notifying need of the leader."""
+
+    layout: Layout
+    session: Session
+    created_at: float
+    snapshot: Snapshot
+    kinds: dict[TaskType, TaskKind]
+    queue: deque[str]
+
+    def new_session(self, session_id: str | None = None) -> Session: ...
+
+    def register(self, task: AnyTaskState) -> AnyTaskState: ...
+
+
+
+def resume(host: SessionHost, session_id: str | None) -> bool:
+    """Lead session `session_id` again if its state is on disk (True), else a new one."""
+    if not session_id or not Session(host.layout, session_id).state_file.exists():
+        host.new_session()
+        return False
+    session = host.new_session(session_id)
+    try:
+        state = session.read_state()
+    except CorruptFileError as exc:
+        aside = session.set_aside()
+        session.close()
+        host.new_session()
+        host.note(f"{exc}; moved it to {aside} and started a new session")
+        return False
+    announced, notified = _ended_in_stream(session.typed_events())
+    host.snapshot.announced = announced
+    host.created_at = state.created_at
+    for task in state.tasks.values():
+        host.register(task)
+        if task.is_terminal:
+            continue
+        kind = host.kinds.get(task.type)
+        if kind is None:
+            host.move_task(
+                task.id, TaskStatus.FAILED, error=f"this build cannot run {task.type.value} tasks"
+            )
+            continue
+        kind.adopt(task, host)
+        current = host.get(task.id)
+        if current is not None and current.status == TaskStatus.PENDING:
+            host.queue.append(task.id)
+    for task_id in notified:  # (a no-op for tasks state.json already has as notified)
+        host.mark_notified(task_id)
+    return True
+
+
+def _ended_in_stream(events: Iterable[Event]) -> tuple[set[str], set[str]]:
+    """(tasks whose end was announced, tasks whose notification was sent) per the stream."""
+    announced: set[str] = set()
+    notified: set[str] = set()
+    for event in events:
+        if isinstance(event, TaskTerminated):
+            announced.add(event.task_id)
+        elif isinstance(event, TaskNotified):
+            notified.add(event.task_id)
+    return announced, notified
+
+
+def notify_once(host: SessionHost, task: AnyTaskState, extras: Mapping[str, Any]) -> bool:
+    """Announce a terminal task's end and send its one notification (atomic check-and-set of
+    `notified`: False when it was sent already)."""
+    if not host.mark_notified(task.id):
+        return False
+    final = host.get(task.id) or task
+    summary = summary_for(final)
+    if final.id not in host.snapshot.announced:
+        host.emit(task_terminated(final, summary))
+        host.snapshot.announced.add(final.id)
+    event = task_notified(final, summary, extras)
+    host.notify_owner(
+        final,
+        event.notification,
+        summary,
+        status=final.status.value,
+        msg_id=notification_id(final.id),
+    )
+    host.emit(event)
+    return True

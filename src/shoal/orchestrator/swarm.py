@@ -11,25 +11,31 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import secrets
-import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final, Protocol
 
+from shoal.core import git
 from shoal.core.errors import ConflictError, ShoalError, UsageError
+from shoal.core.events import TeammateReady, TeammateSpawned
 from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
+from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import (
     RECENT_ACTIVITIES_CAP,
+    STOPPED_ON_REQUEST,
     TEAMMATE_MESSAGES_UI_CAP,
     AgentProgress,
+    AnyTaskState,
     InProcessTeammateTaskState,
     TaskStatus,
     TaskType,
@@ -44,12 +50,11 @@ from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_ba
 from shoal.teams.backends.inprocess import InProcessBackend
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME
-from shoal.teams.store import JoinSpec
+from shoal.teams.store import JoinSpec, Teams
 from shoal.teams.tasklist import TaskList
-
-if TYPE_CHECKING:
-    from shoal.orchestrator.leader import Leader
-    from shoal.workers.worker import WorkerOptions
+from shoal.workers.brains import Script
+from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.worker import WorkerOptions, build_runner
 
 SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
 # A batch of process teammates larger than the machine starts slower: each member past
@@ -75,6 +80,61 @@ MESSAGE_TEXT_CAP = 200
 
 Reply = Callable[[dict[str, Any] | None, ShoalError | None], None]
 BatchReply = Callable[[list[dict[str, Any]] | None, ShoalError | None], None]
+
+
+class Phase(StrEnum):
+    """Where a teammate this leader started is in its run."""
+
+    STARTING = "starting"  # launched, not ready yet (the lead sends it nothing)
+    READY = "ready"  # told the lead it is ready; takes work
+    STOPPING = "stopping"  # asked to shut down (the handshake), or being killed
+    ENDED = "ended"
+
+
+PHASE_TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
+    Phase.STARTING: frozenset({Phase.READY, Phase.STOPPING, Phase.ENDED}),
+    Phase.READY: frozenset({Phase.STOPPING, Phase.ENDED}),
+    Phase.STOPPING: frozenset({Phase.READY, Phase.ENDED}),  # (ready while being asked)
+    Phase.ENDED: frozenset(),
+}
+
+
+class IllegalPhase(ShoalError):
+    """A teammate run moved in a way PHASE_TRANSITIONS does not allow (a bug)."""
+
+
+def check_phase(name: str, current: Phase, new: Phase) -> None:
+    """Refuse a move that is not in PHASE_TRANSITIONS (staying put is always allowed)."""
+    if new != current and new not in PHASE_TRANSITIONS[current]:
+        allowed = ", ".join(sorted(PHASE_TRANSITIONS[current])) or "none: it has ended"
+        raise IllegalPhase(
+            f"teammate {name}: illegal move {current} -> {new} (allowed: {allowed})"
+        )
+
+
+class StopCause(StrEnum):
+    """Why a teammate's run ended, when the swarm knows (None: it exited by itself)."""
+
+    ON_REQUEST = "stopped on request"  # `shoal stop`: killed, and not news
+    SHUTDOWN_APPROVED = "shut down on request"  # it approved the lead's shutdown_request
+    NOT_READY = "not ready in time"
+    SHUTDOWN_TIMEOUT = "did not shut down in time"
+
+
+class SwarmHost(TaskStore, Protocol):
+    """What the swarm needs of the leader, beyond what every task kind may do."""
+
+    layout: Layout
+    team: str
+    teams: Teams
+
+    @property
+    def identity(self) -> tuple[int, float]: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    def register(self, task: AnyTaskState) -> AnyTaskState: ...
 
 
 @dataclass
@@ -149,13 +209,14 @@ class MemberRun:
     handle: Handle
     why: str
     prompt: str | None = None
-    ready: bool = False
+    phase: Phase = Phase.STARTING
+    became_ready: bool = False  # (a fact of its history: STOPPING may follow either phase)
+    cause: StopCause | None = None
+    detail: str | None = None  # the words of `cause`, with its numbers
     reply: Reply | None = None
     deadline: float = 0.0
     launched: float = field(default_factory=time.monotonic)
     log_file: Path | None = None
-    shutdown_approved: bool = False
-    stop_reason: str | None = None
     in_process: bool = False
     # (inode, size, mtime_ns) of the status file last read; None: read it on the next look.
     status_key: tuple[int, int, int] | None = None
@@ -164,15 +225,33 @@ class MemberRun:
         default_factory=lambda: deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
     )  # what the member sent the lead, for the record's messages
 
+    def move(self, phase: Phase) -> None:
+        """Move to `phase` (IllegalTransition if PHASE_TRANSITIONS does not allow it)."""
+        check_phase(self.name, self.phase, phase)
+        self.phase = phase
+        if phase == Phase.READY:
+            self.became_ready = True
+
+    def end_because(self, cause: StopCause, detail: str | None = None) -> None:
+        """Record why it ends (the first cause stands, but for an explicit stop)."""
+        if self.cause is None or cause == StopCause.ON_REQUEST:
+            self.cause, self.detail = cause, detail or cause.value
+
 
 class Swarm:
-    """Teammates of one leader."""
+    """Teammates of one leader: the task kind of `in_process_teammate` tasks."""
 
-    def __init__(self, leader: Leader) -> None:
-        self.leader = leader
+    types = frozenset({TaskType.IN_PROCESS_TEAMMATE})
+
+    def __init__(self, host: SwarmHost) -> None:
+        self.leader = host
         self.members: dict[str, MemberRun] = {}
         self._backends: dict[str, Backend] = {}
         self._ready_early: set[str] = set()
+        self._ready_signals: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._exited: set[str] = set()
+        self._shutdown_deadline: float | None = None
+        self._shutdown_timeout = SHUTDOWN_TIMEOUT_S
         # Statuses handed over by in-process teammates (from their loop's thread), latest per
         # member, applied on the next pass; names being started are kept until they are known.
         self._pushed: dict[str, dict[str, Any]] = {}
@@ -180,11 +259,10 @@ class Swarm:
         self._launching: set[str] = set()
         # The options of in-process teammates being started, for the backend's factory.
         self._in_process_options: dict[str, WorkerOptions] = {}
-        self._status_dir = leader.layout.status_dir(leader.team)
+        self._status_dir = host.layout.status_dir(host.team)
         self._status_dir_seen: int | None = None
-        inproc = InProcessBackend.shared()
-        if inproc.factory is None:
-            inproc.factory = self._in_process_factory
+        # This swarm's own in-process backend: its factory builds this swarm's teammates.
+        self._in_process = InProcessBackend(self._in_process_factory)
 
     # -- spawning ----------------------------------------------------------------------------
 
@@ -256,8 +334,6 @@ class Swarm:
         if script and not Path(script).is_file():
             raise UsageError(f"script {script} does not exist")
         if script:
-            from shoal.workers.brains import Script
-
             Script.load(Path(script))  # refuse a bad script now, not in the teammate
         current = self.members.get(name)
         if current is not None and current.backend.is_alive(current.handle):
@@ -269,7 +345,9 @@ class Swarm:
             and is_alive(existing.pid, existing.pid_started_at)
         ):
             raise ConflictError(f"member {name!r} is already active in team {team!r}")
-        backend, why = choose(str(args.get("backend") or "auto"))
+        backend, why = choose(
+            str(args.get("backend") or "auto"), provided={"in-process": self._in_process}
+        )
         cwd = str(args.get("cwd") or os.getcwd())
         if not os.path.isdir(cwd):
             raise UsageError(f"working directory {cwd!r} does not exist")
@@ -278,11 +356,9 @@ class Swarm:
             worktree = str(self._make_worktree(name, cwd))
             cwd = worktree
         task_id = new_task_id(TaskType.IN_PROCESS_TEAMMATE)
-        output = leader.session.output_file(task_id)
+        output = leader.output_file(task_id)
         plan_mode = bool(args.get("plan_mode"))
         in_process = isinstance(backend, InProcessBackend)
-        from shoal.workers.worker import WorkerOptions
-
         options = WorkerOptions(
             team=team,
             name=name,
@@ -342,14 +418,12 @@ class Swarm:
                 team_name=team,
                 color=plan.color,
                 plan_mode_required=plan.plan_mode,
-                parent_session_id=leader.session.id,
+                parent_session_id=leader.session_id,
             ),
             permission_mode="plan" if plan.plan_mode else "default",
         )
-        with leader.lock:
-            leader.registry.register_task(task)
-            leader.mark_dirty()
-            self._launching.add(plan.name)
+        leader.register(task)
+        self._launching.add(plan.name)
         if plan.in_process:
             self._in_process_options[plan.name] = plan.options
         try:
@@ -363,45 +437,35 @@ class Swarm:
                     f"cannot start teammate {plan.name!r} with backend {plan.backend.name}: {exc!r}"
                 )
             )
-            with leader.lock:
-                self._launching.discard(plan.name)
-                leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(error))
+            self._launching.discard(plan.name)
+            leader.move_task(plan.task_id, TaskStatus.FAILED, error=str(error))
             collector.done(plan.name, None, error)
             return
         self._backends[plan.backend.name] = plan.backend
-        with leader.lock:
-            self.members[plan.name] = MemberRun(
-                name=plan.name,
-                task_id=plan.task_id,
-                backend=plan.backend,
-                handle=handle,
-                why=plan.why,
-                prompt=plan.prompt,
-                reply=collector.for_member(plan.name),
-                deadline=time.monotonic() + ready_timeout(collector.count, plan.in_process),
-                log_file=spec.log_file,
-                in_process=plan.in_process,
-            )
-            self._launching.discard(plan.name)
-            if isinstance(plan.backend, InProcessBackend):
-                plan.backend.on_done(handle, leader.wake)
-                if plan.name in self._ready_early:
-                    self._ready_early.discard(plan.name)
-                    self._ready(self.members[plan.name])
-            else:
-                leader.watch_pid(f"member:{plan.name}", handle.pid)
+        self.members[plan.name] = MemberRun(
+            name=plan.name,
+            task_id=plan.task_id,
+            backend=plan.backend,
+            handle=handle,
+            why=plan.why,
+            prompt=plan.prompt,
+            reply=collector.for_member(plan.name),
+            deadline=time.monotonic() + ready_timeout(collector.count, plan.in_process),
+            log_file=spec.log_file,
+            in_process=plan.in_process,
+        )
+        self._launching.discard(plan.name)
+        if isinstance(plan.backend, InProcessBackend):
+            plan.backend.on_done(handle, leader.wake)
+        else:
+            leader.watch_pid(f"member:{plan.name}", handle.pid)
         leader.emit(
-            {
-                "type": "system",
-                "subtype": "teammate_spawned",
-                "name": plan.name,
-                "task_id": plan.task_id,
-                "backend": plan.backend.name,
-                "why": plan.why,
-            }
+            TeammateSpawned(
+                name=plan.name, task_id=plan.task_id, backend=plan.backend.name, why=plan.why
+            )
         )
 
-    def adopt(self, task: InProcessTeammateTaskState) -> bool:
+    def adopt_member(self, task: InProcessTeammateTaskState) -> bool:
         """After a leader restart: take back a teammate that still runs; False if it is gone.
 
         Process and tmux teammates outlive a crashed leader; in-process ones die with it.
@@ -422,28 +486,23 @@ class Swarm:
             backend=backend,
             handle=handle,
             why="adopted after a leader restart",
-            ready=True,
+            phase=Phase.READY,
+            became_ready=True,
         )
         self._backends[backend.name] = backend
         self.leader.watch_pid(f"member:{name}", member.pid)
         return True
 
     def _in_process_factory(self, spec: SpawnSpec) -> Any:
-        from shoal.workers.worker import build_runner
-
         options = self._in_process_options.pop(spec.name, None)
         if options is None:
             raise ShoalError(f"no worker options for in-process teammate {spec.name!r}")
         runner = build_runner(self.leader.layout, options)
         leader = self.leader
 
-        def ready() -> None:  # called on the in-process loop's thread
-            with leader.lock:
-                run = self.members.get(spec.name)
-                if run is not None:
-                    self._ready(run)
-                else:  # ready before `_start` has recorded it: it will look here
-                    self._ready_early.add(spec.name)
+        def ready() -> None:  # called on the in-process loop's thread: handed to the loop
+            self._ready_signals.put(spec.name)
+            leader.wake()
 
         def status(snapshot: dict[str, Any]) -> None:  # also on the in-process loop's thread
             with self._push_lock:
@@ -455,23 +514,14 @@ class Swarm:
 
     def _make_worktree(self, name: str, cwd: str) -> Path:
         layout, team = self.leader.layout, self.leader.team
-        top = subprocess.run(
-            ["git", "-C", cwd, "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if top.returncode != 0:
+        top = git.toplevel(cwd)
+        if top is None:
             raise UsageError(f"--worktree needs a git repository, and {cwd} is not in one")
         path = layout.ensure(layout.worktrees_dir(team)) / name
-        made = subprocess.run(
-            ["git", "-C", top.stdout.strip(), "worktree", "add", "--detach", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if made.returncode != 0:
-            raise ShoalError(f"cannot create a worktree for {name!r}: {made.stderr.strip()}")
+        try:
+            git.worktree_add(top, path, detach=True)
+        except git.GitError as exc:
+            raise ShoalError(f"cannot create a worktree for {name!r}: {exc.stderr}") from None
         return path
 
     # -- messages from teammates -------------------------------------------------------------
@@ -497,8 +547,9 @@ class Swarm:
         if msg.kind == "idle_notification" and data.get("idle_reason") == "ready":
             self._ready(run)
         elif msg.kind == "shutdown_response":
-            run.shutdown_approved = bool(data.get("approve"))
-            if not run.shutdown_approved:
+            if data.get("approve"):
+                run.end_because(StopCause.SHUTDOWN_APPROVED)
+            else:
                 self.leader.note(
                     f"{run.name} declined to shut down: {data.get('reason') or 'no reason given'}"
                 )
@@ -594,18 +645,12 @@ class Swarm:
         return tuple(messages[-TEAMMATE_MESSAGES_UI_CAP:])
 
     def _ready(self, run: MemberRun) -> None:
-        if run.ready:
+        if run.became_ready or run.phase == Phase.ENDED:
             return
-        run.ready = True
+        run.move(Phase.READY if run.phase == Phase.STARTING else run.phase)
+        run.became_ready = True
         self._update_teammate(run, is_idle=True)  # (its status file may lag behind)
-        self.leader.emit(
-            {
-                "type": "system",
-                "subtype": "teammate_ready",
-                "name": run.name,
-                "task_id": run.task_id,
-            }
-        )
+        self.leader.emit(TeammateReady(name=run.name, task_id=run.task_id))
         if run.prompt:
             with contextlib.suppress(ShoalError):
                 send(
@@ -631,19 +676,61 @@ class Swarm:
     # -- supervision -------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Notice teammates that died (or never became ready) and settle their tasks; bring
-        the records of the others in step with their status files."""
+        """Notice teammates that became ready, died, never became ready in time, or outlived
+        the shutdown handshake, and settle their tasks; bring the records of the others in
+        step with their status files. Never waits for a teammate."""
+        while True:
+            try:
+                name = self._ready_signals.get_nowait()
+            except queue.Empty:
+                break
+            run = self.members.get(name)
+            if run is not None:
+                self._ready(run)
+            elif name in self._launching:  # ready before `_start` has recorded it
+                self._ready_signals.put(name)
+                break
         self.sync_status()
         now = time.monotonic()
+        late = self._shutdown_deadline is not None and now > self._shutdown_deadline
+        ended: list[MemberRun] = []
         for run in list(self.members.values()):
             alive = run.backend.is_alive(run.handle)
-            if alive and not run.ready and now > run.deadline:
+            if alive and not run.became_ready and now > run.deadline:
+                run.end_because(
+                    StopCause.NOT_READY, f"not ready within {run.deadline - run.launched:.0f}s"
+                )
                 run.backend.kill(run.handle)
                 alive = False
-                run.stop_reason = f"not ready within {run.deadline - run.launched:.0f}s"
-            if alive:
-                continue
-            self._ended(run)
+            elif alive and late:
+                timeout = self._shutdown_timeout
+                run.end_because(
+                    StopCause.SHUTDOWN_TIMEOUT, f"did not shut down within {timeout:g}s; killed"
+                )
+                self.leader.note(f"killed teammate {run.name}: it did not shut down in time")
+                run.backend.kill(run.handle)
+                alive = False
+            if not alive:
+                ended.append(run)
+        for run in ended:
+            self._ended(run, settle_member=False)
+        self._leave([r for r in ended if r.in_process])
+        if self._shutdown_deadline is not None and not self.members:
+            self._close_backends()
+
+    def _leave(self, runs: list[MemberRun]) -> None:
+        """Mark ended in-process teammates as gone in the team file (their pid is the
+        leader's, so it cannot tell), in one update per outcome."""
+        if not runs:
+            return
+        team = self.leader.team
+        approved = [r.name for r in runs if r.cause == StopCause.SHUTDOWN_APPROVED]
+        others = [r.name for r in runs if r.cause != StopCause.SHUTDOWN_APPROVED]
+        with contextlib.suppress(ShoalError):
+            if approved:
+                self.leader.teams.leave_many(team, approved)
+            if others:
+                self.leader.teams.leave_many(team, others, departed=False)
 
     def _ended(self, run: MemberRun, *, settle_member: bool = True) -> None:
         leader = self.leader
@@ -651,54 +738,39 @@ class Swarm:
         self.members.pop(run.name, None)
         with self._push_lock:
             self._pushed.pop(run.name, None)
-        if settle_member and isinstance(run.backend, InProcessBackend):
-            # Its pid is the leader's: the team file must say it is gone.
-            with contextlib.suppress(ShoalError):
-                leader.teams.leave_many(leader.team, [run.name], departed=run.shutdown_approved)
+        if settle_member and run.in_process:
+            self._leave([run])
         leader.unwatch_pid(f"member:{run.name}")
+        run.move(Phase.ENDED)
         released: list[Any] = []
         with contextlib.suppress(ShoalError):
             released = TaskList(leader.teams, leader.team).release_member(run.name)
         log = tail(run.log_file, 600).strip() if run.log_file and run.log_file.exists() else ""
-        if not run.ready:
-            error = (
-                f"teammate {run.name!r} died at start"
-                + (f" ({run.stop_reason})" if run.stop_reason else "")
-                + (f": {log.splitlines()[-1]}" if log else "")
-            )
-            status, extra = TaskStatus.FAILED, {"error": error}
-            if run.reply is not None:
-                reply, run.reply = run.reply, None
-                reply(None, ShoalError(error + (f"\n{log}" if log else "")))
-        elif run.stop_reason == "stopped on request":
-            status, extra = TaskStatus.KILLED, {}
-        elif run.shutdown_approved:
-            status, extra = TaskStatus.COMPLETED, {"result": "shut down on request"}
-        else:
-            error = run.stop_reason or "the teammate exited unexpectedly"
-            status, extra = TaskStatus.FAILED, {"error": error + (f": {log[-300:]}" if log else "")}
-        with leader.lock:
-            leader.move_task(
-                run.task_id,
-                status,
-                is_idle=False,
-                awaiting_plan_approval=False,
-                shutdown_requested=False,
-                **extra,
-            )
-            if status == TaskStatus.KILLED:
-                leader.registry.mark_notified(run.task_id)
+        status, extra = _outcome(run, log)
+        if status == TaskStatus.FAILED and not run.became_ready and run.reply is not None:
+            reply, run.reply = run.reply, None
+            reply(None, ShoalError(extra["error"] + (f"\n{log}" if log else "")))
+        leader.move_task(
+            run.task_id,
+            status,
+            is_idle=False,
+            awaiting_plan_approval=False,
+            shutdown_requested=False,
+            **extra,
+        )
+        if status == TaskStatus.KILLED:
+            leader.mark_notified(run.task_id)
         note = f"teammate {run.name} ended ({status.value})"
         if released:
             note += f"; its tasks {', '.join(str(t.id) for t in released)} went back to pending"
         leader.note(note)
 
-    def stop(self, name: str, reason: str = "stopped on request") -> None:
+    def stop(self, name: str, cause: StopCause = StopCause.ON_REQUEST) -> None:
         """Kill one teammate now (no handshake)."""
         run = self.members.get(name)
         if run is None:
             return
-        run.stop_reason = reason
+        run.end_because(cause)
         run.backend.kill(run.handle)
         self._ended(run)
 
@@ -708,13 +780,16 @@ class Swarm:
                 return run.name
         return None
 
-    def shutdown_all(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> list[str]:
-        """The shutdown handshake with every teammate; kill who is left after `timeout`.
-
-        Returns the names that had to be killed.
-        """
+    def begin_shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """The shutdown handshake: ask every teammate to shut down; `check` kills who is left
+        after `timeout` (the inbox reads their answers meanwhile)."""
+        if self._shutdown_deadline is not None:
+            return
+        self._shutdown_timeout = timeout
+        self._shutdown_deadline = time.monotonic() + timeout
         directory = self.leader.teams.directory(self.leader.team)
         for run in list(self.members.values()):
+            run.move(Phase.STOPPING)
             if not run.backend.is_alive(run.handle):
                 continue
             with contextlib.suppress(ShoalError):
@@ -728,30 +803,109 @@ class Swarm:
                         "reason": "the lead is shutting down",
                     },
                 )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(
-            r.backend.is_alive(r.handle) for r in self.members.values()
-        ):
-            time.sleep(0.02)
-        killed = []
+        if not self.members:
+            self._close_backends()
+
+    def kill_all(self) -> None:
+        """Kill every teammate now (the last resort of a shutdown past its time)."""
         for run in list(self.members.values()):
-            if run.backend.is_alive(run.handle):
-                killed.append(run.name)
-                run.stop_reason = f"did not shut down within {timeout:g}s; killed"
-                run.backend.kill(run.handle)
-        in_process = [r for r in self.members.values() if isinstance(r.backend, InProcessBackend)]
-        with contextlib.suppress(ShoalError):  # one team-file update for all of them
-            team = self.leader.team
-            self.leader.teams.leave_many(team, [r.name for r in in_process if r.shutdown_approved])
-            self.leader.teams.leave_many(
-                team, [r.name for r in in_process if not r.shutdown_approved], departed=False
+            run.end_because(StopCause.SHUTDOWN_TIMEOUT, "killed at shutdown")
+            run.backend.kill(run.handle)
+            self._ended(run)
+        self._close_backends()
+
+    def shutdown_all(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> list[str]:
+        """The shutdown handshake, waiting for it (for callers that own no loop); returns the
+        names that had to be killed."""
+        self.begin_shutdown(timeout)
+        killed: list[str] = []
+        while self.members:
+            late = (
+                [n for n, r in self.members.items() if r.backend.is_alive(r.handle)]
+                if time.monotonic() > (self._shutdown_deadline or 0)
+                else []
             )
-        for run in list(self.members.values()):
-            self._ended(run, settle_member=False)
+            killed += late
+            self.check()
+            if self.members:
+                time.sleep(0.02)
+        return killed
+
+    def _close_backends(self) -> None:
         for backend in self._backends.values():
             with contextlib.suppress(ShoalError):
                 backend.close(self.leader.team)
-        return killed
+        self._backends.clear()
+
+    # -- the TaskKind protocol (teammates are started by `spawn`, supervised by `check`) -----
+
+    def start(self, task: AnyTaskState, store: TaskStore) -> None:
+        store.move_task(task.id, TaskStatus.FAILED, error="a teammate starts with `shoal spawn`")
+
+    def poll(self, task: AnyTaskState, store: TaskStore, now: float, what: Poll) -> None:
+        """Nothing per task: `check` looks at every teammate at once (one stat of the status
+        directory for a thousand quiet ones)."""
+
+    def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
+        name = self.member_of_task(task.id)
+        if name is None:
+            store.move_task(task.id, TaskStatus.KILLED)
+            return
+        if reason == STOPPED_ON_REQUEST:
+            self.stop(name)
+        else:
+            self.stop(name, StopCause.SHUTDOWN_TIMEOUT)
+
+    def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
+        assert isinstance(task, InProcessTeammateTaskState)
+        if self.adopt_member(task):
+            store.note(f"adopted teammate {task.identity.agent_name} ({task.id})")
+        else:
+            store.move_task(
+                task.id, TaskStatus.FAILED, error="the teammate ended while no leader was running"
+            )
+
+    def notification(self, task: AnyTaskState) -> dict[str, Any]:
+        return {}  # (result and usage are the task's own fields)
+
+    def live(self) -> Iterable[str]:
+        return [r.task_id for r in self.members.values()]
+
+    def signalled(self) -> Iterable[str]:
+        exited, self._exited = self._exited, set()
+        return [self.members[n].task_id for n in exited if n in self.members]
+
+    def on_exit(self, key: str) -> bool:
+        if key.startswith("member:"):
+            self._exited.add(key.removeprefix("member:"))
+            return True
+        return False
+
+    def next_due(self) -> float | None:
+        due = [r.deadline for r in self.members.values() if not r.became_ready]
+        if self._shutdown_deadline is not None and self.members:
+            due.append(self._shutdown_deadline)
+        return min(due, default=None)
+
+    def running(self) -> int:
+        return 0  # (teammates take no job slots)
+
+
+def _outcome(run: MemberRun, log: str) -> tuple[TaskStatus, dict[str, Any]]:
+    """The final status of an ended teammate's task, from how its run went."""
+    if not run.became_ready:
+        error = (
+            f"teammate {run.name!r} died at start"
+            + (f" ({run.detail})" if run.detail else "")
+            + (f": {log.splitlines()[-1]}" if log else "")
+        )
+        return TaskStatus.FAILED, {"error": error}
+    if run.cause == StopCause.ON_REQUEST:
+        return TaskStatus.KILLED, {}
+    if run.cause == StopCause.SHUTDOWN_APPROVED:
+        return TaskStatus.COMPLETED, {"result": StopCause.SHUTDOWN_APPROVED.value}
+    error = run.detail or "the teammate exited unexpectedly"
+    return TaskStatus.FAILED, {"error": error + (f": {log[-300:]}" if log else "")}
 
 
 def _cut(text: str | None) -> str | None:

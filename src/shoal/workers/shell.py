@@ -14,13 +14,27 @@ import os
 import re
 import shlex
 import signal
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from shoal.core.output import create_output_file, tail_lines
+from shoal.core.errors import ShoalError, TaskError
+from shoal.core.events import TaskStalled, task_started, task_terminated
+from shoal.core.notify import stall_notification_xml, stall_summary
+from shoal.core.output import create_output_file, output_size, read_output_delta, tail, tail_lines
 from shoal.core.paths import FILE_MODE
-from shoal.core.procs import is_alive, process_start_time, terminate
+from shoal.core.procs import Termination, is_alive, process_start_time, terminate
+from shoal.core.tasks import (
+    STOPPED_ON_REQUEST,
+    AnyTaskState,
+    LocalShellTaskState,
+    ShellResult,
+    TaskStatus,
+    TaskType,
+)
+from shoal.workers.kinds import Poll, TaskStore
 
 # The wrapper: "$1" is the exit file, "$2" the working directory, then either a command line
 # to eval (mode "-c") or an argv to run; "$0" names it in error messages. It records its pid
@@ -216,7 +230,11 @@ def recorded_exit(output_file: str | Path) -> int | None:
 
 
 def kill(proc: ShellProcess, grace: float) -> None:
-    """TERM the task's process group, wait up to `grace`, then KILL; no such process is fine."""
+    """TERM the task's process group, wait up to `grace`, then KILL; no such process is fine.
+
+    This one waits: for callers outside the leader's loop (tests, cleanup at exit). The loop
+    uses `ShellKind.kill`, which never does.
+    """
     terminate(proc.pid, proc.started_at, grace=grace, group=True)
     proc.poll()  # reap our child now (it is gone or a zombie), so no zombie lingers
 
@@ -228,3 +246,293 @@ def looks_like_prompt(output_file: str | Path) -> str | None:
         return None
     last = lines[-1].strip()
     return last if PROMPT_PATTERNS.search(last) else None
+
+
+# Exit code recorded for a task killed before the wrapper could record one (SIGKILL).
+EXIT_KILLED = 137
+
+
+class ShellKind:
+    """`local_bash` tasks for the leader's loop: start, reap, output, stalls and kills.
+
+    Live handles (the processes, the kills in progress) stay here in memory; the task records
+    in the store hold only plain data. A kill is a state: TERM to the group and a deadline;
+    a later REAP poll sends what is due (TERM once more, then KILL) and finishes the task once
+    its process is gone, so no step ever waits out a grace period.
+    """
+
+    types = frozenset({TaskType.LOCAL_BASH})
+
+    def __init__(self) -> None:
+        self.procs: dict[str, ShellProcess] = {}
+        self.killing: dict[str, Termination] = {}
+        self._exited: set[str] = set()
+        self._growth: dict[str, tuple[int, float]] = {}  # task -> (size, since when)
+        self._stall_due: dict[str, float] = {}
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def start(self, task: AnyTaskState, store: TaskStore) -> None:
+        assert isinstance(task, LocalShellTaskState)
+        try:
+            proc = start(
+                list(task.argv),
+                Path(task.output_file),
+                cwd=task.cwd,
+                env=_environ(store.environ, task.env),
+                # (the session's tasks/ directory was checked against symlinks when it was
+                # made; the file itself is opened O_EXCL|O_NOFOLLOW)
+            )
+        except (ShoalError, OSError) as exc:
+            store.move_task(task.id, TaskStatus.FAILED, error=str(exc), result=ShellResult(code=-1))
+        else:
+            store.move_task(
+                task.id,
+                TaskStatus.RUNNING,
+                pid=proc.pid,
+                pid_started_at=proc.started_at,
+                start_time=time.time(),
+            )
+            self._watch(task.id, proc, store)
+        store.emit(task_started(store.get(task.id) or task))
+
+    def poll(self, task: AnyTaskState, store: TaskStore, now: float, what: Poll) -> None:
+        if not isinstance(task, LocalShellTaskState) or task.id not in self.procs:
+            return
+        if Poll.REAP in what:
+            self._reap(task, store)
+        if Poll.OUTPUT in what and task.id in self.procs:
+            self._record_start_time(task.id, store)
+            self._read_output(task, store)
+        if Poll.STALLS in what and task.id in self.procs:
+            self._check_stall(task, store, now)
+
+    def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
+        if task.is_terminal or task.id in self.killing:
+            return
+        store.set_task(task.id, kill_reason=reason)
+        proc = self.procs.get(task.id)
+        if proc is None:
+            self._finish(task.id, None, store, killed=True)
+            return
+        ending = Termination(proc.pid, proc.started_at, grace=store.limits.kill_grace, group=True)
+        self.killing[task.id] = ending
+        if not ending.begin():
+            proc.poll()
+            self._finish(task.id, proc, store, killed=True)
+            return
+        store.wake()  # (the pidfd says when it ends; the deadline is in next_due)
+
+    def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
+        """A task of an earlier leader: watch it if it still runs, else give it the exit code
+        its wrapper recorded. One that never started is left pending (the caller queues it)."""
+        assert isinstance(task, LocalShellTaskState)
+        started, proc = locate(task.pid, task.pid_started_at, task.output_file)
+        if not started:
+            return
+        if task.status == TaskStatus.PENDING:
+            store.move_task(
+                task.id,
+                TaskStatus.RUNNING,
+                pid=proc.pid if proc else recorded_pid(task.output_file),
+                pid_started_at=proc.started_at if proc else None,
+            )
+        if proc is not None:
+            self._watch(task.id, proc, store)
+            store.note(f"adopted {task.id} (pid {proc.pid}): {task.command}")
+        else:
+            self._finish(task.id, None, store, ended_unattended=True)
+
+    def notification(self, task: AnyTaskState) -> dict[str, Any]:
+        return {}
+
+    def live(self) -> Iterable[str]:
+        return list(self.procs)
+
+    def signalled(self) -> Iterable[str]:
+        exited, self._exited = self._exited, set()
+        now = time.monotonic()
+        due = {i for i, k in self.killing.items() if k.next_due() <= now}
+        return [i for i, p in self.procs.items() if i in exited or i in due or p.status is not None]
+
+    def on_exit(self, key: str) -> bool:
+        if key in self.procs:
+            self._exited.add(key)
+            return True
+        return False
+
+    def next_due(self) -> float | None:
+        return min((k.next_due() for k in self.killing.values()), default=None)
+
+    def running(self) -> int:
+        return len(self.procs)
+
+    def was_started(self, task: AnyTaskState) -> bool:
+        """Whether an earlier leader got as far as starting `task` (see `locate`)."""
+        assert isinstance(task, LocalShellTaskState)
+        return locate(task.pid, task.pid_started_at, task.output_file)[0]
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def _watch(self, task_id: str, proc: ShellProcess, store: TaskStore) -> None:
+        self.procs[task_id] = proc
+        store.watch_pid(task_id, proc.pid)
+
+    def _reap(self, task: LocalShellTaskState, store: TaskStore) -> None:
+        proc = self.procs[task.id]
+        alive = proc.poll()
+        ending = self.killing.get(task.id)
+        if ending is not None:
+            if ending.advance(alive=alive):
+                self._finish(task.id, proc, store, killed=True)
+        elif not alive:
+            self._finish(task.id, proc, store)
+
+    def _record_start_time(self, task_id: str, store: TaskStore) -> None:
+        """Note a fresh task's start time (pid reuse protection) once it has exec'd."""
+        proc = self.procs[task_id]
+        if proc.started_at is None:
+            proc.started_at = process_start_time(proc.pid)
+            if proc.started_at is not None:
+                store.set_task(task_id, pid_started_at=proc.started_at)
+
+    def _read_delta(self, task: LocalShellTaskState, store: TaskStore) -> None:
+        """Advance the task's reported offset over new output (8 MiB a read)."""
+        data, offset = read_output_delta(task.output_file, task.output_offset)
+        if not data:
+            return
+        lines = data.count(b"\n")
+        store.set_task(
+            task.id,
+            output_offset=offset,
+            last_reported_total_lines=task.last_reported_total_lines + lines,
+        )
+
+    def _read_output(self, task: LocalShellTaskState, store: TaskStore) -> None:
+        size = output_size(task.output_file)  # (one stat when nothing was written)
+        if size > task.output_offset:
+            self._read_delta(task, store)
+        cap = store.limits.output_cap
+        if size > cap and task.id not in self.killing:
+            reason = f"output reached {size} bytes, over the cap of {cap} bytes"
+            self.kill(store.get(task.id) or task, store, reason)
+            store.note(f"killed {task.id}: {reason}")
+
+    def _check_stall(self, task: LocalShellTaskState, store: TaskStore, now: float) -> None:
+        """Every stall interval: a task silent for `stall_after` at a prompt is reported once."""
+        limits = store.limits
+        if task.kind == "monitor" or now < self._stall_due.get(task.id, 0.0):
+            return
+        self._stall_due[task.id] = now + limits.stall_check_interval
+        size = output_size(task.output_file)
+        last_size, since = self._growth.get(task.id, (-1, now))
+        if size != last_size:
+            self._growth[task.id] = (size, now)
+            return
+        if task.stall_notified or now - since < limits.stall_after:
+            return
+        prompt = looks_like_prompt(task.output_file)
+        if prompt is None:
+            return
+        store.set_task(task.id, stall_notified=True)
+        text = stall_notification_xml(task, tail(task.output_file, 1024))
+        summary = stall_summary(task.description)
+        store.emit(TaskStalled(task_id=task.id, prompt=prompt, notification=text, summary=summary))
+        store.notify_owner(task, text, summary, status="running", msg_id=None)
+
+    def _finish(
+        self,
+        task_id: str,
+        proc: ShellProcess | None,
+        store: TaskStore,
+        *,
+        killed: bool = False,
+        ended_unattended: bool = False,
+    ) -> None:
+        """Give an ended task its final state (from its wait status, else its exit file)."""
+        self.procs.pop(task_id, None)
+        self.killing.pop(task_id, None)
+        self._growth.pop(task_id, None)
+        self._stall_due.pop(task_id, None)
+        self._exited.discard(task_id)
+        store.unwatch_pid(task_id)
+        task = store.get(task_id)
+        if not isinstance(task, LocalShellTaskState) or task.is_terminal:
+            return
+        # Our own child: its wait status is the wrapper's (= the command's) exit code. A task
+        # adopted after a restart has only what the wrapper recorded on disk.
+        code = proc.returncode() if proc is not None else None
+        if code is None:
+            code = recorded_exit(task.output_file)
+        self._read_delta(task, store)
+        if killed or task.kill_reason:
+            result = ShellResult(code=code if code is not None else EXIT_KILLED, interrupted=True)
+            store.move_task(task_id, TaskStatus.KILLED, result=result)
+            if not task.kill_reason or task.kill_reason == STOPPED_ON_REQUEST:
+                # A kill the user asked for is not news: no notification, no 137 "failure".
+                store.mark_notified(task_id)
+                final = store.get(task_id)
+                assert final is not None
+                store.emit(task_terminated(final))
+            return
+        if code is None:
+            error = (
+                "ended while no leader was running and recorded no exit code"
+                if ended_unattended
+                else "ended without recording an exit code (killed?)"
+            )
+            store.move_task(task_id, TaskStatus.FAILED, result=ShellResult(code=-1), error=error)
+        elif code == 0:
+            store.move_task(task_id, TaskStatus.COMPLETED, result=ShellResult(code=0))
+        else:
+            store.move_task(task_id, TaskStatus.FAILED, result=ShellResult(code=code))
+
+    def kill_all_now(self, grace: float) -> None:
+        """Kill every task process, waiting (for cleanup at exit, when no loop runs)."""
+        for proc in list(self.procs.values()):
+            kill(proc, grace)
+
+
+def _environ(base: dict[bytes, bytes], extra: dict[str, str] | None) -> dict[bytes, bytes]:
+    """The leader's environment (as at its start) plus a task's own variables."""
+    if not extra:
+        return base
+    return {**base, **{os.fsencode(k): os.fsencode(v) for k, v in extra.items()}}
+
+
+def new_task(
+    command: list[str],
+    *,
+    task_id: str,
+    output_file: str,
+    owner: str,
+    agent_id: str | None = None,
+    description: str | None = None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    kind: str = "bash",
+    background: bool = True,
+    tool_use_id: str | None = None,
+) -> LocalShellTaskState:
+    """Build (and check) a pending shell task; a bad request is a TaskError naming it."""
+    if not command or not all(isinstance(a, str) for a in command) or not command[0]:
+        raise TaskError("no command given (usage: shoal sh -- CMD ARGS...)")
+    if cwd is not None and not os.path.isdir(cwd):
+        raise TaskError(f"working directory {cwd!r} does not exist")
+    if kind not in ("bash", "monitor"):
+        raise TaskError(f"unknown shell task kind {kind!r} (bash or monitor)")
+    display, argv = argv_for(command)
+    return LocalShellTaskState(
+        id=task_id,
+        description=description or display,
+        command=display,
+        argv=tuple(argv),
+        cwd=cwd or os.getcwd(),
+        env=env or None,
+        output_file=output_file,
+        owner=owner,
+        agent_id=agent_id,
+        kind=kind,
+        is_backgrounded=background,
+        tool_use_id=tool_use_id,
+    )

@@ -11,44 +11,37 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shoal.core.errors import ShoalError
+from shoal.core.events import MessageReceived
 from shoal.mailbox.router import send
-from shoal.orchestrator.batch import Finished, Poster, Started
-from shoal.orchestrator.batch_spec import MemberSpec, TaskSpec
+from shoal.orchestrator.batch.engine import Finished, Poster, Started
+from shoal.orchestrator.batch.spec import MemberSpec, TaskSpec
+from shoal.orchestrator.leader import Leader
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import exit_code_of
-
-if TYPE_CHECKING:
-    from shoal.orchestrator.leader import Leader
 
 READY_TIMEOUT_S = 120.0
 
 
 class TeammateDispatcher:
-    """The AgentDispatcher of this build (see shoal.orchestrator.batch.AgentDispatcher)."""
+    """The AgentDispatcher of this build (see shoal.orchestrator.batch.engine.AgentDispatcher).
+
+    Everything runs on the leader's loop thread: `start` before the loop (it runs the loop
+    itself until the members are ready), the rest from the loop's `policy` step and from the
+    messages the lead receives (`on_message`)."""
 
     def __init__(self, leader: Leader, post: Poster) -> None:
         self.leader = leader
         self.post = post
         self.tasks = TaskList(leader.teams, leader.team)
-        self._lock = threading.Lock()
         self._by_item: dict[int, str] = {}  # list task id -> handle
         self._attempts: dict[str, tuple[int, str, float]] = {}  # handle -> (item, member, t0)
         self._members: list[str] = []
-        previous = leader.on_event
-
-        def on_event(record: dict[str, Any]) -> None:
-            if previous is not None:
-                previous(record)
-            self._on_event(record)
-
-        leader.on_event = on_event
 
     def start(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None:
         """Spawn every member and wait until all are ready (or say which could not start)."""
@@ -68,15 +61,14 @@ class TeammateDispatcher:
             }
             for m in members
         ]
-        done = threading.Event()
         outcome: dict[str, Any] = {}
 
         def reply(result: Any, error: ShoalError | None) -> None:
             outcome["result"], outcome["error"] = result, error
-            done.set()
 
-        self.leader.swarm.spawn_many(batch, reply)
-        if not done.wait(READY_TIMEOUT_S):
+        self.leader.spawn(batch, reply)
+        self.leader.run_until(lambda: bool(outcome), READY_TIMEOUT_S)
+        if not outcome:
             raise ShoalError(f"the run's teammates were not ready within {READY_TIMEOUT_S:g}s")
         if outcome["error"] is not None:
             raise outcome["error"]
@@ -90,24 +82,20 @@ class TeammateDispatcher:
             description=task.prompt or "",
             metadata={"auto_claim": False, "run_task": task.id, "attempt": attempt},
         )
-        with self._lock:
-            self._by_item[item.id] = handle
-            self._attempts[handle] = (item.id, member.name, time.time())
+        self._by_item[item.id] = handle
+        self._attempts[handle] = (item.id, member.name, time.time())
         self.tasks.update(item.id, owner=member.name, assigned_by=LEAD_NAME)
-        self.post(Started(handle, time.time()), True)
+        self.post(Started(handle, time.time()))
         return handle
 
-    def _on_event(self, record: dict[str, Any]) -> None:
-        if record.get("type") != "message":
+    def on_message(self, event: MessageReceived) -> None:
+        """A member's report of a turn that was an attempt ends that attempt."""
+        if event.kind != "task_notification":
             return
-        msg = record.get("message") or {}
-        if msg.get("kind") != "task_notification":
-            return
-        data = msg.get("data") or {}
+        data = event.data
         item_id = data.get("list_task_id")
-        with self._lock:
-            handle = self._by_item.pop(item_id, None) if isinstance(item_id, int) else None
-            attempt = self._attempts.pop(handle, None) if handle else None
+        handle = self._by_item.pop(item_id, None) if isinstance(item_id, int) else None
+        attempt = self._attempts.pop(handle, None) if handle else None
         if handle is None or attempt is None:
             return
         status = data.get("status", "failed")
@@ -121,16 +109,14 @@ class TeammateDispatcher:
                 ended_at=time.time(),
                 output_file=data.get("output_file"),
                 error=None if status == "completed" else result[-500:],
-            ),
-            True,
+            )
         )
         with contextlib.suppress(ShoalError):
             self.tasks.update(attempt[0], status="deleted")  # the run's report keeps it
 
     def stop(self, handle: str, reason: str) -> None:
         """Abort the attempt's turn; its member reports it killed."""
-        with self._lock:
-            attempt = self._attempts.get(handle)
+        attempt = self._attempts.get(handle)
         if attempt is None:
             return
         with contextlib.suppress(ShoalError):
@@ -146,10 +132,6 @@ class TeammateDispatcher:
                 },
             )
 
-    def close(self) -> None:
-        """Shut the members down (the handshake; the leader kills who is left)."""
-        self.leader.swarm.shutdown_all()
-
 
 def _exit_code(status: object, data: Mapping[str, Any], result: str) -> int | None:
     """The exit code of a finished turn: 0 when it completed; for a failure, the code of the
@@ -161,8 +143,3 @@ def _exit_code(status: object, data: Mapping[str, Any], result: str) -> int | No
     if isinstance(code, int) and not isinstance(code, bool):
         return code
     return exit_code_of(result)
-
-
-def dispatcher(leader: Leader, post: Poster) -> TeammateDispatcher:
-    """The factory `run_batch` calls."""
-    return TeammateDispatcher(leader, post)

@@ -1,46 +1,27 @@
-"""The batch-run engine behind `shoal run`: a spec's tasks on an in-process leader.
+"""The batch-run scheduler behind `shoal run`: `BatchRun`, a pure state machine.
 
-`BatchRun` is the scheduler. It holds plain data and moves through a `tick()` of named steps —
-enforce timeouts, apply the halt policy, submit what is ready — plus `feed()` for what the
-executors report (`Started`, `Finished`). It talks to the world through two small interfaces:
-a `ShellExecutor` (the leader, in production; a stand-in in unit tests) and an
-`AgentDispatcher` (teammates, for `prompt` tasks). `run_batch` wires it to a
-real leader in this process, signals, the run record and the report files.
+`BatchRun` holds plain data and moves through a `tick()` of named steps — enforce timeouts,
+apply the halt policy, submit what is ready — plus `feed()` for what the executors report
+(`Started`, `Finished`). It talks to the world through two small interfaces: a
+`ShellExecutor` (the leader, in production; a stand-in in unit tests) and an
+`AgentDispatcher` (teammates, for `prompt` tasks), and takes its clock injected. The leader's
+`policy` step drives it (see `driver.py`): it has no thread or loop of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import selectors
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-from ulid import ULID
-
-from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ShoalError, UsageError
-from shoal.core.names import validate_name
-from shoal.core.paths import Layout
-from shoal.core.tasks import LocalShellTaskState, TaskStatus
-from shoal.orchestrator.batch_report import (
-    REPORT_VERSION,
-    JoblogWriter,
-    RunRecords,
-    iso,
-    plan_resume,
-    write_json,
-    write_junit,
-)
-from shoal.orchestrator.batch_spec import (
+from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ShoalError
+from shoal.core.events import RunEvent
+from shoal.core.tasks import TaskStatus
+from shoal.orchestrator.batch.report import REPORT_VERSION, iso
+from shoal.orchestrator.batch.spec import (
     HaltPolicy,
     MemberSpec,
     Spec,
@@ -48,19 +29,11 @@ from shoal.orchestrator.batch_spec import (
     SpecIssue,
     TaskSpec,
 )
-from shoal.orchestrator.cleanup import CleanupRegistry
 
-if TYPE_CHECKING:
-    from shoal.orchestrator.leader import Leader
-
-# Shell tasks handed to the leader ahead of free job slots, so a slot never waits for this
-# thread: at least this many, or 4 x `jobs` when that is more. They are handed out in batches
-# of half of it (each hand-out is one state.json write and one wake-up of the leader).
+# Shell tasks handed to the leader ahead of free job slots, so a slot never waits for the
+# engine: at least this many, or 4 x `jobs` when that is more. They are handed out in batches
+# of half of it (each hand-out is one state.json write).
 MIN_PREFETCH: Final = 16
-# The run record (what --resume reads) is rewritten at most this often while the run goes on.
-RECORD_INTERVAL_S: Final = 1.0
-# The longest the engine sleeps without a reason to wake (it also checks the leader thread).
-MAX_WAIT_S: Final = 0.5
 # Environment of every task: which spec task and which attempt it is.
 ENV_TASK: Final = "SHOAL_RUN_TASK"
 ENV_ATTEMPT: Final = "SHOAL_RUN_ATTEMPT"
@@ -90,6 +63,29 @@ FINAL_STATUSES: Final = frozenset(
         RunStatus.SKIPPED,
     }
 )
+_ENDS: Final = frozenset(FINAL_STATUSES - {RunStatus.SKIPPED})
+
+# The one table of legal moves, for a task of the run and for one attempt of it. A task goes
+# back to pending for a retry; one that never ran can end any way (a refused submit fails, a
+# halt skips it, a carried one succeeded before); a final status is final.
+RUN_TRANSITIONS: Final[dict[RunStatus, frozenset[RunStatus]]] = {
+    RunStatus.PENDING: frozenset({RunStatus.QUEUED} | FINAL_STATUSES),
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.PENDING} | FINAL_STATUSES),
+    RunStatus.RUNNING: frozenset({RunStatus.PENDING} | _ENDS),
+    **{s: frozenset() for s in FINAL_STATUSES},
+}
+
+
+class IllegalRunMove(ShoalError):
+    """A run task or attempt moved in a way RUN_TRANSITIONS does not allow (a bug)."""
+
+
+def check_run_move(what: str, current: RunStatus, new: RunStatus) -> RunStatus:
+    """`new`, if moving from `current` is legal (staying put always is); else IllegalRunMove."""
+    if new != current and new not in RUN_TRANSITIONS[current]:
+        allowed = ", ".join(sorted(RUN_TRANSITIONS[current])) or f"{current} is final"
+        raise IllegalRunMove(f"{what}: illegal move {current} -> {new} (allowed: {allowed})")
+    return new
 
 # Why the engine itself stopped an attempt.
 STOP_TIMEOUT: Final = "timeout"
@@ -131,14 +127,7 @@ class Stalled:
     prompt: str
 
 
-@dataclass(frozen=True)
-class Forward:
-    """A leader event passed through untouched (for `--output-format stream-json`)."""
-
-    record: dict[str, Any]
-
-
-ExecEvent = Started | Finished | Stalled | Forward
+ExecEvent = Started | Finished | Stalled
 
 
 @dataclass(frozen=True)
@@ -157,10 +146,7 @@ class ShellRequest:
     cwd: str
     env: dict[str, str]
     timeout: float | None = None
-    """The attempt's timeout: its start must reach the engine at once (to arm the timer)."""
-    urgent: bool = True
-    """Its end must reach the engine at once (something waits for it). A failure always does;
-    a success nothing waits for may wait for the engine's next pass."""
+    """The attempt's timeout (armed when it starts)."""
 
 
 class ShellExecutor(Protocol):
@@ -186,9 +172,9 @@ class AgentDispatcher(Protocol):
     (the spec's directory). `dispatch` hands one
     attempt of a task to its member and returns a handle; the attempt's `Started` and
     `Finished` events come through the same path as shell tasks' (the `Poster` the factory
-    receives; True wakes the engine), keyed by that handle. `stop` ends an attempt (a
-    `Finished` with status killed follows); `close` shuts the members down. The engine gives
-    each member one task at a time.
+    receives), keyed by that handle. `stop` ends an attempt (a `Finished` with status killed
+    follows). The members shut down with the run's leader. The engine gives each member one
+    task at a time.
     """
 
     def start(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None: ...
@@ -197,22 +183,12 @@ class AgentDispatcher(Protocol):
 
     def stop(self, handle: str, reason: str) -> None: ...
 
-    def close(self) -> None: ...
+
+Poster = Callable[[ExecEvent], None]
+"""Queue an executor event for the engine (applied at its next step)."""
 
 
-Poster = Callable[[ExecEvent, bool], None]
-"""Queue an executor event for the engine; the flag says whether to wake it now."""
-AgentDispatcherFactory = Callable[["Leader", Poster], AgentDispatcher]
-
-
-def agent_dispatcher_factory() -> AgentDispatcherFactory | None:
-    """The dispatcher of this build for agent tasks: the spec's members as teammates."""
-    from shoal.orchestrator.batch_agents import dispatcher
-
-    return dispatcher
-
-
-def check_agents(spec: Spec, factory: AgentDispatcherFactory | None) -> None:
+def check_agents(spec: Spec, factory: object | None) -> None:
     """Refuse (SpecError, exit 2) a spec with members or agent tasks when there is no
     dispatcher: they are never skipped or faked."""
     if factory is not None:
@@ -248,6 +224,12 @@ class Attempt:
     """Monotonic time at which the attempt times out."""
     stop: str | None = None
     """Why the engine stopped it (STOP_TIMEOUT, STOP_HALT, STOP_INTERRUPT), if it did."""
+
+    def move(self, status: RunStatus) -> None:
+        """Move through RUN_TRANSITIONS (attempts never go back to pending)."""
+        if status == RunStatus.PENDING:
+            raise IllegalRunMove(f"attempt {self.number}: an attempt is never pending again")
+        self.status = check_run_move(f"attempt {self.number}", self.status, status)
 
     @property
     def duration_s(self) -> float | None:
@@ -288,6 +270,10 @@ class TaskRun:
     def final(self) -> bool:
         """True once the task has its verdict."""
         return self.status in FINAL_STATUSES
+
+    def move(self, status: RunStatus) -> None:
+        """Move through RUN_TRANSITIONS (IllegalRunMove otherwise)."""
+        self.status = check_run_move(f'task "{self.spec.id}"', self.status, status)
 
     def to_json(self) -> dict[str, Any]:
         """The task as it appears in the report (cached until the task moves: the run record
@@ -351,7 +337,7 @@ class TaskRun:
         }
 
 
-EventSink = Callable[[dict[str, Any]], None]
+EventSink = Callable[[RunEvent], None]
 AttemptHook = Callable[[TaskRun, Attempt], None]
 
 
@@ -408,7 +394,7 @@ class BatchRun:
     def _emit(self, subtype: str, **fields: Any) -> None:
         self.version += 1
         if self._emit_cb is not None:
-            self._emit_cb({"type": "run", "subtype": subtype, **fields})
+            self._emit_cb(RunEvent(subtype=subtype, **fields))
 
     # -- start -------------------------------------------------------------------------------
 
@@ -418,7 +404,7 @@ class BatchRun:
             old = self.carried.get(run.spec.id)
             if old is not None:
                 run.carried = old
-                run.status = RunStatus.SUCCEEDED
+                run.move(RunStatus.SUCCEEDED)
                 run.reason = "succeeded in a previous run (not run again)"
                 self._unfinished -= 1
         for run in self.tasks.values():
@@ -522,13 +508,6 @@ class BatchRun:
             return 0  # slots are covered: refill in batches, not one by one
         return max(0, free)
 
-    def quiet_ends(self) -> int:
-        """How many uneventful ends (successes nothing waits for) may pass before the engine
-        must look again: enough to refill job slots in batches, too few for a slot to idle."""
-        if self.jobs <= 0:
-            return max(1, self._shell_inflight // 2)
-        return max(1, self._shell_inflight - self.jobs - self.prefetch // 2)
-
     def _submit_shell(self, batch: list[TaskRun]) -> None:
         requests = []
         for run in batch:
@@ -542,7 +521,6 @@ class BatchRun:
                     cwd=spec.cwd,
                     env={**spec.env, ENV_TASK: spec.id, ENV_ATTEMPT: str(number)},
                     timeout=spec.timeout,
-                    urgent=bool(self._dependents[spec.id]) or self.halt.when != "never",
                 )
             )
         handles = self.shell.submit(requests)
@@ -553,7 +531,7 @@ class BatchRun:
                 self._attempt_ended(run, attempt, Finished("", "failed", error=handle.error))
                 continue
             attempt.handle = handle
-            run.status = RunStatus.QUEUED
+            run.move(RunStatus.QUEUED)
             self._handles[handle] = self._live[handle] = (run, attempt)
             self._shell_inflight += 1
         self.version += 1
@@ -572,7 +550,7 @@ class BatchRun:
             self._attempt_ended(run, attempt, Finished("", "failed", error=str(exc)))
             return
         attempt.handle = handle
-        run.status = RunStatus.QUEUED
+        run.move(RunStatus.QUEUED)
         self._handles[handle] = self._live[handle] = (run, attempt)
         self._busy_members.add(member.name)
         self.version += 1
@@ -588,8 +566,6 @@ class BatchRun:
 
     def feed(self, event: ExecEvent) -> None:
         """Apply one executor event (unknown handles are ignored)."""
-        if isinstance(event, Forward):
-            return
         entry = self._handles.get(event.handle)
         if entry is None:
             return
@@ -597,10 +573,10 @@ class BatchRun:
         if isinstance(event, Started):
             if attempt.status != RunStatus.QUEUED:
                 return
-            attempt.status = RunStatus.RUNNING
+            attempt.move(RunStatus.RUNNING)
             attempt.started_at = event.at
             if not run.final:
-                run.status = RunStatus.RUNNING
+                run.move(RunStatus.RUNNING)
             if run.spec.timeout is not None:
                 late = max(0.0, self._wall() - event.at)
                 attempt.deadline = self._clock() - late + run.spec.timeout
@@ -626,7 +602,7 @@ class BatchRun:
             attempt.started_at = None
         attempt.output_file = event.output_file
         attempt.error = event.error
-        attempt.status = self._outcome(attempt, event)
+        attempt.move(self._outcome(attempt, event))
         self.version += 1
         if attempt.started_at is not None and self._on_attempt_end is not None:
             self._on_attempt_end(run, attempt)
@@ -634,7 +610,7 @@ class BatchRun:
             return  # the run was interrupted or halted meanwhile and gave its verdict already
         retry = attempt.status in (RunStatus.FAILED, RunStatus.TIMED_OUT)
         if retry and len(run.attempts) <= run.spec.retries and self._may_start():
-            run.status = RunStatus.PENDING
+            run.move(RunStatus.PENDING)
             self._ready.appendleft(run)
             self._emit(
                 "task_retrying",
@@ -689,7 +665,8 @@ class BatchRun:
             task, verdict, why = work.pop()
             if task.final:
                 continue
-            task.status, task.reason = verdict, why
+            task.move(verdict)
+            task.reason = why
             self._unfinished -= 1
             self.version += 1
             last = task.attempts[-1] if task.attempts else None
@@ -832,524 +809,3 @@ class BatchRun:
             "counts": self.counts(),
             "tasks": [r.to_json() for r in self.tasks.values()],
         }
-
-
-# --------------------------------------------------------------------------- the leader side
-
-
-class LeaderShellExecutor:
-    """Shell attempts as tasks of a Leader; its events become `Started`/`Finished`.
-
-    `on_leader_event` is the Leader's `on_event`: it runs on whichever thread emitted (the
-    loop, a stopper, the engine) and only reads the task's final state and posts. Stops run on
-    a small thread pool, so a task slow to die never holds up the scheduler.
-    """
-
-    def __init__(self, post: Poster, *, forward: bool = False) -> None:
-        self._post = post
-        self._forward = forward
-        self._known: set[str] = set()
-        self._timed: set[str] = set()
-        self._urgent: set[str] = set()
-        self._leader: Leader | None = None
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shoal-run-stop")
-
-    def attach(self, leader: Leader) -> None:
-        """Use `leader` (created with `on_event=self.on_leader_event`)."""
-        self._leader = leader
-
-    @property
-    def leader(self) -> Leader:
-        assert self._leader is not None, "attach() a leader first"
-        return self._leader
-
-    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
-        """Build and submit the shell tasks in one go (one state write)."""
-        from shoal.orchestrator.leader import TaskError
-
-        out: list[str | Refused] = []
-        tasks: list[LocalShellTaskState] = []
-        for req in requests:
-            try:
-                task = self.leader.make_shell_task(
-                    req.command, description=req.description, cwd=req.cwd, env=req.env
-                )
-            except TaskError as exc:
-                out.append(Refused(str(exc)))
-                continue
-            self._known.add(task.id)
-            if req.timeout is not None:
-                self._timed.add(task.id)
-            if req.urgent:
-                self._urgent.add(task.id)
-            tasks.append(task)
-            out.append(task.id)
-        if tasks:
-            self.leader.submit(tasks)
-        return out
-
-    def stop(self, handle: str, reason: str) -> None:
-        """Stop a task on the pool (TERM to its group, grace, KILL)."""
-        self._pool.submit(self._stop_now, handle, reason)
-
-    def _stop_now(self, handle: str, reason: str) -> None:
-        with contextlib.suppress(ShoalError):  # it finished meanwhile
-            self.leader.stop_task(handle, reason)
-
-    def cancel(self, handle: str, reason: str) -> bool:
-        """Kill a task still waiting for a slot (checked under the leader's lock)."""
-        leader = self.leader
-        with leader.lock:
-            task = leader.registry.get(handle)
-            if task is None or task.status != TaskStatus.PENDING:
-                return False
-            leader.stop_task(handle, reason)
-        return True
-
-    def close(self) -> None:
-        """Wait for stops in progress."""
-        self._pool.shutdown(wait=True)
-
-    def on_leader_event(self, record: dict[str, Any]) -> None:
-        """Translate a leader event for the engine (ours only; all of them when forwarding)."""
-        # Only what changes the schedule wakes the engine at once: an end something waits for,
-        # a failure, or the start of an attempt with a timeout to arm. The rest waits for the
-        # engine's next pass (see _Driver.post).
-        if self._forward:
-            self._post(Forward(record), False)
-        task_id = record.get("task_id")
-        if task_id not in self._known:
-            return
-        subtype = record.get("subtype")
-        if subtype == "task_started":
-            at = float(record.get("ts") or time.time())
-            self._post(Started(task_id, at), task_id in self._timed)
-        elif subtype == "task_terminated":
-            self._known.discard(task_id)
-            self._timed.discard(task_id)
-            finished = self._finished(task_id, record)
-            urgent = task_id in self._urgent or finished.status != TaskStatus.COMPLETED.value
-            self._urgent.discard(task_id)
-            self._post(finished, urgent)
-        elif subtype == "task_stalled":
-            self._post(Stalled(task_id, str(record.get("prompt") or "")), False)
-
-    def _finished(self, task_id: str, record: dict[str, Any]) -> Finished:
-        state: Any = self.leader.registry.get(task_id)
-        if state is None:  # evicted already: its final record is in the session history
-            from shoal.core.tasks import parse_task_state
-
-            raw = self.leader.session.history().get(task_id)
-            state = parse_task_state(raw) if raw else None
-        if not isinstance(state, LocalShellTaskState):
-            return Finished(task_id, str(record.get("status") or "failed"), error="lost")
-        ran = state.pid is not None
-        return Finished(
-            task_id,
-            state.status.value,
-            exit_code=state.result.code if state.result is not None else None,
-            started_at=state.start_time if ran else None,
-            ended_at=state.end_time,
-            output_file=state.output_file,
-            error=state.error or state.kill_reason,
-            ran=ran,
-        )
-
-
-# --------------------------------------------------------------------------- the driver
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Command-line choices of one run; None means "as the spec says"."""
-
-    team: str | None = None
-    jobs: int | None = None
-    backend: str | None = None
-    halt: HaltPolicy | None = None
-    junit: Path | None = None
-    report: Path | None = None
-    joblog: Path | None = None
-    resume: bool = False
-    forward_leader_events: bool = False
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a run ended: the exit code, the final report and where the run record is."""
-
-    exit_code: int
-    report: dict[str, Any]
-    record_path: Path
-
-
-def resolve_backend(option: str | None, setting: str) -> tuple[str, str]:
-    """(backend, why) for the run's members: `--backend`, else `[run] backend`, with `auto`
-    resolved here so the run says which one it is (never a silent choice)."""
-    from shoal.teams.backends.base import detect
-
-    name = option or setting
-    if name == "auto":
-        return detect()
-    return name, "chosen with --backend" if option else "set by [run] backend in the spec"
-
-
-def run_batch(
-    spec: Spec,
-    layout: Layout,
-    options: RunOptions | None = None,
-    sink: EventSink | None = None,
-    *,
-    agents_factory: AgentDispatcherFactory | None = None,
-) -> RunOutcome:
-    """Run `spec` to its end on a leader of its team in this process; returns the outcome.
-
-    Everything is checked before anything starts (a bad spec, agent tasks without teammates,
-    an unwritable report path, a leader already running for the team). SIGINT, SIGTERM and
-    SIGHUP (when called on the main thread) stop the run: every task is killed, the reports
-    are written with status interrupted, and the exit code is 130. `sink` receives every
-    run event (and, with `forward_leader_events`, the leader's own).
-    """
-    return _Driver(spec, layout, options or RunOptions(), sink, agents_factory).run()
-
-
-class _Driver:
-    """One `run_batch` call: the leader thread, the engine loop, signals and the files."""
-
-    def __init__(
-        self,
-        spec: Spec,
-        layout: Layout,
-        options: RunOptions,
-        sink: EventSink | None,
-        agents_factory: AgentDispatcherFactory | None,
-    ) -> None:
-        self.spec = spec
-        self.layout = layout
-        self.options = options
-        self.sink = sink
-        settings = spec.settings
-        self.team = validate_name(options.team or spec.team_name(), "team name")
-        self.jobs = settings.jobs if options.jobs is None else options.jobs
-        self.halt = options.halt or settings.halt
-        self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)
-        self.factory = agents_factory if agents_factory is not None else agent_dispatcher_factory()
-        check_agents(spec, self.factory)
-        for path in (options.junit, options.report, options.joblog):
-            if path is not None and not path.absolute().parent.is_dir():
-                raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
-        self.records = RunRecords(layout)
-        self.previous = self.records.load(self.team, spec.path) if options.resume else None
-        carried = plan_resume(spec, self.previous) if self.previous else {}
-        self.run_id = str(ULID()).lower()
-        self.started_at = time.time()
-        self.events: deque[ExecEvent] = deque()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self.signal: int | None = None
-        self.sleeping = False
-        self.quiet_ends = 0
-        self.quiet_budget = 1
-        self.leader_error: BaseException | None = None
-        self.leader_exited = False
-        self.executor = LeaderShellExecutor(self.post, forward=options.forward_leader_events)
-        self.joblog: JoblogWriter | None = None
-        self.leader: Leader | None = None
-        self.agents: AgentDispatcher | None = None
-        self.batch = BatchRun(
-            spec,
-            shell=self.executor,
-            jobs=self.jobs,
-            halt=self.halt,
-            carried=carried,
-            emit=self.emit,
-            on_attempt_end=self._log_attempt,
-        )
-        self._saved_version = -1
-        self._saved_at = 0.0
-
-    # -- plumbing ------------------------------------------------------------------------------
-
-    def post(self, event: ExecEvent, wake: bool = True) -> None:
-        """From any thread: queue an executor event (and wake the engine if it sleeps).
-
-        Quiet ends (successes nothing waits for) wake it only once `quiet_budget` of them are
-        queued, so a thousand trivial tasks cost a few dozen passes of the engine, not a
-        thousand GIL hand-overs; MAX_WAIT_S bounds the delay either way.
-        """
-        self.events.append(event)
-        if not wake and isinstance(event, Finished):
-            self.quiet_ends += 1
-            wake = self.quiet_ends >= self.quiet_budget
-        # The engine sets `sleeping` before it looks at the queue, and this reads it after
-        # appending: either the engine sees the event or this sees it sleeping.
-        if wake and self.sleeping:
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b".")
-
-    def emit(self, event: dict[str, Any]) -> None:
-        """A run event: into the session's event stream (once there is one) and to the sink."""
-        record = self.leader.session.emit(event) if self.leader is not None else event
-        self._to_sink(record)
-
-    def _to_sink(self, record: dict[str, Any]) -> None:
-        """Show an event. A sink whose output is gone (a closed pipe: `shoal run ... | head`)
-        is dropped: progress is a courtesy, the run and its files are what count."""
-        if self.sink is None:
-            return
-        try:
-            self.sink(record)
-        except OSError:
-            self.sink = None
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signal is None:
-            self.signal = signum
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"!")
-
-    def _log_attempt(self, run: TaskRun, attempt: Attempt) -> None:
-        if self.joblog is not None:
-            self.joblog.write(
-                seq=run.spec.seq,
-                started_at=attempt.started_at,
-                ended_at=attempt.ended_at,
-                exit_code=attempt.exit_code,
-                killed=attempt.status in (RunStatus.KILLED, RunStatus.TIMED_OUT),
-                command=run.spec.command_line,
-            )
-
-    def meta(self) -> dict[str, Any]:
-        """The run-level fields of the report."""
-        ended = time.time() if self.batch.done else None
-        return {
-            "run_id": self.run_id,
-            "spec": str(self.spec.path),
-            "team": self.team,
-            "session_id": self.leader.session.id if self.leader is not None else None,
-            "backend": self.backend,
-            "jobs": self.jobs,
-            "halt": self.halt.text,
-            "resumed_from": (self.previous or {}).get("run_id"),
-            "started_at": iso(self.started_at),
-            "ended_at": iso(ended),
-            "duration_s": round((ended or time.time()) - self.started_at, 3),
-            "files": {
-                "record": str(self.records.path(self.team, self.spec.path)),
-                "report": str(self.options.report) if self.options.report else None,
-                "junit": str(self.options.junit) if self.options.junit else None,
-                "joblog": str(self.options.joblog) if self.options.joblog else None,
-            },
-        }
-
-    def save_record(self, *, force: bool = False) -> None:
-        """Rewrite the run record when the run moved on (throttled unless forced)."""
-        now = time.monotonic()
-        if not force and (
-            self.batch.version == self._saved_version or now - self._saved_at < RECORD_INTERVAL_S
-        ):
-            return
-        self._saved_version, self._saved_at = self.batch.version, now
-        self.records.save(self.team, self.spec.path, self.batch.report(**self.meta()))
-
-    # -- the run -------------------------------------------------------------------------------
-
-    def run(self) -> RunOutcome:
-        from shoal.orchestrator.leader import Leader
-
-        on_main = threading.current_thread() is threading.main_thread()
-        previous_handlers: dict[int, Any] = {}
-        if on_main:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                previous_handlers[sig] = signal.signal(sig, self._on_signal)
-        cleanup = CleanupRegistry()
-        thread: threading.Thread | None = None
-        stop_loop = threading.Event()
-        finished = False
-        try:
-            leader = Leader(
-                self.layout, self.team, jobs=self.jobs, on_event=self.executor.on_leader_event
-            )
-            self.executor.attach(leader)
-            leader.start()
-            self.leader = leader
-            cleanup.register("leader", leader.shutdown)
-            self._stop_leftovers(leader)
-            if self.factory is not None and (self.spec.members or self.spec.agent_tasks):
-                self.agents = self.factory(leader, self.post)
-                self.batch.agents = self.agents
-                cleanup.register("agents", self.agents.close)
-                if self.spec.members:
-                    self._note(
-                        f"members run as {self.backend}: {self.backend_why}",
-                        backend=self.backend,
-                        why=self.backend_why,
-                    )
-                self.agents.start(self.spec.members, self.backend, str(self.spec.path.parent))
-            # Opened (and an old joblog truncated) only once the members are up.
-            if self.options.joblog is not None:
-                self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
-            thread = threading.Thread(
-                target=self._leader_loop, args=(leader, stop_loop), name="shoal-leader", daemon=True
-            )
-            thread.start()
-            self._begin()
-            self._loop()
-            finished = True
-        finally:
-            stop_loop.set()
-            if self.leader is not None:
-                self.leader.request_stop()
-            if thread is not None:
-                thread.join()
-            self.executor.close()
-            cleanup.run_all()  # the leader's shutdown kills whatever still runs
-            if on_main:
-                for signum, handler in previous_handlers.items():
-                    signal.signal(signum, handler)
-            if not finished:
-                self._close_fds()
-        return self._finish()
-
-    def _close_fds(self) -> None:
-        self._selector.close()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _leader_loop(self, leader: Leader, stop: threading.Event) -> None:
-        try:
-            leader.run(stop)
-        except BaseException as exc:  # the engine must hear of it, not wait forever
-            self.leader_error = exc
-        finally:
-            # It also returns when asked to stop from outside (`shoal down --team T`).
-            self.leader_exited = True
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"x")
-
-    def _stop_leftovers(self, leader: Leader) -> None:
-        """Stop tasks a crashed earlier leader of this team left (resumed with its session):
-        they are not part of this run, and would otherwise take its job slots."""
-        left = [t.id for t in leader.registry.get_all_tasks() if not t.is_terminal]
-        for task_id in left:
-            with contextlib.suppress(ShoalError):
-                leader.stop_task(task_id)
-        if left:
-            self._note(
-                f"stopped {len(left)} task(s) left by an earlier leader of team "
-                f"{self.team}: {' '.join(left)}"
-            )
-
-    def _note(self, text: str, **fields: Any) -> None:
-        """A `note` run event: something a person should know, shown once."""
-        self.emit({"type": "run", "subtype": "note", "text": text, **fields})
-
-    def _begin(self) -> None:
-        self._drain()  # the leader's own start events come first
-        batch = self.batch
-        batch.begin()
-        counts = batch.counts()
-        self.emit(
-            {
-                "type": "run",
-                "subtype": "run_started",
-                "run_id": self.run_id,
-                "spec": str(self.spec.path),
-                "team": self.team,
-                "session_id": self.leader.session.id if self.leader else None,
-                "jobs": self.jobs,
-                "backend": self.backend,
-                "halt": self.halt.text,
-                "total": counts["total"],
-                "resumed": counts["resumed"],
-                "resumed_from": (self.previous or {}).get("run_id"),
-                "resume_requested": self.options.resume,
-            }
-        )
-        self.save_record(force=True)
-
-    def _drain(self) -> None:
-        events, batch, sink = self.events, self.batch, self.sink
-        self.quiet_ends = 0  # a count racing with this only makes the next wake earlier
-        while events:
-            event = events.popleft()
-            if isinstance(event, Forward):
-                if sink is not None:
-                    self._to_sink(event.record)
-                    sink = self.sink
-            else:
-                batch.feed(event)
-
-    def _wait(self, timeout: float) -> None:
-        self.sleeping = True
-        try:
-            if self.events or self.signal is not None:
-                return
-            self._selector.select(max(0.0, timeout))
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._wake_r, 4096):
-                    pass
-        finally:
-            self.sleeping = False
-
-    def _loop(self) -> None:
-        batch = self.batch
-        while True:
-            self._drain()
-            if self.signal is not None:
-                batch.interrupt(signal.Signals(self.signal).name)
-                return
-            if self.leader_error is not None:
-                raise ShoalError(f"the run's leader stopped: {self.leader_error!r}")
-            if self.leader_exited:
-                batch.interrupt("its leader was stopped (shoal down)")
-                return
-            now = time.monotonic()
-            batch.tick(now)
-            if batch.done:
-                return
-            self.save_record()
-            self.quiet_budget = batch.quiet_ends()
-            deadline = batch.next_deadline()
-            timeout = MAX_WAIT_S if deadline is None else min(MAX_WAIT_S, deadline - now)
-            self._wait(timeout)
-
-    def _finish(self) -> RunOutcome:
-        self._drain()
-        self.batch.abandon()
-        if self.joblog is not None:
-            self.joblog.close()
-        report = self.batch.report(**self.meta())
-        record = self.records.save(self.team, self.spec.path, report)
-        errors: list[str] = []
-        for path, writer in ((self.options.report, write_json), (self.options.junit, write_junit)):
-            if path is None:
-                continue
-            try:
-                writer(path, report)
-            except (ShoalError, OSError) as exc:
-                errors.append(f"could not write {path}: {exc}")
-        result = {
-            "type": "result",
-            "subtype": report["status"],
-            "exit_code": report["exit_code"],
-            "run_id": self.run_id,
-            "team": self.team,
-            "session_id": report["session_id"],
-            "counts": report["counts"],
-            "duration_s": report["duration_s"],
-            "halted": report["halted"],
-            "interrupted": report["interrupted"],
-            "files": report["files"],
-            "errors": errors,
-        }
-        self.emit(result)
-        if self.leader is not None:
-            self.leader.session.close()
-        self._close_fds()
-        code = report["exit_code"]
-        if errors and code == EXIT_OK:
-            code = EXIT_FAILED
-        return RunOutcome(code, report, record)

@@ -23,7 +23,7 @@ from shoal.core.errors import UsageError
 from shoal.core.jsonio import atomic_write, read_bytes_nofollow
 from shoal.core.output import tail_lines
 from shoal.core.paths import FILE_MODE, Layout
-from shoal.orchestrator.batch_spec import Spec
+from shoal.orchestrator.batch.spec import Spec
 
 REPORT_VERSION: Final = 1
 JOBLOG_HEADER: Final = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tCommand\n"

@@ -8,10 +8,12 @@ and stop it. Live handles (Popen objects, panes) stay in memory; what goes to di
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Final, Protocol
 
 from shoal.core.errors import ShoalError, UsageError
 
@@ -83,35 +85,41 @@ def detect(environ: dict[str, str] | None = None) -> tuple[str, str]:
     return "process", "not inside tmux or iTerm2: teammates run as background processes"
 
 
-def get_backend(name: str) -> Backend:
-    """The backend called `name` (not `auto`; resolve that with `detect` first)."""
-    if name == "process":
-        from shoal.teams.backends.process import ProcessBackend
-
-        return ProcessBackend()
-    if name == "tmux":
-        from shoal.teams.backends.tmux import TmuxBackend
-
-        return TmuxBackend()
-    if name == "iterm2":
-        from shoal.teams.backends.iterm2 import ITerm2Backend
-
-        return ITerm2Backend()
-    if name == "in-process":
-        from shoal.teams.backends.inprocess import InProcessBackend
-
-        return InProcessBackend.shared()
-    raise UsageError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
+# Implementations by name, looked up when asked for (so this module imports none of them and
+# only the chosen one's third-party library is loaded).
+_IMPLEMENTATIONS: Final = {
+    "process": "shoal.teams.backends.process:ProcessBackend",
+    "tmux": "shoal.teams.backends.tmux:TmuxBackend",
+    "iterm2": "shoal.teams.backends.iterm2:ITerm2Backend",
+    "in-process": "shoal.teams.backends.inprocess:InProcessBackend",
+}
 
 
-def choose(name: str, environ: dict[str, str] | None = None) -> tuple[Backend, str]:
+def get_backend(name: str, provided: Mapping[str, Backend] | None = None) -> Backend:
+    """The backend called `name` (not `auto`; resolve that with `detect` first). `provided`
+    holds instances the caller owns (a swarm's own in-process backend), used instead."""
+    if provided is not None and name in provided:
+        return provided[name]
+    target = _IMPLEMENTATIONS.get(name)
+    if target is None:
+        raise UsageError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
+    module, _, cls = target.partition(":")
+    backend: Backend = getattr(importlib.import_module(module), cls)()
+    return backend
+
+
+def choose(
+    name: str,
+    environ: dict[str, str] | None = None,
+    provided: Mapping[str, Backend] | None = None,
+) -> tuple[Backend, str]:
     """(backend, why) for `name`, refusing an unavailable one with its reason."""
     if name not in BACKEND_NAMES:
         raise UsageError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
     why = "asked for with --backend"
     if name == "auto":
         name, why = detect(environ)
-    backend = get_backend(name)
+    backend = get_backend(name, provided)
     ok, reason = backend.available()
     if not ok:
         raise BackendUnavailable(f"backend {name!r} is not available: {reason}")

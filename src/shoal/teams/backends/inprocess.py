@@ -31,23 +31,15 @@ class InProcessBackend:
     """Runs teammate coroutines on one background event loop."""
 
     name: ClassVar[str] = "in-process"
-    _shared: ClassVar[InProcessBackend | None] = None
-    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self) -> None:
-        self.factory: Factory | None = None
+    def __init__(self, factory: Factory | None = None) -> None:
+        # One instance per swarm: its factory builds that swarm's teammates (a second leader
+        # in the same process has its own instance, loop and factory).
+        self.factory: Factory | None = factory
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._futures: dict[str, Future[int]] = {}
         self._lock = threading.Lock()
-
-    @classmethod
-    def shared(cls) -> InProcessBackend:
-        """The process-wide instance (one loop for all in-process teammates)."""
-        with cls._shared_lock:
-            if cls._shared is None:
-                cls._shared = cls()
-            return cls._shared
 
     def available(self) -> tuple[bool, str]:
         if self.factory is None:

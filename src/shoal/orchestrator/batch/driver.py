@@ -1,0 +1,502 @@
+"""`run_batch`: a spec's tasks on a leader in this process, the engine one policy of its loop.
+
+The run starts a leader for its team, adds a `BatchPolicy` to it and runs the leader's loop on
+this thread. Every pass, the loop's `policy` step feeds the engine what happened (task starts
+and ends, read from the leader's typed events as they are emitted) and lets it decide: what
+to submit, what to stop, whether the run is over. There is no second loop, thread or pipe:
+a signal sets a flag and wakes the leader, and `shoal down` stops the run the way Ctrl-C does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final, Protocol
+
+from ulid import ULID
+
+from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError, UsageError
+from shoal.core.events import (
+    Event,
+    MessageReceived,
+    RunEvent,
+    RunResult,
+    TaskStalled,
+    TaskStarted,
+    TaskTerminated,
+)
+from shoal.core.names import validate_name
+from shoal.core.paths import Layout
+from shoal.core.tasks import LocalShellTaskState, TaskStatus
+from shoal.orchestrator.batch.agents import TeammateDispatcher
+from shoal.orchestrator.batch.engine import (
+    AgentDispatcher,
+    Attempt,
+    BatchRun,
+    ExecEvent,
+    Finished,
+    Poster,
+    Refused,
+    RunStatus,
+    ShellRequest,
+    Stalled,
+    Started,
+    TaskRun,
+    check_agents,
+)
+from shoal.orchestrator.batch.report import (
+    JoblogWriter,
+    RunRecords,
+    iso,
+    plan_resume,
+    write_json,
+    write_junit,
+)
+from shoal.orchestrator.batch.spec import HaltPolicy, Spec
+from shoal.orchestrator.cleanup import CleanupRegistry
+from shoal.orchestrator.leader import Leader
+
+# The run record (what --resume reads) is rewritten at most this often while the run goes on.
+RECORD_INTERVAL_S: Final = 1.0
+
+Sink = Callable[[dict[str, Any]], None]
+AgentDispatcherFactory = Callable[[Leader, Poster], AgentDispatcher]
+
+
+def agent_dispatcher_factory() -> AgentDispatcherFactory | None:
+    """The dispatcher of this build for agent tasks: the spec's members as teammates."""
+    return TeammateDispatcher
+
+
+class _OnMessage(Protocol):
+    def on_message(self, event: MessageReceived) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Command-line choices of one run; None means "as the spec says"."""
+
+    team: str | None = None
+    jobs: int | None = None
+    backend: str | None = None
+    halt: HaltPolicy | None = None
+    junit: Path | None = None
+    report: Path | None = None
+    joblog: Path | None = None
+    resume: bool = False
+    forward_leader_events: bool = False
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: the exit code, the final report and where the run record is."""
+
+    exit_code: int
+    report: dict[str, Any]
+    record_path: Path
+
+
+def resolve_backend(option: str | None, setting: str) -> tuple[str, str]:
+    """(backend, why) for the run's members: `--backend`, else `[run] backend`, with `auto`
+    resolved here so the run says which one it is (never a silent choice)."""
+    from shoal.teams.backends.base import detect
+
+    name = option or setting
+    if name == "auto":
+        return detect()
+    return name, "chosen with --backend" if option else "set by [run] backend in the spec"
+
+
+class LeaderShell:
+    """The engine's ShellExecutor: attempts are shell tasks of the run's leader, and the
+    leader's events about them become `Started`/`Finished`/`Stalled` (all on the loop's
+    thread; nothing here waits)."""
+
+    def __init__(self, leader: Leader, post: Poster) -> None:
+        self.leader = leader
+        self.post = post
+        self.known: set[str] = set()
+
+    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
+        """Build and submit the shell tasks in one go (one state write)."""
+        out: list[str | Refused] = []
+        tasks: list[LocalShellTaskState] = []
+        for req in requests:
+            try:
+                task = self.leader.make_shell_task(
+                    req.command, description=req.description, cwd=req.cwd, env=req.env
+                )
+            except TaskError as exc:
+                out.append(Refused(str(exc)))
+                continue
+            self.known.add(task.id)
+            tasks.append(task)
+            out.append(task.id)
+        if tasks:
+            self.leader.submit(tasks)
+        return out
+
+    def stop(self, handle: str, reason: str) -> None:
+        """Begin stopping a task (TERM to its group; the leader's reap sends KILL later)."""
+        with contextlib.suppress(ShoalError):  # it finished meanwhile
+            self.leader.stop(handle, reason=reason)
+
+    def cancel(self, handle: str, reason: str) -> bool:
+        """Kill a task still waiting for a job slot; False once it has started."""
+        task = self.leader.get(handle)
+        if task is None or task.status != TaskStatus.PENDING:
+            return False
+        self.leader.stop(handle, reason=reason)
+        return True
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, TaskStarted) and event.task_id in self.known:
+            self.post(Started(event.task_id, event.ts or time.time()))
+        elif isinstance(event, TaskTerminated) and event.task_id in self.known:
+            self.known.discard(event.task_id)
+            self.post(self._finished(event))
+        elif isinstance(event, TaskStalled) and event.task_id in self.known:
+            self.post(Stalled(event.task_id, event.prompt))
+
+    def _finished(self, event: TaskTerminated) -> Finished:
+        # (read now: the task is still in the registry, it is evicted after its end is told)
+        state = self.leader.get(event.task_id)
+        if not isinstance(state, LocalShellTaskState):
+            return Finished(event.task_id, event.status, error="lost")
+        ran = state.pid is not None
+        return Finished(
+            event.task_id,
+            state.status.value,
+            exit_code=state.result.code if state.result is not None else None,
+            started_at=state.start_time if ran else None,
+            ended_at=state.end_time,
+            output_file=state.output_file,
+            error=state.error or state.kill_reason,
+            ran=ran,
+        )
+
+
+class BatchPolicy:
+    """The leader's `policy` step for one run: feed the engine, let it decide, save the
+    record, and end the loop once every task has its verdict (or the run is interrupted)."""
+
+    def __init__(self, driver: _Driver, leader: Leader) -> None:
+        self.driver = driver
+        self.leader = leader
+        self.events: deque[ExecEvent] = deque()
+        self.shell = LeaderShell(leader, self.events.append)
+        self.listeners: list[_OnMessage] = []
+        self.finished = threading.Event()
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, RunEvent | RunResult) or self.driver.options.forward_leader_events:
+            self.driver.to_sink(event.to_record())
+        self.shell.on_event(event)
+        if isinstance(event, MessageReceived):
+            for listener in self.listeners:
+                listener.on_message(event)
+
+    def drain(self) -> None:
+        batch = self.driver.batch
+        while self.events:
+            batch.feed(self.events.popleft())
+
+    def step(self, leader: Leader, now: float) -> None:
+        self.drain()
+        batch, driver = self.driver.batch, self.driver
+        if driver.signal is not None:
+            batch.interrupt(signal.Signals(driver.signal).name)
+        elif leader.stopping:
+            batch.interrupt("its leader was stopped (shoal down)")
+        if batch.interrupted or batch.done:
+            self.finished.set()
+            return
+        batch.tick(now)
+        self.drain()  # (refusals at submit end attempts at once)
+        if batch.done:
+            self.finished.set()
+        driver.save_record()
+
+    def next_due(self) -> float | None:
+        if self.events or self.driver.signal is not None:
+            return 0.0
+        return self.driver.batch.next_deadline()
+
+
+def run_batch(
+    spec: Spec,
+    layout: Layout,
+    options: RunOptions | None = None,
+    sink: Sink | None = None,
+    *,
+    agents_factory: AgentDispatcherFactory | None = None,
+) -> RunOutcome:
+    """Run `spec` to its end on a leader of its team in this process; returns the outcome.
+
+    Everything is checked before anything starts (a bad spec, agent tasks without teammates,
+    an unwritable report path, a leader already running for the team). SIGINT, SIGTERM and
+    SIGHUP (when called on the main thread) stop the run: every task is killed, the reports
+    are written with status interrupted, and the exit code is 130. `sink` receives every
+    run event record (and, with `forward_leader_events`, the leader's own).
+    """
+    return _Driver(spec, layout, options or RunOptions(), sink, agents_factory).run()
+
+
+class _Driver:
+    """One `run_batch` call: the leader and its policy, signals, and the files."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        layout: Layout,
+        options: RunOptions,
+        sink: Sink | None,
+        agents_factory: AgentDispatcherFactory | None,
+    ) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.options = options
+        self.sink = sink
+        settings = spec.settings
+        self.team = validate_name(options.team or spec.team_name(), "team name")
+        self.jobs = settings.jobs if options.jobs is None else options.jobs
+        self.halt = options.halt or settings.halt
+        self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)
+        self.factory = agents_factory if agents_factory is not None else agent_dispatcher_factory()
+        check_agents(spec, self.factory)
+        for path in (options.junit, options.report, options.joblog):
+            if path is not None and not path.absolute().parent.is_dir():
+                raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+        self.records = RunRecords(layout)
+        self.previous = self.records.load(self.team, spec.path) if options.resume else None
+        self.carried = plan_resume(spec, self.previous) if self.previous else {}
+        self.run_id = str(ULID()).lower()
+        self.started_at = time.time()
+        self.signal: int | None = None
+        self.joblog: JoblogWriter | None = None
+        self.leader: Leader | None = None
+        self.policy: BatchPolicy | None = None
+        self.batch = BatchRun(
+            spec,
+            shell=_Unattached(),
+            jobs=self.jobs,
+            halt=self.halt,
+            carried=self.carried,
+            emit=self.emit,
+            on_attempt_end=self._log_attempt,
+        )
+        self._saved_version = -1
+        self._saved_at = 0.0
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def emit(self, event: RunEvent | RunResult) -> None:
+        """A run event: into the session's event stream (once there is one) and to the sink
+        (through the policy, which sees every event the leader emits)."""
+        if self.leader is not None and self.policy is not None:
+            self.leader.emit(event)
+        else:
+            self.to_sink(event.to_record())
+
+    def to_sink(self, record: dict[str, Any]) -> None:
+        """Show an event. A sink whose output is gone (a closed pipe: `shoal run ... | head`)
+        is dropped: progress is a courtesy, the run and its files are what count."""
+        if self.sink is None:
+            return
+        try:
+            self.sink(record)
+        except OSError:
+            self.sink = None
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = signum
+        if self.leader is not None:
+            self.leader.wake()
+
+    def _log_attempt(self, run: TaskRun, attempt: Attempt) -> None:
+        if self.joblog is not None:
+            self.joblog.write(
+                seq=run.spec.seq,
+                started_at=attempt.started_at,
+                ended_at=attempt.ended_at,
+                exit_code=attempt.exit_code,
+                killed=attempt.status in (RunStatus.KILLED, RunStatus.TIMED_OUT),
+                command=run.spec.command_line,
+            )
+
+    def meta(self) -> dict[str, Any]:
+        """The run-level fields of the report."""
+        ended = time.time() if self.batch.done else None
+        return {
+            "run_id": self.run_id,
+            "spec": str(self.spec.path),
+            "team": self.team,
+            "session_id": self.leader.session.id if self.leader is not None else None,
+            "backend": self.backend,
+            "jobs": self.jobs,
+            "halt": self.halt.text,
+            "resumed_from": (self.previous or {}).get("run_id"),
+            "started_at": iso(self.started_at),
+            "ended_at": iso(ended),
+            "duration_s": round((ended or time.time()) - self.started_at, 3),
+            "files": {
+                "record": str(self.records.path(self.team, self.spec.path)),
+                "report": str(self.options.report) if self.options.report else None,
+                "junit": str(self.options.junit) if self.options.junit else None,
+                "joblog": str(self.options.joblog) if self.options.joblog else None,
+            },
+        }
+
+    def save_record(self, *, force: bool = False) -> None:
+        """Rewrite the run record when the run moved on (throttled unless forced)."""
+        now = time.monotonic()
+        if not force and (
+            self.batch.version == self._saved_version or now - self._saved_at < RECORD_INTERVAL_S
+        ):
+            return
+        self._saved_version, self._saved_at = self.batch.version, now
+        self.records.save(self.team, self.spec.path, self.batch.report(**self.meta()))
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        on_main = threading.current_thread() is threading.main_thread()
+        previous_handlers: dict[int, Any] = {}
+        if on_main:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        cleanup = CleanupRegistry()
+        try:
+            leader = Leader(self.layout, self.team, jobs=self.jobs)
+            leader.start()
+            self.leader = leader
+            cleanup.register("leader", leader.shutdown)
+            self._stop_leftovers(leader)
+            policy = self.policy = BatchPolicy(self, leader)
+            self.batch.shell = policy.shell
+            leader.policies.append(policy)
+            if self.factory is not None and (self.spec.members or self.spec.agent_tasks):
+                agents = self.factory(leader, policy.events.append)
+                self.batch.agents = agents
+                if isinstance(agents, TeammateDispatcher):
+                    policy.listeners.append(agents)
+                if self.spec.members:
+                    self._note(
+                        f"members run as {self.backend}: {self.backend_why}",
+                        backend=self.backend,
+                        why=self.backend_why,
+                    )
+                agents.start(self.spec.members, self.backend, str(self.spec.path.parent))
+            # Opened (and an old joblog truncated) only once the members are up.
+            if self.options.joblog is not None:
+                self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
+            self._begin()
+            leader.run(policy.finished)
+        finally:
+            cleanup.run_all()  # the leader's shutdown kills whatever still runs
+            if on_main:
+                for signum, handler in previous_handlers.items():
+                    signal.signal(signum, handler)
+        return self._finish()
+
+    def _stop_leftovers(self, leader: Leader) -> None:
+        """Stop tasks a crashed earlier leader of this team left (resumed with its session):
+        they are not part of this run, and would otherwise take its job slots."""
+        left = [t.id for t in leader.registry.get_all_tasks() if not t.is_terminal]
+        for task_id in left:
+            with contextlib.suppress(ShoalError):
+                leader.stop_task(task_id)
+        if left:
+            self._note(
+                f"stopped {len(left)} task(s) left by an earlier leader of team "
+                f"{self.team}: {' '.join(left)}"
+            )
+
+    def _note(self, text: str, **fields: Any) -> None:
+        """A `note` run event: something a person should know, shown once."""
+        self.emit(RunEvent(subtype="note", text=text, **fields))
+
+    def _begin(self) -> None:
+        batch = self.batch
+        batch.begin()
+        counts = batch.counts()
+        self.emit(
+            RunEvent(
+                subtype="run_started",
+                run_id=self.run_id,
+                spec=str(self.spec.path),
+                team=self.team,
+                session_id=self.leader.session.id if self.leader else None,
+                jobs=self.jobs,
+                backend=self.backend,
+                halt=self.halt.text,
+                total=counts["total"],
+                resumed=counts["resumed"],
+                resumed_from=(self.previous or {}).get("run_id"),
+                resume_requested=self.options.resume,
+            )
+        )
+        self.save_record(force=True)
+
+    def _finish(self) -> RunOutcome:
+        if self.policy is not None:
+            self.policy.drain()
+        if self.signal is not None and not self.batch.interrupted and not self.batch.done:
+            self.batch.interrupt(signal.Signals(self.signal).name)
+        self.batch.abandon()
+        if self.joblog is not None:
+            self.joblog.close()
+        report = self.batch.report(**self.meta())
+        record = self.records.save(self.team, self.spec.path, report)
+        errors: list[str] = []
+        for path, writer in ((self.options.report, write_json), (self.options.junit, write_junit)):
+            if path is None:
+                continue
+            try:
+                writer(path, report)
+            except (ShoalError, OSError) as exc:
+                errors.append(f"could not write {path}: {exc}")
+        result = RunResult(
+            subtype=report["status"],
+            exit_code=report["exit_code"],
+            run_id=self.run_id,
+            team=self.team,
+            session_id=report["session_id"],
+            counts=report["counts"],
+            duration_s=report["duration_s"],
+            halted=report["halted"],
+            interrupted=report["interrupted"],
+            files=report["files"],
+            errors=errors,
+        )
+        if self.leader is not None:
+            stamped = self.leader.session.emit(result)
+            self.to_sink(stamped.to_record())
+            self.leader.session.close()
+        else:
+            self.to_sink(result.to_record())
+        code = report["exit_code"]
+        if errors and code == EXIT_OK:
+            code = EXIT_FAILED
+        return RunOutcome(code, report, record)
+
+
+class _Unattached:
+    """The shell executor before the leader exists (the engine submits nothing then)."""
+
+    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
+        return [Refused("the run has no leader yet") for _ in requests]
+
+    def stop(self, handle: str, reason: str) -> None:
+        return None
+
+    def cancel(self, handle: str, reason: str) -> bool:
+        return False
