@@ -1,11 +1,13 @@
-"""Shared fixtures: a SHOAL_HOME per test, a CLI runner in a real process, polling waits."""
+"""Shared fixtures: a SHOAL_HOME per test, a CLI runner in a real process, child processes.
+
+Waiting for a condition: `tests.polling.wait_until`.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from shoal.core.paths import Layout
+from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
 
 # The machine is shared and noisy: timing is never part of a property.
@@ -39,16 +42,6 @@ def layout(home: Path) -> Layout:
 @pytest.fixture
 def teams(layout: Layout) -> Teams:
     return Teams(layout)
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 15.0, interval: float = 0.01) -> None:
-    """Poll `cond` until it is truthy; fail the test with a clear message on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s: {cond}")
 
 
 class Cli:
@@ -95,6 +88,11 @@ def sleeper() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def pid_gone(pid: int) -> bool:
+    """True once process `pid` no longer runs."""
+    return not is_alive(pid, None)
 
 
 def group_gone(pgid: int) -> bool:

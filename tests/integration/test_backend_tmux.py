@@ -26,7 +26,8 @@ from shoal.core.errors import InvalidNameError, ShoalError, UsageError
 from shoal.teams.backends.base import BackendUnavailable, Handle, SpawnSpec, choose
 from shoal.teams.backends.tmux import TmuxBackend, is_tmux_colour, socket_name
 from shoal.teams.colors import PALETTE
-from tests.conftest import Cli, wait_until
+from tests.conftest import Cli
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from shoal import __version__
-from tests.conftest import Cli, wait_until
+from tests.conftest import Cli
+from tests.polling import wait_until
 
 
 def test_version_and_module_entry(cli: Cli) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -18,7 +19,8 @@ from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.orchestrator.liveness import leader_alive, leader_ready
 from shoal.orchestrator.session import current_session
-from tests.conftest import Cli, group_gone, wait_until
+from tests.conftest import Cli, group_gone, pid_gone
+from tests.polling import wait_until
 
 FAST = {
     "SHOAL_POLL_INTERVAL": "0.1",
@@ -303,7 +305,7 @@ def test_down_leaves_no_process_even_after_a_crash(cli: Cli, home: Path) -> None
     assert out.returncode == 0, out.stderr
     assert sorted(json.loads(out.stdout)["killed_orphans"]) == sorted(ids)
     for pid in pids:
-        wait_until(lambda p=pid: not is_alive(p, None))
+        wait_until(functools.partial(pid_gone, pid))
     assert all(task_record(cli, i)["status"] == "killed" for i in ids)
     # And a clean down of a live leader stops it with its tasks.
     again = LeaderProc(home)

@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -28,7 +29,7 @@ from shoal.mailbox.uds import PeerError, UdsListener, send_uds
 from shoal.mailbox.watcher import Watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
-from tests.conftest import wait_until
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -40,9 +41,9 @@ def team(teams: Teams) -> str:
 
 
 @pytest.fixture
-def watcher() -> Watcher:
+def watcher() -> Iterator[Watcher]:
     w = Watcher(reconcile_interval=0.5)
-    yield w  # type: ignore[misc]
+    yield w
     w.stop()
 
 

@@ -17,7 +17,8 @@ from shoal.core.procs import is_alive
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.leader import Leader
 from shoal.workers import shell
-from tests.conftest import group_gone, wait_until
+from tests.conftest import group_gone
+from tests.polling import wait_until
 
 
 def run(argv: list[str], tmp_path: Path, name: str = "t") -> tuple[int | None, str]:
@@ -183,8 +184,9 @@ def test_leader_stops_its_tasks_on_sigterm(home: Path) -> None:
         session = current_session(Layout(home), "g")
         assert session is not None
         record = session.read_state().tasks[task_id]
+        assert isinstance(record, LocalShellTaskState)
         assert record.status is TaskStatus.KILLED
-        assert not is_alive(record.pid, None)  # type: ignore[attr-defined]
+        assert not is_alive(record.pid, None)
     finally:
         if up.poll() is None:
             up.kill()

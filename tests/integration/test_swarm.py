@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,11 +14,13 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
+from shoal.core.tasks import InProcessTeammateTaskState
 from shoal.orchestrator.session import current_session
 from shoal.teams.store import MemberState, Teams
 from shoal.teams.tasklist import TaskList
-from tests.conftest import Cli, wait_until
+from tests.conftest import Cli, pid_gone
 from tests.integration.test_leader import FAST, LeaderProc
+from tests.polling import wait_until
 
 BACKENDS = ["process", "in-process", "tmux"]
 
@@ -36,7 +39,8 @@ def leader(home: Path, cli: Cli, tmp_path: Path) -> Iterator[LeaderProc]:
 def spawn(cli: Cli, name: str, *args: str) -> dict[str, Any]:
     out = cli("spawn", "--team", "t", name, "--json", *args)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    info: dict[str, Any] = json.loads(out.stdout)
+    return info
 
 
 def events(home: Path) -> list[dict[str, Any]]:
@@ -94,7 +98,7 @@ def test_teammates_take_dependent_tasks_talk_and_shut_down(
     assert all(states(home)[n] is MemberState.LEFT for n in ("ana", "ben"))
     if backend != "in-process":
         for pid in pids:
-            wait_until(lambda p=pid: not is_alive(p, None))
+            wait_until(functools.partial(pid_gone, pid))
     terminated = [
         e
         for e in events(home)
@@ -325,6 +329,7 @@ def test_worker_dying_at_start_is_reported(home: Path, monkeypatch: pytest.Monke
         assert states(home)["dud"] is MemberState.DEAD
         wait_until(lambda: tasks.get(item.id).owner is None)
         (teammate,) = leader.registry.get_task_by_type("in_process_teammate")
+        assert isinstance(teammate, InProcessTeammateTaskState)
         assert teammate.status == "failed"
         assert "died at start" in (teammate.error or "")
     finally:

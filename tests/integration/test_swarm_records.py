@@ -4,7 +4,6 @@ for a plan approval still shuts down when the lead goes: driven through the real
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,10 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import JoinSpec, MemberState, Teams
 from shoal.teams.tasklist import TaskList
 from shoal.ui.details import teammate_detail
-from tests.conftest import Cli, wait_until
+from tests.conftest import Cli
 from tests.integration.test_leader import FAST, LeaderProc
 from tests.integration.test_swarm import events, messages, spawn, states
+from tests.polling import describe, wait_until
 
 # Long enough that a teammate the lead had to kill cannot pass for one that left.
 SHUTDOWN_TIMEOUT = "30"
@@ -51,13 +51,15 @@ def record_until(
     cli: Cli, task_id: str, cond: Callable[[dict[str, Any]], object], timeout: float = 30
 ) -> dict[str, Any]:
     """The teammate's record as `shoal ps --json` shows it, once `cond` holds for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rec = record(cli, task_id)
-        if cond(rec):
-            return rec
-        assert time.monotonic() < deadline, f"record never matched {cond}: {rec}"
-        time.sleep(0.1)
+    seen: list[dict[str, Any]] = []
+
+    def matched() -> dict[str, Any] | None:
+        seen[:] = [record(cli, task_id)]
+        return seen[0] if cond(seen[0]) else None
+
+    return wait_until(
+        matched, timeout, interval=0.1, what=lambda: f"record to match {describe(cond)}: {seen}"
+    )
 
 
 def detail_text(rec: dict[str, Any]) -> str:

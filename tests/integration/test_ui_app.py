@@ -22,6 +22,7 @@ from shoal.teams.store import Teams
 from shoal.ui.app import MemberDetail, OutputScreen, Overview, Selection, SwarmApp, TaskDetail
 from shoal.ui.source import FileSource
 from tests.conftest import group_gone
+from tests.polling import wait_until_async
 from tests.unit.test_ui_fixtures import (
     TASK_IDS,
     add_history,
@@ -46,11 +47,7 @@ def run_app(app: SwarmApp, body: Callable[[Pilot[None]], Awaitable[None]]) -> No
 
 async def until(pilot: Pilot[None], cond: Callable[[], object], timeout: float = 15.0) -> None:
     """Let the app run until `cond()` holds."""
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"condition not met within {timeout}s: {cond}")
+    await wait_until_async(cond, timeout, interval=0.05, sleep=pilot.pause)
 
 
 def shown(app: SwarmApp) -> str:

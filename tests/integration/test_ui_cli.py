@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.tasks import TaskStatus, update_task
 from shoal.ui.tmux import install_tmux_status, tmux_status_hint
-from tests.conftest import Cli, wait_until
+from tests.conftest import Cli
+from tests.polling import poll, wait_until
 from tests.unit.test_ui_fixtures import TASK_IDS, build_swarm
 
 COLOR_CODE = re.compile(rb"\x1b\[[0-9;]*3[0-9]m|\x1b\[9[0-7]m")
@@ -115,15 +115,21 @@ def _run_in_pty(argv: list[str], env: dict[str, str], until: bytes) -> bytes:
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
     out = b""
-    deadline = time.monotonic() + 30
+
+    def done() -> bool:
+        nonlocal out
+        if until in out:
+            return True
+        ready, _, _ = select.select([master], [], [], 0.5)  # paces the polling
+        if ready:
+            try:
+                out += os.read(master, 65536)
+            except OSError:
+                return True  # the terminal is gone: nothing more will come
+        return until in out
+
     try:
-        while until not in out and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    out += os.read(master, 65536)
-                except OSError:
-                    break
+        poll(done, 30, interval=0)  # the caller checks what came
     finally:
         _interrupt_and_drain(proc, master)
     return out
@@ -133,12 +139,17 @@ def _interrupt_and_drain(proc: subprocess.Popen[bytes], master: int) -> None:
     """SIGINT `proc` and keep draining its terminal while it exits (its last redraw must not
     block on a full pty buffer); then close the terminal."""
     proc.send_signal(signal.SIGINT)
-    stop_by = time.monotonic() + 30
-    while proc.poll() is None and time.monotonic() < stop_by:
-        ready, _, _ = select.select([master], [], [], 0.1)
+
+    def exited() -> bool:
+        if proc.poll() is not None:
+            return True
+        ready, _, _ = select.select([master], [], [], 0.1)  # paces the polling
         if ready:
             with contextlib.suppress(OSError):
                 os.read(master, 65536)
+        return False
+
+    poll(exited, 30, interval=0)  # proc.wait below fails if it is still running
     proc.wait(timeout=5)
     os.close(master)
 
@@ -211,17 +222,23 @@ def _answer_in_pty(
     os.close(slave)
     out = b""
     answered = False
-    deadline = time.monotonic() + 30
-    while until not in out and time.monotonic() < deadline:
+
+    def done() -> bool:
+        nonlocal out, answered
+        if until in out:
+            return True
         if not answered and prompt in out:
             os.write(master, answer)
             answered = True
-        ready, _, _ = select.select([master], [], [], 0.2)
+        ready, _, _ = select.select([master], [], [], 0.2)  # paces the polling
         if ready:
             try:
                 out += os.read(master, 65536)
             except OSError:
-                break
+                return True  # the terminal is gone: nothing more will come
+        return False
+
+    poll(done, 30, interval=0)  # the caller checks what came
     return proc, master, out
 
 

@@ -1,4 +1,7 @@
-"""Test-side helpers of the reliability tests: polling, child processes and the fork server."""
+"""Test-side helpers of the reliability tests: child processes and the fork server.
+
+Waiting for a condition: `tests.polling.wait_until`.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +12,10 @@ import select
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 CHILDREN = Path(__file__).with_name("crash_children.py")
-
-T = TypeVar("T")
-
-
-def wait_until(
-    cond: Callable[[], T], timeout: float, interval: float = 0.02, what: str = "condition"
-) -> T:
-    """Poll `cond` until it returns something truthy (returned), or fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def read_lines(path: Path) -> list[str]:

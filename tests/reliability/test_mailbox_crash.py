@@ -7,6 +7,7 @@ the frozen receiver is a fresh interpreter.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -21,8 +22,9 @@ from shoal.mailbox.router import send
 from shoal.mailbox.schema import decode
 from shoal.mailbox.store import Maildir
 from shoal.teams.store import Teams
+from tests.polling import wait_until
 from tests.reliability.crash_children import TEXT_SIZES
-from tests.reliability.crashkit import Child, Processes, process_state, read_lines, wait_until
+from tests.reliability.crashkit import Child, Processes, process_state, read_lines
 
 pytestmark = pytest.mark.reliability
 
@@ -44,6 +46,16 @@ def _count_lines(path: Path) -> int:
         return os.stat(path).st_size // 27
     except FileNotFoundError:
         return 0
+
+
+def _started_or_gone(started: Path, child: Child) -> bool:
+    """The receiver wrote its `started` file, or has already exited."""
+    return started.exists() or child.wait(0)
+
+
+def _effects_or_gone(effects: Path, target: int, child: Child) -> bool:
+    """`effects` holds at least `target` lines, or the receiver has already exited."""
+    return _count_lines(effects) >= target or child.wait(0)
 
 
 def _some(counts: dict[str, int]) -> dict[str, int]:
@@ -156,13 +168,13 @@ def test_receiver_killed_between_claim_and_ack(
             # effects, polled finely enough to land anywhere in the claim/effect/ack cycle.
             target = _count_lines(effects) + rng.randint(1, 15)
             wait_until(
-                lambda s=started, c=child: s.exists() or c.wait(0), 30, 0.002, what="a start"
+                functools.partial(_started_or_gone, started, child), 30, 0.002, what="a start"
             )
             if rng.random() < 0.25:
                 child.wait(rng.uniform(0.0, 0.02))
             else:
                 wait_until(
-                    lambda t=target, c=child: _count_lines(effects) >= t or c.wait(0),
+                    functools.partial(_effects_or_gone, effects, target, child),
                     30,
                     0.0005,
                     what=f"{target} effects",
@@ -237,16 +249,16 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
         "overflow_receiver", home, "t", ",".join(members), effects, watching, overflow
     )
     wait_until(
-        lambda: watching.exists() or receiver.poll() is not None, 60, what="receiver to watch"
+        lambda: watching.exists() or receiver.poll() is not None, 60, 0.02, what="receiver to watch"
     )
     assert receiver.poll() is None, procs.stderr_of(receiver)
 
     directory = teams.directory("t")
     warm_up = {send(directory, to=name, sender="team-lead", text="warm-up").id for name in members}
-    wait_until(lambda: set(read_lines(effects)) == warm_up, 60, what="warm-up messages")
+    wait_until(lambda: set(read_lines(effects)) == warm_up, 60, 0.02, what="warm-up messages")
 
     receiver.send_signal(signal.SIGSTOP)
-    wait_until(lambda: process_state(receiver.pid) == "T", 10, what="receiver to stop")
+    wait_until(lambda: process_state(receiver.pid) == "T", 10, 0.02, what="receiver to stop")
     sent = [
         send(directory, to=flooded[i % len(flooded)], sender="team-lead", text=f"n{i}").id
         for i in range(flood)
@@ -268,7 +280,10 @@ def test_receiver_frozen_through_inotify_overflow_gets_everything(
 
     boxes = [Maildir.open(layout.inbox_dir("t", name)) for name in members]
     wait_until(
-        lambda: all(not b.pending() and not b.claimed() for b in boxes), 30, what="empty inboxes"
+        lambda: all(not b.pending() and not b.claimed() for b in boxes),
+        30,
+        0.02,
+        what="empty inboxes",
     )
     counts = Counter(read_lines(effects))
     assert set(counts) == warm_up | set(sent)

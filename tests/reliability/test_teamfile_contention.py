@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -13,7 +14,8 @@ from filelock import FileLock
 
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
-from tests.reliability.crashkit import Processes, read_lines, wait_until
+from tests.polling import wait_until
+from tests.reliability.crashkit import Processes, read_lines
 
 pytestmark = pytest.mark.reliability
 
@@ -21,6 +23,11 @@ WRITERS = 8
 INCREMENTS = 300  # per writer process
 KILLS = 5
 RESTARTS = 3  # the first RESTARTS killed writers are started again with a fresh batch
+
+
+def exited(proc: subprocess.Popen[bytes]) -> bool:
+    """`proc` has ended."""
+    return proc.poll() is not None
 
 
 def test_concurrent_team_file_updates_lose_nothing(
@@ -58,13 +65,18 @@ def test_concurrent_team_file_updates_lose_nothing(
     def logged() -> list[int]:
         return [int(v) for log in logs.iterdir() for v in read_lines(log)]
 
+    def logged_at_least(count: int) -> bool:
+        return len(logged()) >= count
+
     # Kill at evenly spread points of progress (no sleeps): whichever writer is picked dies
     # wherever it happens to be, holding the lock or not.
     expected_total = INCREMENTS * (WRITERS + RESTARTS)
     killed = []
     for k in range(KILLS):
         threshold = expected_total * (k + 1) // (KILLS + 3)
-        wait_until(lambda t=threshold: len(logged()) >= t, 120, what=f"{threshold} increments")
+        wait_until(
+            functools.partial(logged_at_least, threshold), 120, 0.02, what=f"{threshold} increments"
+        )
         running = [w for w in writers if w.poll() is None and w not in killed]
         assert running, "every writer finished before the kills were done"
         victim = rng.choice(running)
@@ -75,13 +87,13 @@ def test_concurrent_team_file_updates_lose_nothing(
             writers.append(start_writer())
 
     for writer in writers:
-        wait_until(lambda w=writer: w.poll() is not None, 120, what="writers to finish")
+        wait_until(functools.partial(exited, writer), 120, 0.02, what="writers to finish")
     for writer in writers:
         if writer not in killed:
             assert writer.returncode == 0, procs.stderr_of(writer)
 
     stop.touch()
-    wait_until(lambda: reader.poll() is not None, 30, what="the reader to stop")
+    wait_until(lambda: reader.poll() is not None, 30, 0.02, what="the reader to stop")
     assert reader.returncode == 0, procs.stderr_of(reader)
     seen = json.loads(result.read_text())
     assert seen["failures"] == [], f"the team file failed to parse: {seen['failures']}"

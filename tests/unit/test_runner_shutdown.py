@@ -4,9 +4,9 @@ approval, in the middle of a step, or idle. Real runners on a real team, in this
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from shoal.teams.store import MemberState, Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Script, ScriptedBrain
 from shoal.workers.runner import RunnerConfig, TeammateRunner
+from tests.polling import wait_until_async
 
 # Far below the lead's shutdown timeout, far above what leaving takes.
 PROMPT_S = 5.0
@@ -53,11 +54,9 @@ def make_runner(
     return TeammateRunner(layout, config)
 
 
-async def until(cond: Callable[[], object], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s: {cond}"
-        await asyncio.sleep(0.01)
+def awaiting_approval(teams: Teams, name: str) -> bool:
+    """Member `name` of team `t` says in its status that it waits for a plan approval."""
+    return bool((teams.read_status("t", name) or {}).get("awaiting_approval"))
 
 
 def ask_to_shut_down(teams: Teams, name: str) -> None:
@@ -101,7 +100,7 @@ def test_leaves_while_waiting_for_plan_approval(
                 task = asyncio.create_task(runner.run())
                 await asyncio.wait_for(runner.ready.wait(), 15)
                 item = tasks.add(f"job {round_}", owner=name)
-            await until(lambda n=name: (teams.read_status("t", n) or {}).get("awaiting_approval"))
+            await wait_until_async(functools.partial(awaiting_approval, teams, name))
             ask_to_shut_down(teams, name)
             await leaves_promptly(runner, task)
             assert task.result() == 0 and runner.shutdown_approved
@@ -131,8 +130,10 @@ def test_leaves_in_the_middle_of_a_step(layout: Layout, teams: Teams, tmp_path: 
             layout, tmp_path, "slo", [{"run": "sleep 300"}, {"run": "touch after"}], plan_mode=False
         )
         task = asyncio.create_task(runner.run())
-        await until(lambda: (teams.read_status("t", "slo") or {}).get("state") == "busy")
-        await until(lambda: "sleep" in str((teams.read_status("t", "slo") or {}).get("activity")))
+        await wait_until_async(lambda: (teams.read_status("t", "slo") or {}).get("state") == "busy")
+        await wait_until_async(
+            lambda: "sleep" in str((teams.read_status("t", "slo") or {}).get("activity"))
+        )
         ask_to_shut_down(teams, "slo")
         await leaves_promptly(runner, task)
         assert task.result() == 0 and runner.shutdown_approved
@@ -166,7 +167,7 @@ def test_abort_while_waiting_for_plan_approval(
     async def main() -> None:
         runner = make_runner(layout, tmp_path, "abo", [{"run": "touch x"}], plan_mode=True)
         task = asyncio.create_task(runner.run())
-        await until(lambda: (teams.read_status("t", "abo") or {}).get("awaiting_approval"))
+        await wait_until_async(functools.partial(awaiting_approval, teams, "abo"))
         runner.abort()
         await leaves_promptly(runner, task)
         assert not runner.shutdown_approved  # aborted, not departed

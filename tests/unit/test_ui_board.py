@@ -22,7 +22,7 @@ from shoal.ui.board import (
     wants_plain,
 )
 from shoal.ui.source import FileSource, Snapshot
-from tests.conftest import wait_until
+from tests.polling import wait_until
 from tests.unit.test_ui_fixtures import (
     NOW,
     SESSION,
