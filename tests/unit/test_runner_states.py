@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import secrets
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from shoal.workers.runner import (
     TeammateRunner,
     move_run_state,
 )
+from tests.polling import wait_until_async
 
 
 def make_runner(
@@ -59,10 +59,7 @@ def status_state(layout: Layout, name: str) -> object:
 
 async def until(cond: Callable[[], object], timeout: float = 15.0) -> None:
     """Poll `cond` from the loop (the runner keeps running between checks)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"not reached within {timeout}s"
-        await asyncio.sleep(0.01)
+    await wait_until_async(cond, timeout)
 
 
 def distinct(states: list[str]) -> list[str]:
