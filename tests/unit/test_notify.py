@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shoal.core.events import task_started, task_terminated
 from shoal.core.notify import (
     is_task_notification,
     stall_notification_xml,
@@ -16,8 +17,6 @@ from shoal.core.notify import (
     summary_for,
     task_notification_for,
     task_notification_xml,
-    task_started_event,
-    task_terminated_event,
     xml_escape,
 )
 from shoal.core.tasks import (
@@ -228,7 +227,7 @@ def test_is_task_notification() -> None:
 
 def test_event_records() -> None:
     task = shell(tool_use_id="toolu_2")
-    assert task_started_event(task) == {
+    assert task_started(task).to_record() == {
         "type": "system",
         "subtype": "task_started",
         "task_id": "b12345678",
@@ -237,7 +236,7 @@ def test_event_records() -> None:
         "task_type": "local_bash",
     }
     done = ended(task, "failed", result=ShellResult(code=1))
-    assert task_terminated_event(done) == {
+    assert task_terminated(done).to_record() == {
         "type": "system",
         "subtype": "task_terminated",
         "task_id": "b12345678",
@@ -245,5 +244,5 @@ def test_event_records() -> None:
         "summary": 'Task "build" failed with exit code 1',
     }
     remote = RemoteAgentTaskState(id="r00000000", description="cloud", output_file="/o")
-    assert task_started_event(remote)["tool_use_id"] is None
-    assert task_terminated_event(ended(remote, "killed"), summary="x")["summary"] == "x"
+    assert task_started(remote).to_record()["tool_use_id"] is None
+    assert task_terminated(ended(remote, "killed"), summary="x").to_record()["summary"] == "x"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 from xml.sax.saxutils import escape
 
 from shoal.core.tasks import (
@@ -130,26 +130,3 @@ def stall_notification_xml(task: TaskStateBase, tail: str) -> str:
 def is_task_notification(text: str) -> bool:
     """True if `text` is a task notification rather than a user message (by its opening tag)."""
     return text.lstrip().startswith(NOTIFICATION_OPEN_TAG)
-
-
-def task_started_event(task: TaskStateBase) -> dict[str, Any]:
-    """The `task_started` SDK event record of `task`."""
-    return {
-        "type": "system",
-        "subtype": "task_started",
-        "task_id": task.id,
-        "tool_use_id": task.tool_use_id,
-        "description": task.description,
-        "task_type": task.type.value,
-    }
-
-
-def task_terminated_event(task: TaskStateBase, summary: str | None = None) -> dict[str, Any]:
-    """The `task_terminated` SDK event record of a terminal `task`."""
-    return {
-        "type": "system",
-        "subtype": "task_terminated",
-        "task_id": task.id,
-        "status": task.status.value,
-        "summary": summary if summary is not None else summary_for(task),
-    }

@@ -41,6 +41,7 @@ from shoal.core.tasks import (
     TaskType,
     evolve,
     new_task_id,
+    parse_task_state,
 )
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import notify_owner
@@ -220,12 +221,21 @@ class Leader:
         changed = self.registry.update_task_state(task_id, updater)
         if changed:
             self.snapshot.dirty = True
-            if task_id in self._waiters:
-                current = self.registry.get(task_id)
-                if current is not None and current.is_terminal:
-                    for waiter in self._waiters.pop(task_id):
-                        waiter(current)
         return changed
+
+    def _answer_waiters(self) -> None:
+        """Hand each ended task's final record to whoever waits for it (a `stop` reply)."""
+        for task_id in [
+            i for i in self._waiters if (t := self.registry.get(i)) is None or t.is_terminal
+        ]:
+            final = self.registry.get(task_id)
+            waiters = self._waiters.pop(task_id)
+            if final is None:  # (evicted: its final record is in the history)
+                raw = self.session.history().get(task_id)
+                final = parse_task_state(raw) if raw is not None else None
+            if final is not None:
+                for waiter in waiters:
+                    waiter(final)
 
     def set_task(self, task_id: str, **changes: Any) -> bool:
         """Change fields of a task (same values: no change, no write)."""
@@ -399,14 +409,11 @@ class Leader:
             raise TaskError(f"task {task_id} already finished ({task.status.value})")
         if on_done is not None:
             self._waiters.setdefault(task_id, []).append(on_done)
-        if task.status == TaskStatus.PENDING and task_id in self.queue:
+        if task_id in self.queue:  # (never started: its kind ends it at once)
             self.queue.remove(task_id)
-            self.move_task(task_id, TaskStatus.KILLED, kill_reason=reason)
-            if reason == STOPPED_ON_REQUEST:
-                self.mark_notified(task_id)
-        else:
-            self.kinds[task.type].kill(task, self, reason)
+        self.kinds[task.type].kill(task, self, reason)
         self.persist(force=True)
+        self._answer_waiters()
         return self.registry.get(task_id) or task
 
     def stop_task(
@@ -618,12 +625,14 @@ class Leader:
             policy.step(self, now)
 
     def notify(self) -> None:
-        """Send each terminal task's notification exactly once."""
+        """Send each terminal task's notification exactly once; answer who waits for an end."""
         for task in self.registry.terminal_tasks():
             if not task.notified:
                 extras = self.kinds[task.type].notification(task)
                 if notify_once(self, task, extras):
                     self.snapshot.dirty = True
+        if self._waiters:
+            self._answer_waiters()
 
     def evict(self, now: float) -> None:
         """Drop terminal, notified tasks (after their grace) into history."""

@@ -211,10 +211,11 @@ class BatchPolicy:
     def step(self, leader: Leader, now: float) -> None:
         self.drain()
         batch, driver = self.driver.batch, self.driver
-        if driver.signal is not None:
-            batch.interrupt(signal.Signals(driver.signal).name)
-        elif leader.stopping:
-            batch.interrupt("its leader was stopped (shoal down)")
+        if not batch.done:
+            if driver.signal is not None:
+                batch.interrupt(signal.Signals(driver.signal).name)
+            elif leader.stopping:
+                batch.interrupt("its leader was stopped (shoal down)")
         if batch.interrupted or batch.done:
             self.finished.set()
             return
