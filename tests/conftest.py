@@ -1,4 +1,5 @@
-"""Shared fixtures: a SHOAL_HOME per test, a CLI runner in a real process, child processes.
+"""Shared fixtures: a SHOAL_HOME per test, a CLI runner in a real process, child processes, and
+the `tmux` marker (tests that need tmux: skipped without it, failed without it in CI).
 
 Waiting for a condition: `tests.polling.wait_until`.
 """
@@ -6,6 +7,7 @@ Waiting for a condition: `tests.polling.wait_until`.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +23,36 @@ from shoal.teams.store import Teams
 # The machine is shared and noisy: timing is never part of a property.
 settings.register_profile("shoal", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shoal")
+
+TMUX_REQUIRED_IN_CI = "tmux is required in CI: install it (apt-get install tmux)"
+
+
+def in_ci() -> bool:
+    """The tests run in CI: the environment variable CI is "true" or "1"."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def require_tmux() -> None:
+    """Skip the calling test when tmux is not installed; in CI fail it instead, since a skipped
+    tmux suite there would pass without testing anything."""
+    if shutil.which("tmux") is not None:
+        return
+    if in_ci():
+        pytest.fail(TMUX_REQUIRED_IN_CI, pytrace=False)
+    pytest.skip("needs tmux, which is not installed")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "tmux: needs tmux (skipped when it is missing, failed when it is missing in CI)"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Check for tmux before a `tmux`-marked test's fixtures start any tmux server."""
+    if item.get_closest_marker("tmux") is not None:
+        require_tmux()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from shoal.teams.colors import PALETTE
 from tests.conftest import Cli
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+pytestmark = pytest.mark.tmux
 
 SLEEP_SCRIPT = "import time; time.sleep(600)"
 SLEEP = [sys.executable, "-c", SLEEP_SCRIPT]

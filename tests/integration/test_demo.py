@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import Cli
 
 
-@pytest.mark.parametrize("backend", ["process", "tmux"])
+@pytest.mark.parametrize("backend", ["process", pytest.param("tmux", marks=pytest.mark.tmux)])
 def test_demo_does_real_work_and_leaves_nothing(
     cli: Cli, home: Path, tmp_path: Path, backend: str
 ) -> None:

@@ -553,7 +553,7 @@ def test_spec_errors_are_all_reported_and_nothing_is_created(cli: Cli, home: Pat
     assert sorted(os.listdir(home)) == []  # no team, no session, no run record
 
 
-@pytest.mark.parametrize("backend", ["process", "tmux"])
+@pytest.mark.parametrize("backend", ["process", pytest.param("tmux", marks=pytest.mark.tmux)])
 def test_a_mixed_spec_with_scripted_members(
     cli: Cli, home: Path, tmp_path: Path, backend: str
 ) -> None:

@@ -22,7 +22,7 @@ from tests.conftest import Cli, pid_gone
 from tests.integration.test_leader import FAST, LeaderProc
 from tests.polling import wait_until
 
-BACKENDS = ["process", "in-process", "tmux"]
+BACKENDS = ["process", "in-process", pytest.param("tmux", marks=pytest.mark.tmux)]
 
 
 @pytest.fixture

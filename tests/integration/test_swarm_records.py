@@ -72,7 +72,9 @@ def detail_text(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("backend", ["process", "in-process", "tmux"])
+@pytest.mark.parametrize(
+    "backend", ["process", "in-process", pytest.param("tmux", marks=pytest.mark.tmux)]
+)
 def test_a_teammate_waiting_for_plan_approval_shuts_down(
     cli: Cli, leader: LeaderProc, home: Path, tmp_path: Path, backend: str
 ) -> None:

@@ -4,7 +4,6 @@ the status line (`set_global_option`, `install_tmux_status`) and `exec_tmux` (`s
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from shoal.teams.backends.base import BackendUnavailable
 from shoal.teams.backends.tmux import TmuxRefused, TmuxTimeout, set_global_option
 from shoal.ui.tmux import install_tmux_status, tmux_status_hint
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+pytestmark = pytest.mark.tmux
 
 
 def tmux(sock: str, *args: str) -> subprocess.CompletedProcess[str]:

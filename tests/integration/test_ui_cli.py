@@ -7,7 +7,6 @@ import os
 import pty
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.tasks import TaskStatus, update_task
 from shoal.ui.tmux import install_tmux_status, tmux_status_hint
-from tests.conftest import Cli
+from tests.conftest import Cli, require_tmux
 from tests.polling import poll, wait_until
 from tests.unit.test_ui_fixtures import TASK_IDS, build_swarm
 
@@ -182,8 +181,7 @@ def test_ui_needs_a_terminal(cli: Cli, layout: Layout) -> None:
 @pytest.fixture
 def tmux_socket(tmp_path: Path) -> Iterator[str]:
     """A tmux server of our own (its own socket), killed at teardown."""
-    if shutil.which("tmux") is None:
-        pytest.fail("tmux is not installed (.ci/run installs it)")
+    require_tmux()  # for a test that uses this fixture without the tmux marker
     sock = str(tmp_path / "tmux.sock")
     subprocess.run(
         ["tmux", "-S", sock, "-f", "/dev/null", "new-session", "-d", "-s", "t"], check=True
@@ -194,6 +192,7 @@ def tmux_socket(tmp_path: Path) -> Iterator[str]:
         subprocess.run(["tmux", "-S", sock, "kill-server"], check=False, capture_output=True)
 
 
+@pytest.mark.tmux
 def test_tmux_status_line_shows_the_pill(layout: Layout, tmux_socket: str) -> None:
     build_swarm(layout)
     hint = tmux_status_hint(layout.home, "demo", env={"TMUX": f"{tmux_socket},1,0"})
@@ -242,6 +241,7 @@ def _answer_in_pty(
     return proc, master, out
 
 
+@pytest.mark.tmux
 def test_up_inside_tmux_offers_the_status_line_and_the_leader_never_waits_on_it(
     cli: Cli, layout: Layout, tmux_socket: str
 ) -> None:
