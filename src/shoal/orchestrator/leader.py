@@ -679,6 +679,7 @@ class Leader:
         if self._stopping:
             return
         self._stopping = True
+        self.reap()  # (what ended already keeps its own result)
         self.swarm.begin_shutdown()
         for task_id in list(self.queue):
             self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")

@@ -310,8 +310,11 @@ class ShellKind:
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         if task.is_terminal or task.id in self.killing:
             return
-        store.set_task(task.id, kill_reason=reason)
         proc = self.procs.get(task.id)
+        if proc is not None and not proc.poll():  # it ended already: that is its result
+            self._finish(task.id, proc, store)
+            return
+        store.set_task(task.id, kill_reason=reason)
         if proc is None:
             self._finish(task.id, None, store, killed=True)
             return
