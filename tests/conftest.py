@@ -20,6 +20,10 @@ from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
 
+# A step of a leader's loop that raises fails the test (in every leader a test starts, in this
+# process or in a child): without it, the error would only be a note in the event stream.
+os.environ["SHOAL_STRICT_STEPS"] = "1"
+
 # The machine is shared and noisy: timing is never part of a property.
 settings.register_profile("shoal", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shoal")

@@ -126,7 +126,7 @@ def test_leader_reports_a_planted_symlink(home: Path, monkeypatch: pytest.Monkey
     leader = Leader(Layout(home), "s").start()
     try:
         fixed = "bplanted1"
-        monkeypatch.setattr("shoal.orchestrator.leader.new_task_id", lambda _t: fixed)
+        monkeypatch.setattr("shoal.orchestrator.requests.new_task_id", lambda _t: fixed)
         target = home / "target"
         target.write_text("precious\n")
         os.symlink(target, leader.session.output_file(fixed))

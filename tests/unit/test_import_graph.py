@@ -111,3 +111,8 @@ def run_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60
     )
+
+
+def test_no_cycles_and_no_upward_imports_in_the_whole_tree() -> None:
+    found = report(build())
+    assert not found, f"\n{found}"

@@ -19,48 +19,41 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import selectors
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final
 
 from shoal.core.config import Limits
-from shoal.core.errors import ConflictError, CorruptFileError, ShoalError, TaskError
-from shoal.core.events import Event, LeaderStarted, LeaderStopped, MessageReceived, Note
+from shoal.core.errors import ShoalError, TaskError
+from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived
 from shoal.core.paths import Layout
-from shoal.core.procs import current_identity, is_alive
+from shoal.core.procs import current_identity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
-    AnyTaskState,
     LocalShellTaskState,
     TaskStatus,
     TaskType,
-    evolve,
-    new_task_id,
-    parse_task_state,
 )
 from shoal.mailbox.inbox import Inbox
-from shoal.mailbox.router import notify_owner
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.control import ControlServer, ShellSpec
-from shoal.orchestrator.registry import TaskRegistry
-from shoal.orchestrator.session import Session, Snapshot, new_session_id, notify_once, resume
+from shoal.orchestrator.control import ControlServer
+from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
+from shoal.orchestrator.requests import LeaderRequests
+from shoal.orchestrator.session import notify_once, resume
+from shoal.orchestrator.store import EventSink, Policy
 from shoal.orchestrator.swarm import Swarm
-from shoal.teams.models import LEAD_NAME, TeamFile
-from shoal.teams.store import MemberState, Teams
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 from shoal.workers.kinds import Poll, TaskKind
 
 __all__ = ["Leader", "Policy", "TaskError"]
 
-EventSink = Callable[[Event], None]
-T = TypeVar("T")
 
 # How often the shared task list is checked for tasks of members that are gone.
 RELEASE_INTERVAL_S: Final = 5.0
@@ -71,23 +64,7 @@ PERSIST_INTERVAL_S: Final = 0.2
 STRICT_ENV: Final = "SHOAL_STRICT_STEPS"
 
 
-class Policy(Protocol):
-    """Something the `policy` step consults every pass (the batch engine of `shoal run`)."""
-
-    def on_event(self, event: Event) -> None:
-        """An event the leader emitted (called on the loop's thread, at once)."""
-        ...
-
-    def step(self, leader: Leader, now: float) -> None:
-        """Decide: submit tasks, stop tasks, or ask the leader to stop."""
-        ...
-
-    def next_due(self) -> float | None:
-        """The next monotonic time the policy must run at, if any."""
-        ...
-
-
-class Leader:
+class Leader(LeaderRequests):
     """The supervisor of one team's background tasks (one per team, one per process)."""
 
     def __init__(
@@ -100,19 +77,10 @@ class Leader:
         on_event: EventSink | None = None,
         strict: bool | None = None,
     ) -> None:
-        self.layout = layout
-        self.team = team
-        self.teams = Teams(layout)
-        self._limits = limits or Limits()
+        super().__init__(layout, team, limits, on_event)
         self.jobs = jobs
-        self.on_event = on_event
         self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
-        self.registry = TaskRegistry()
-        self.queue: deque[str] = deque()  # pending tasks, in order, waiting for a job slot
-        self.session: Session
-        self.created_at = time.time()
-        self.notes: list[str] = []
-        self.policies: list[Policy] = []
+        self.queue = deque()  # pending tasks, in order, waiting for a job slot
         self.shell = shell.ShellKind()
         self.swarm = Swarm(self)
         self.kinds: dict[TaskType, TaskKind] = {}
@@ -120,21 +88,11 @@ class Leader:
             for task_type in kind.types:
                 self.kinds[task_type] = kind
         self.control = ControlServer(layout, team, self)
-        self.snapshot = Snapshot()
-        self._identity = current_identity()
-        # What tasks inherit, as a plain dict: handing posix_spawn `os.environb` itself costs a
-        # Python-level lookup per variable on every start.
-        self._environ: dict[bytes, bytes] = dict(os.environb)
         self._mail: queue.SimpleQueue[AnyMessage] = queue.SimpleQueue()
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
-        self._waiters: dict[str, list[Callable[[AnyTaskState], None]]] = {}
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._pidfds: dict[str, int] = {}
+        self._calls = queue.SimpleQueue()
         self._step_errors: dict[str, str] = {}
         self._last_release = 0.0
-        self._loop_thread: threading.Thread | None = None
+        self._loop_thread = None
         self._stop_requested = False
         self._stopping = False  # shutting down: tasks are being stopped, nothing new starts
         self._closed = False
@@ -147,23 +105,9 @@ class Leader:
         """Become the team's leader: resume its last session or begin a new one."""
         if not self.teams.exists(self.team):
             self.teams.create(self.team)
-        me, my_start = self._identity
-
-        def claim(tf: TeamFile) -> TeamFile:
-            # Checked and taken under the team file's lock: two `shoal up` at once, one leader.
-            lead = tf.member(LEAD_NAME)
-            if lead is None:
-                raise CorruptFileError(self.layout.team_file(self.team), "it lists no team-lead")
-            if lead.pid not in (None, me) and is_alive(lead.pid, lead.pid_started_at):
-                raise ConflictError(
-                    f"a leader already runs for team {self.team!r} (pid {lead.pid}); "
-                    f"stop it with `shoal down --team {self.team}`"
-                )
-            update = {"pid": me, "pid_started_at": my_start, "backend": "leader"}
-            return tf.with_member(lead.model_copy(update={**update, "cwd": os.getcwd()}))
-
-        tf = self.teams.update(self.team, claim)
-        _raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
+        me, _ = self._identity
+        tf = claim_lead(self.teams, self.team, self._identity)
+        raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
         resumed = resume(self, tf.lead_session_id)
         self.teams.update(
             self.team, lambda t: t.model_copy(update={"lead_session_id": self.session.id})
@@ -175,29 +119,7 @@ class Leader:
         self._subscription = self._inbox.subscribe(self._on_message)
         return self
 
-    def new_session(self, session_id: str | None = None) -> Session:
-        """Lead session `session_id` (a new one by default)."""
-        self.session = Session(self.layout, session_id or new_session_id()).ensure()
-        return self.session
-
-    # -- the store interface of task kinds and the swarm -----------------------------------------
-
-    @property
-    def limits(self) -> Limits:
-        return self._limits
-
-    @property
-    def environ(self) -> dict[bytes, bytes]:
-        return self._environ
-
-    @property
-    def identity(self) -> tuple[int, float]:
-        """(pid, start time) of the leader's process."""
-        return self._identity
-
-    @property
-    def session_id(self) -> str:
-        return self.session.id
+    # -- the store interface: see store.py; requests: see requests.py ---------------------------
 
     @property
     def stopping(self) -> bool:
@@ -207,241 +129,6 @@ class Leader:
     def procs(self) -> dict[str, shell.ShellProcess]:
         """Live shell processes by task id."""
         return self.shell.procs
-
-    def get(self, task_id: str) -> AnyTaskState | None:
-        return self.registry.get(task_id)
-
-    def register(self, task: AnyTaskState) -> AnyTaskState:
-        """Add a task to the registry (state.json is written on the next persist)."""
-        stored = self.registry.register_task(task)
-        self.snapshot.dirty = True
-        return stored
-
-    def update_task(self, task_id: str, updater: Callable[[Any], AnyTaskState]) -> bool:
-        changed = self.registry.update_task_state(task_id, updater)
-        if changed:
-            self.snapshot.dirty = True
-        return changed
-
-    def _answer_waiters(self) -> None:
-        """Hand each ended task's final record to whoever waits for it (a `stop` reply)."""
-        for task_id in [
-            i for i in self._waiters if (t := self.registry.get(i)) is None or t.is_terminal
-        ]:
-            final = self.registry.get(task_id)
-            waiters = self._waiters.pop(task_id)
-            if final is None:  # (evicted: its final record is in the history)
-                raw = self.session.history().get(task_id)
-                final = parse_task_state(raw) if raw is not None else None
-            if final is not None:
-                for waiter in waiters:
-                    waiter(final)
-
-    def set_task(self, task_id: str, **changes: Any) -> bool:
-        """Change fields of a task (same values: no change, no write)."""
-        return self.update_task(task_id, lambda t: evolve(t, **changes))
-
-    def move_task(self, task_id: str, status: TaskStatus, **changes: Any) -> bool:
-        """Move a task through the transition table (the registry checks the move)."""
-
-        def move(task: AnyTaskState) -> AnyTaskState:
-            if status == task.status:
-                return task if task.is_terminal else evolve(task, **changes)
-            return evolve(task, status=status, **changes)
-
-        return self.update_task(task_id, move)
-
-    def mark_notified(self, task_id: str) -> bool:
-        marked = self.registry.mark_notified(task_id)
-        self.snapshot.dirty = self.snapshot.dirty or marked
-        return marked
-
-    def mark_dirty(self) -> None:
-        """Something in the registry changed outside `update_task` (state.json must be written)."""
-        self.snapshot.dirty = True
-
-    def emit(self, event: Event) -> None:
-        """Append an event to the session's stream and hand it to the sink and the policies."""
-        record = self.session.emit(event)
-        for policy in self.policies:
-            policy.on_event(record)
-        if self.on_event is not None:
-            self.on_event(record)
-
-    def note(self, text: str) -> None:
-        """A line for the person running the leader (also an event)."""
-        self.notes.append(text)
-        self.emit(Note(text=text))
-
-    def notify_owner(
-        self, task: AnyTaskState, xml: str, summary: str, *, status: str, msg_id: str | None
-    ) -> None:
-        owner = task.owner
-        if not owner or owner == LEAD_NAME:
-            return  # the lead reads notifications from the event stream
-        try:
-            notify_owner(
-                self.teams.directory(self.team),
-                owner,
-                xml=xml,
-                summary=summary,
-                task_id=task.id,
-                status=status,
-                task_type=task.type.value,
-                output_file=task.output_file,
-                message_id=msg_id,
-            )
-        except ShoalError as exc:
-            self.note(f"could not notify {owner} about {task.id}: {exc}")
-
-    def output_file(self, task_id: str) -> Path:
-        return self.session.output_file(task_id)
-
-    def watch_pid(self, key: str, pid: int | None) -> None:
-        """Wake the loop when process `pid` exits (a pidfd in the selector)."""
-        if pid is None or key in self._pidfds:
-            return
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            self.wake()  # already gone: the next pass finds out
-            return
-        self._pidfds[key] = fd
-        self._selector.register(fd, selectors.EVENT_READ, key)
-
-    def unwatch_pid(self, key: str) -> None:
-        fd = self._pidfds.pop(key, None)
-        if fd is not None:
-            self._selector.unregister(fd)
-            os.close(fd)
-
-    def wake(self) -> None:
-        """Make the loop run its steps now (from any thread)."""
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"x")
-
-    # -- requests (from the control server, a policy, or another thread through `call`) ----------
-
-    def call(self, fn: Callable[[], T]) -> Future[T]:
-        """Run `fn` on the loop's thread (at once when called there); its Future has the result."""
-        future: Future[T] = Future()
-        if self._owns():
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-            return future
-        if self._closed:
-            future.set_exception(TaskError(f"the leader of team {self.team!r} has stopped"))
-            return future
-        self._calls.put((fn, future))
-        self.wake()
-        return future
-
-    def _owns(self) -> bool:
-        """True on the thread that owns the registry (the loop's, or anyone's when none runs)."""
-        return self._loop_thread is None or threading.current_thread() is self._loop_thread
-
-    def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState:
-        """Build (and check) a new pending shell task; nothing is registered yet."""
-        owner, agent_id = LEAD_NAME, None
-        agent = options.pop("agent", None)
-        if agent:
-            name = agent.split("@", 1)[0]
-            if self.teams.read(self.team).member(name) is None:
-                raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
-            owner = agent_id = name
-        task_id = new_task_id(TaskType.LOCAL_BASH)
-        return shell.new_task(
-            command,
-            task_id=task_id,
-            output_file=str(self.session.output_file(task_id)),
-            owner=owner,
-            agent_id=agent_id,
-            **options,
-        )
-
-    def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
-        """Register tasks and start them now (or as job slots free); one state write."""
-        if not self._owns():
-            return self.call(lambda: self.submit(tasks)).result()
-        for task in tasks:
-            self.register(task)
-            self.queue.append(task.id)
-        self.start_pending()
-        self.persist(force=True)
-        self.wake()
-        current = [self.registry.get(t.id) for t in tasks]
-        return [t for t in current if isinstance(t, LocalShellTaskState)]
-
-    def submit_shell(self, command: list[str], **options: Any) -> LocalShellTaskState:
-        """Register one shell task and start it (see `make_shell_task` for the options)."""
-        return self.submit([self.make_shell_task(command, **options)])[0]
-
-    def start_shell(self, specs: list[ShellSpec]) -> list[AnyTaskState]:
-        tasks = [  # all checked before any runs
-            self.make_shell_task(
-                list(s.command),
-                description=s.description,
-                agent=s.agent,
-                cwd=s.cwd,
-                env=s.env,
-                kind=s.kind,
-                background=s.background,
-            )
-            for s in specs
-        ]
-        return list(self.submit(tasks))
-
-    def stop(
-        self,
-        task_id: str,
-        on_done: Callable[[AnyTaskState], None] | None = None,
-        reason: str = STOPPED_ON_REQUEST,
-    ) -> AnyTaskState:
-        """Begin stopping a task (never waits); `on_done` gets its final state once it ended."""
-        task = self.registry.get(task_id)
-        if task is None:
-            if task_id in self.session.history():
-                raise TaskError(f"task {task_id} already finished")
-            raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
-        if task.is_terminal:
-            raise TaskError(f"task {task_id} already finished ({task.status.value})")
-        if on_done is not None:
-            self._waiters.setdefault(task_id, []).append(on_done)
-        if task_id in self.queue:  # (never started: its kind ends it at once)
-            self.queue.remove(task_id)
-        self.kinds[task.type].kill(task, self, reason)
-        self.persist(force=True)
-        self._answer_waiters()
-        return self.registry.get(task_id) or task
-
-    def stop_task(
-        self, task_id: str, reason: str = STOPPED_ON_REQUEST, *, timeout: float = 60.0
-    ) -> AnyTaskState:
-        """Stop a task and wait until it has ended (from a thread other than the loop's; on
-        the loop's own thread this only begins the stop, as `stop` does)."""
-        if self._loop_thread is not None and self._owns():
-            return self.stop(task_id, reason=reason)
-        done: Future[AnyTaskState] = Future()
-        started = self.call(lambda: self.stop(task_id, done.set_result, reason))
-        started.result(timeout)  # (raises what `stop` refused)
-        if self._loop_thread is None:  # nobody else runs the loop: run it here until it ended
-            self.run_until(done.done, timeout)
-        return done.result(timeout)
-
-    def spawn(self, members: list[dict[str, Any]], answer: Callable[..., None]) -> None:
-        self.swarm.spawn_many(members, answer)
-
-    def request_stop(self) -> dict[str, Any]:
-        """Ask the loop to shut down (from any thread): stop every task, then return."""
-        self._stop_requested = True
-        self.wake()
-        return {
-            "stopping": True,
-            "running": self.shell.running(),
-            "teammates": sorted(self.swarm.members),
-        }
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -723,14 +410,3 @@ class Leader:
         for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _raise_fd_limit(want: int = 65536) -> None:
-    """Raise this process's soft limit of open files towards the hard limit."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

@@ -330,7 +330,6 @@ class SessionHost(TaskStore, Protocol):
     def register(self, task: AnyTaskState) -> AnyTaskState: ...
 
 
-
 def resume(host: SessionHost, session_id: str | None) -> bool:
     """Lead session `session_id` again if its state is on disk (True), else a new one."""
     if not session_id or not Session(host.layout, session_id).state_file.exists():

@@ -1,0 +1,180 @@
+"""Requests to the leader: start shell tasks, stop a task, spawn teammates, shut down.
+
+They come from the control server, a policy, or another thread of this process: `call` runs
+a function on the loop's thread, and the public methods here hop there when called from
+elsewhere, so one thread owns the registry whoever asks.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from queue import SimpleQueue
+from typing import Any, TypeVar
+
+from shoal.core.errors import TaskError
+from shoal.core.tasks import (
+    STOPPED_ON_REQUEST,
+    AnyTaskState,
+    LocalShellTaskState,
+    TaskType,
+    new_task_id,
+)
+from shoal.orchestrator.control import ShellSpec
+from shoal.orchestrator.store import LeaderStore
+from shoal.orchestrator.swarm import Swarm
+from shoal.teams.models import LEAD_NAME
+from shoal.workers import shell
+from shoal.workers.kinds import TaskKind
+
+T = TypeVar("T")
+
+
+class LeaderRequests(LeaderStore, ABC):
+    """The requests a leader answers; the loop that carries them out is the subclass's."""
+
+    jobs: int
+    shell: shell.ShellKind
+    swarm: Swarm
+    kinds: dict[TaskType, TaskKind]
+    queue: deque[str]
+    _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
+    _loop_thread: threading.Thread | None
+    _stop_requested: bool
+    _closed: bool
+
+    @abstractmethod
+    def start_pending(self) -> None:
+        """The loop's `start` step."""
+
+    @abstractmethod
+    def persist(self, *, force: bool = False) -> None:
+        """The loop's `persist` step."""
+
+    @abstractmethod
+    def run_until(self, until: Callable[[], bool], timeout: float) -> None:
+        """Run the loop on this thread until `until()` holds."""
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the loop's thread (at once when called there); its Future has the result."""
+        future: Future[T] = Future()
+        if self._owns():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
+        if self._closed:
+            future.set_exception(TaskError(f"the leader of team {self.team!r} has stopped"))
+            return future
+        self._calls.put((fn, future))
+        self.wake()
+        return future
+
+    def _owns(self) -> bool:
+        """True on the thread that owns the registry (the loop's, or anyone's when none runs)."""
+        return self._loop_thread is None or threading.current_thread() is self._loop_thread
+
+    def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState:
+        """Build (and check) a new pending shell task; nothing is registered yet."""
+        owner, agent_id = LEAD_NAME, None
+        agent = options.pop("agent", None)
+        if agent:
+            name = agent.split("@", 1)[0]
+            if self.teams.read(self.team).member(name) is None:
+                raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
+            owner = agent_id = name
+        task_id = new_task_id(TaskType.LOCAL_BASH)
+        return shell.new_task(
+            command,
+            task_id=task_id,
+            output_file=str(self.session.output_file(task_id)),
+            owner=owner,
+            agent_id=agent_id,
+            **options,
+        )
+
+    def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
+        """Register tasks and start them now (or as job slots free); one state write."""
+        if not self._owns():
+            return self.call(lambda: self.submit(tasks)).result()
+        for task in tasks:
+            self.register(task)
+            self.queue.append(task.id)
+        self.start_pending()
+        self.persist(force=True)
+        self.wake()
+        current = [self.registry.get(t.id) for t in tasks]
+        return [t for t in current if isinstance(t, LocalShellTaskState)]
+
+    def submit_shell(self, command: list[str], **options: Any) -> LocalShellTaskState:
+        """Register one shell task and start it (see `make_shell_task` for the options)."""
+        return self.submit([self.make_shell_task(command, **options)])[0]
+
+    def start_shell(self, specs: list[ShellSpec]) -> list[AnyTaskState]:
+        tasks = [  # all checked before any runs
+            self.make_shell_task(
+                list(s.command),
+                description=s.description,
+                agent=s.agent,
+                cwd=s.cwd,
+                env=s.env,
+                kind=s.kind,
+                background=s.background,
+            )
+            for s in specs
+        ]
+        return list(self.submit(tasks))
+
+    def stop(
+        self,
+        task_id: str,
+        on_done: Callable[[AnyTaskState], None] | None = None,
+        reason: str = STOPPED_ON_REQUEST,
+    ) -> AnyTaskState:
+        """Begin stopping a task (never waits); `on_done` gets its final state once it ended."""
+        task = self.registry.get(task_id)
+        if task is None:
+            if task_id in self.session.history():
+                raise TaskError(f"task {task_id} already finished")
+            raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
+        if task.is_terminal:
+            raise TaskError(f"task {task_id} already finished ({task.status.value})")
+        if on_done is not None:
+            self._waiters.setdefault(task_id, []).append(on_done)
+        if task_id in self.queue:  # (never started: its kind ends it at once)
+            self.queue.remove(task_id)
+        self.kinds[task.type].kill(task, self, reason)
+        self.persist(force=True)
+        self._answer_waiters()
+        return self.registry.get(task_id) or task
+
+    def stop_task(
+        self, task_id: str, reason: str = STOPPED_ON_REQUEST, *, timeout: float = 60.0
+    ) -> AnyTaskState:
+        """Stop a task and wait until it has ended (from a thread other than the loop's; on
+        the loop's own thread this only begins the stop, as `stop` does)."""
+        if self._loop_thread is not None and self._owns():
+            return self.stop(task_id, reason=reason)
+        done: Future[AnyTaskState] = Future()
+        started = self.call(lambda: self.stop(task_id, done.set_result, reason))
+        started.result(timeout)  # (raises what `stop` refused)
+        if self._loop_thread is None:  # nobody else runs the loop: run it here until it ended
+            self.run_until(done.done, timeout)
+        return done.result(timeout)
+
+    def spawn(self, members: list[dict[str, Any]], answer: Callable[..., None]) -> None:
+        self.swarm.spawn_many(members, answer)
+
+    def request_stop(self) -> dict[str, Any]:
+        """Ask the loop to shut down (from any thread): stop every task, then return."""
+        self._stop_requested = True
+        self.wake()
+        return {
+            "stopping": True,
+            "running": self.shell.running(),
+            "teammates": sorted(self.swarm.members),
+        }
