@@ -33,7 +33,6 @@ from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
-    LocalShellTaskState,
     TaskStatus,
     TaskType,
 )
@@ -238,20 +237,13 @@ class Leader(LeaderRequests):
         """Settle processes that ended and kills that are due (all live tasks, or only those a
         pidfd or a deadline points at)."""
         now = time.monotonic()
-        for kind in (self.shell,):
-            ids = kind.signalled() if only_signalled else kind.live()
-            for task_id in list(ids):
-                task = self.registry.get(task_id)
-                if task is not None:
-                    kind.poll(task, self, now, Poll.REAP)
+        for kind in self._kinds():
+            kind.poll(self, now, Poll.REAP, kind.signalled() if only_signalled else None)
 
     def poll_live(self, what: Poll, now: float) -> None:
-        """Ask each live task's kind to look at `what` (output deltas, stalls)."""
-        for kind in (self.shell,):
-            for task_id in list(kind.live()):
-                task = self.registry.get(task_id)
-                if task is not None:
-                    kind.poll(task, self, now, what)
+        """Ask each kind to look at `what` (output deltas, stalls) of its live tasks."""
+        for kind in self._kinds():
+            kind.poll(self, now, what)
 
     def deliver_mail(self) -> None:
         """Messages that reached the lead: an event each, and the swarm's reactions."""
@@ -277,18 +269,20 @@ class Leader(LeaderRequests):
                     future.set_exception(exc)
 
     def cleanup_orphans(self) -> None:
-        """Kill shell tasks whose owning agent has exited or left the team."""
-        owned = [
-            t
-            for t in self.registry.get_all_tasks()
-            if isinstance(t, LocalShellTaskState) and t.agent_id and not t.is_terminal
-        ]
-        if not owned:
-            return
-        states = {v.member.name: v.state for v in self.teams.members(self.team)}
-        for task in owned:
-            if states.get(task.agent_id or "") in (MemberState.DEAD, MemberState.LEFT, None):
-                self.kinds[task.type].kill(task, self, f"its agent {task.agent_id} exited")
+        """Each kind ends its tasks whose owning agent has exited or left the team."""
+        live = [t for t in self.registry.get_all_tasks() if not t.is_terminal]
+        states: dict[str, MemberState] | None = None
+
+        def departed(name: str) -> bool:
+            nonlocal states
+            if states is None:  # (the team file is read once a pass, and only if asked)
+                states = {v.member.name: v.state for v in self.teams.members(self.team)}
+            return states.get(name) in (MemberState.DEAD, MemberState.LEFT, None)
+
+        for kind in self._kinds():
+            mine = [t for t in live if t.type in kind.types]
+            if mine:
+                kind.orphans(mine, self, departed)
 
     def release_orphaned_tasks(self, now: float) -> None:
         """Every few seconds: list tasks owned by members that died or left go back to pending

@@ -8,8 +8,8 @@ branches on a task's type.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from enum import Flag, auto
+from collections.abc import Callable, Iterable, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,12 +18,13 @@ from shoal.core.events import Event
 from shoal.core.tasks import AnyTaskState, TaskStatus, TaskType
 
 
-class Poll(Flag):
-    """What a step of the tick asks a kind to look at."""
+class Poll(Enum):
+    """What a step of the tick asks a kind to look at (compared by identity: it is asked for
+    every live task on every pass)."""
 
-    REAP = auto()  # ended processes, kills past their deadline
-    OUTPUT = auto()  # output deltas and the output cap
-    STALLS = auto()  # silent tasks waiting at a prompt
+    REAP = "reap"  # ended processes, kills past their deadline
+    OUTPUT = "output"  # output deltas and the output cap
+    STALLS = "stalls"  # silent tasks waiting at a prompt
 
 
 class TaskStore(Protocol):
@@ -79,12 +80,21 @@ class TaskKind(Protocol):
         """Start a pending task (it ends running, or failed with the reason)."""
         ...
 
-    def poll(self, task: AnyTaskState, store: TaskStore, now: float, what: Poll) -> None:
-        """Look at a live task: what `what` names, and nothing that blocks."""
+    def poll(
+        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
+    ) -> None:
+        """Look at this kind's live tasks (`only` those ids, if given): what `what` names,
+        and nothing that blocks."""
         ...
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         """Begin ending a live task; a later `poll` (REAP) finishes what is left. Never waits."""
+        ...
+
+    def orphans(
+        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
+    ) -> None:
+        """End those of `tasks` (this kind's unfinished ones) whose owning agent has departed."""
         ...
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:

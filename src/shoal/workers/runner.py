@@ -28,7 +28,7 @@ from shoal.core.notify import task_notification_xml
 from shoal.core.paths import Layout
 from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
 from shoal.mailbox.inbox import Delivery, Inbox
-from shoal.mailbox.router import send
+from shoal.mailbox.router import deliver_to, send, task_notification_message
 from shoal.mailbox.schema import (
     AnyMessage,
     PlanApprovalResponseMessage,
@@ -499,21 +499,25 @@ class TeammateRunner:
                 tool_uses=result.steps, duration_ms=int((time.monotonic() - started) * 1000)
             ),
         )
-        await self._to_lead(
-            "task_notification",
-            text=xml,
-            summary=summary,
-            data={
-                "task_id": self.config.task_id or f"{self.name}@{self.team}",
-                "status": status,
-                "task_type": "in_process_teammate",
-                "summary": summary,
-                "output_file": str(self.config.output_file),
-                "result": result.result[-2000:],
-                "list_task_id": (task or {}).get("id"),
-                "exit_code": result.exit_code,
-            },
-        )
+        task_id = self.config.task_id or f"{self.name}@{self.team}"
+        with contextlib.suppress(ShoalError, OSError):
+            directory = self.teams.directory(self.team)
+            deliver_to(
+                directory.inbox(LEAD_NAME),
+                task_notification_message(
+                    sender=self.name,
+                    to=LEAD_NAME,
+                    xml=xml,
+                    summary=summary,
+                    task_id=task_id,
+                    status=status,
+                    task_type="in_process_teammate",
+                    output_file=str(self.config.output_file),
+                    result=result.result[-2000:],
+                    list_task_id=(task or {}).get("id"),
+                    exit_code=result.exit_code,
+                ),
+            )
         self._summary = summary
         ended = {
             "current_task": None,

@@ -15,7 +15,7 @@ import re
 import shlex
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,7 +268,8 @@ class ShellKind:
         self.killing: dict[str, Termination] = {}
         self._exited: set[str] = set()
         self._growth: dict[str, tuple[int, float]] = {}  # task -> (size, since when)
-        self._stall_due: dict[str, float] = {}
+        self._output: dict[str, tuple[str, int]] = {}  # task -> (output file, offset read)
+        self._next_stall_check = 0.0
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -296,16 +297,25 @@ class ShellKind:
             self._watch(task.id, proc, store)
         store.emit(task_started(store.get(task.id) or task))
 
-    def poll(self, task: AnyTaskState, store: TaskStore, now: float, what: Poll) -> None:
-        if not isinstance(task, LocalShellTaskState) or task.id not in self.procs:
-            return
-        if Poll.REAP in what:
-            self._reap(task, store)
-        if Poll.OUTPUT in what and task.id in self.procs:
-            self._record_start_time(task.id, store)
-            self._read_output(task, store)
-        if Poll.STALLS in what and task.id in self.procs:
-            self._check_stall(task, store, now)
+    def poll(
+        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
+    ) -> None:
+        # Looked at from the live handles: a quiet task costs a waitpid and a stat per pass,
+        # and its record is read only when something happened.
+        ids = list(self.procs) if only is None else [i for i in only if i in self.procs]
+        if what is Poll.REAP:
+            for task_id in ids:
+                self._reap(task_id, store)
+        elif what is Poll.OUTPUT:
+            for task_id in ids:
+                self._record_start_time(task_id, store)
+                self._read_output(task_id, store)
+        elif now >= self._next_stall_check:  # (every stall interval, not every pass)
+            self._next_stall_check = now + store.limits.stall_check_interval
+            for task_id in ids:
+                task = store.get(task_id)
+                if isinstance(task, LocalShellTaskState):
+                    self._check_stall(task, store, now)
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         if task.is_terminal or task.id in self.killing:
@@ -325,6 +335,15 @@ class ShellKind:
             self._finish(task.id, proc, store, killed=True)
             return
         store.wake()  # (the pidfd says when it ends; the deadline is in next_due)
+
+    def orphans(
+        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
+    ) -> None:
+        """A shell task started by an agent (`agent_id`) dies with it (running or queued)."""
+        for task in tasks:
+            agent = task.agent_id if isinstance(task, LocalShellTaskState) else None
+            if agent and departed(agent):
+                self.kill(task, store, f"its agent {agent} exited")
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A task of an earlier leader: watch it if it still runs, else give it the exit code
@@ -378,18 +397,21 @@ class ShellKind:
     # -- the steps ---------------------------------------------------------------------------
 
     def _watch(self, task_id: str, proc: ShellProcess, store: TaskStore) -> None:
+        task = store.get(task_id)
+        assert isinstance(task, LocalShellTaskState)
         self.procs[task_id] = proc
+        self._output[task_id] = (task.output_file, task.output_offset)
         store.watch_pid(task_id, proc.pid)
 
-    def _reap(self, task: LocalShellTaskState, store: TaskStore) -> None:
-        proc = self.procs[task.id]
+    def _reap(self, task_id: str, store: TaskStore) -> None:
+        proc = self.procs[task_id]
         alive = proc.poll()
-        ending = self.killing.get(task.id)
+        ending = self.killing.get(task_id)
         if ending is not None:
             if ending.advance(alive=alive):
-                self._finish(task.id, proc, store, killed=True)
+                self._finish(task_id, proc, store, killed=True)
         elif not alive:
-            self._finish(task.id, proc, store)
+            self._finish(task_id, proc, store)
 
     def _record_start_time(self, task_id: str, store: TaskStore) -> None:
         """Note a fresh task's start time (pid reuse protection) once it has exec'd."""
@@ -410,23 +432,29 @@ class ShellKind:
             output_offset=offset,
             last_reported_total_lines=task.last_reported_total_lines + lines,
         )
+        if task.id in self._output:
+            self._output[task.id] = (task.output_file, offset)
 
-    def _read_output(self, task: LocalShellTaskState, store: TaskStore) -> None:
-        size = output_size(task.output_file)  # (one stat when nothing was written)
-        if size > task.output_offset:
-            self._read_delta(task, store)
+    def _read_output(self, task_id: str, store: TaskStore) -> None:
+        path, offset = self._output[task_id]
+        size = output_size(path)  # (one stat when nothing was written)
+        if size <= offset:
+            return
+        task = store.get(task_id)
+        if not isinstance(task, LocalShellTaskState):
+            return
+        self._read_delta(task, store)
         cap = store.limits.output_cap
-        if size > cap and task.id not in self.killing:
+        if size > cap and task_id not in self.killing:
             reason = f"output reached {size} bytes, over the cap of {cap} bytes"
-            self.kill(store.get(task.id) or task, store, reason)
-            store.note(f"killed {task.id}: {reason}")
+            self.kill(store.get(task_id) or task, store, reason)
+            store.note(f"killed {task_id}: {reason}")
 
     def _check_stall(self, task: LocalShellTaskState, store: TaskStore, now: float) -> None:
         """Every stall interval: a task silent for `stall_after` at a prompt is reported once."""
         limits = store.limits
-        if task.kind == "monitor" or now < self._stall_due.get(task.id, 0.0):
+        if task.kind == "monitor":
             return
-        self._stall_due[task.id] = now + limits.stall_check_interval
         size = output_size(task.output_file)
         last_size, since = self._growth.get(task.id, (-1, now))
         if size != last_size:
@@ -455,8 +483,8 @@ class ShellKind:
         """Give an ended task its final state (from its wait status, else its exit file)."""
         self.procs.pop(task_id, None)
         self.killing.pop(task_id, None)
+        self._output.pop(task_id, None)
         self._growth.pop(task_id, None)
-        self._stall_due.pop(task_id, None)
         self._exited.discard(task_id)
         store.unwatch_pid(task_id)
         task = store.get(task_id)
