@@ -14,253 +14,70 @@ import os
 import queue
 import secrets
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any
 
-from shoal.core import git
 from shoal.core.errors import ConflictError, ShoalError, UsageError
 from shoal.core.events import TeammateReady, TeammateSpawned
 from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
-from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import (
-    RECENT_ACTIVITIES_CAP,
     STOPPED_ON_REQUEST,
-    TEAMMATE_MESSAGES_UI_CAP,
-    AgentProgress,
     AnyTaskState,
     InProcessTeammateTaskState,
     TaskStatus,
     TaskType,
     TeammateIdentity,
-    ToolActivity,
     new_task_id,
 )
 from shoal.mailbox.router import send
 from shoal.mailbox.schema import AnyMessage
 from shoal.mailbox.watcher import shared_watcher as get_watcher
+from shoal.orchestrator.members import (
+    SHUTDOWN_TIMEOUT_S,
+    BatchReply,
+    MemberRecords,
+    MemberRun,
+    Phase,
+    Reply,
+    StopCause,
+    SwarmHost,
+    _Collector,
+    _cut,
+    _outcome,
+    _Plan,
+    make_worktree,
+    ready_timeout,
+)
 from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_backend
 from shoal.teams.backends.inprocess import InProcessBackend
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME
-from shoal.teams.store import JoinSpec, Teams
+from shoal.teams.store import JoinSpec
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Script
 from shoal.workers.kinds import Poll, TaskStore
 from shoal.workers.worker import WorkerOptions, build_runner
 
-SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
-# A batch of process teammates larger than the machine starts slower: each member past
-# 4 per CPU adds this much to everyone's ready timeout (they share the CPUs while starting).
-SPAWN_TIMEOUT_PER_MEMBER_S = 0.5
 
-
-def ready_timeout(batch: int, in_process: bool) -> float:
-    """Seconds a teammate launched in a batch of `batch` has to become ready."""
-    if in_process:  # (no interpreter to start: they do not slow each other down)
-        return SPAWN_TIMEOUT_S
-    crowd = max(0, batch - 4 * (os.cpu_count() or 1))
-    return SPAWN_TIMEOUT_S + SPAWN_TIMEOUT_PER_MEMBER_S * crowd
-
-
-SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
-# A file changed less than this long ago may change again within the filesystem's timestamp
-# granularity without its mtime moving: it is looked at once more on the next pass.
-STATUS_SETTLE_NS = 50_000_000
-# Texts of messages kept in a teammate's task record are cut to this many characters (the
-# record is in state.json: 50 messages of a thousand teammates must stay a few MB at most).
-MESSAGE_TEXT_CAP = 200
-
-Reply = Callable[[dict[str, Any] | None, ShoalError | None], None]
-BatchReply = Callable[[list[dict[str, Any]] | None, ShoalError | None], None]
-
-
-class Phase(StrEnum):
-    """Where a teammate this leader started is in its run."""
-
-    STARTING = "starting"  # launched, not ready yet (the lead sends it nothing)
-    READY = "ready"  # told the lead it is ready; takes work
-    STOPPING = "stopping"  # asked to shut down (the handshake), or being killed
-    ENDED = "ended"
-
-
-PHASE_TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
-    Phase.STARTING: frozenset({Phase.READY, Phase.STOPPING, Phase.ENDED}),
-    Phase.READY: frozenset({Phase.STOPPING, Phase.ENDED}),
-    Phase.STOPPING: frozenset({Phase.READY, Phase.ENDED}),  # (ready while being asked)
-    Phase.ENDED: frozenset(),
-}
-
-
-class IllegalPhase(ShoalError):
-    """A teammate run moved in a way PHASE_TRANSITIONS does not allow (a bug)."""
-
-
-def check_phase(name: str, current: Phase, new: Phase) -> None:
-    """Refuse a move that is not in PHASE_TRANSITIONS (staying put is always allowed)."""
-    if new != current and new not in PHASE_TRANSITIONS[current]:
-        allowed = ", ".join(sorted(PHASE_TRANSITIONS[current])) or "none: it has ended"
-        raise IllegalPhase(
-            f"teammate {name}: illegal move {current} -> {new} (allowed: {allowed})"
-        )
-
-
-class StopCause(StrEnum):
-    """Why a teammate's run ended, when the swarm knows (None: it exited by itself)."""
-
-    ON_REQUEST = "stopped on request"  # `shoal stop`: killed, and not news
-    SHUTDOWN_APPROVED = "shut down on request"  # it approved the lead's shutdown_request
-    NOT_READY = "not ready in time"
-    SHUTDOWN_TIMEOUT = "did not shut down in time"
-
-
-class SwarmHost(TaskStore, Protocol):
-    """What the swarm needs of the leader, beyond what every task kind may do."""
-
-    layout: Layout
-    team: str
-    teams: Teams
-
-    @property
-    def identity(self) -> tuple[int, float]: ...
-
-    @property
-    def session_id(self) -> str: ...
-
-    def register(self, task: AnyTaskState) -> AnyTaskState: ...
-
-
-@dataclass
-class _Plan:
-    """A checked spawn request, before anything is started."""
-
-    name: str
-    agent: str
-    backend: Backend
-    why: str
-    cwd: str
-    options: WorkerOptions
-    task_id: str
-    output: Path
-    plan_mode: bool
-    worktree: str | None
-    prompt: str | None
-    in_process: bool
-    color: str | None
-
-
-class _Collector:
-    """Answers a spawn batch once every member is ready or has failed."""
-
-    def __init__(self, count: int, reply: BatchReply) -> None:
-        self.count = count
-        self.reply = reply
-        self.results: dict[str, dict[str, Any]] = {}
-        self.errors: dict[str, ShoalError] = {}
-        self.order: list[str] = []
-
-    def for_member(self, name: str) -> Reply:
-        self.order.append(name)
-
-        def answer(result: dict[str, Any] | None, error: ShoalError | None) -> None:
-            self.done(name, result, error)
-
-        return answer
-
-    def done(self, name: str, result: dict[str, Any] | None, error: ShoalError | None) -> None:
-        if error is not None:
-            self.errors[name] = error
-        elif result is not None:
-            self.results[name] = result
-        if len(self.results) + len(self.errors) < self.count:
-            return
-        if self.errors:
-            if self.count == 1:
-                self.reply(None, next(iter(self.errors.values())))
-            else:
-                shown = list(self.errors.items())[:3]
-                failed = "; ".join(f"{n}: {e}" for n, e in shown)
-                if len(self.errors) > len(shown):
-                    failed += f"; and {len(self.errors) - len(shown)} more"
-                self.reply(
-                    None,
-                    ShoalError(
-                        f"{len(self.errors)} of {self.count} teammates failed to start ({failed})"
-                    ),
-                )
-            return
-        self.reply([self.results[n] for n in self.order if n in self.results], None)
-
-
-@dataclass
-class MemberRun:
-    """A teammate this leader started (live handles: never persisted)."""
-
-    name: str
-    task_id: str
-    backend: Backend
-    handle: Handle
-    why: str
-    prompt: str | None = None
-    phase: Phase = Phase.STARTING
-    became_ready: bool = False  # (a fact of its history: STOPPING may follow either phase)
-    cause: StopCause | None = None
-    detail: str | None = None  # the words of `cause`, with its numbers
-    reply: Reply | None = None
-    deadline: float = 0.0
-    launched: float = field(default_factory=time.monotonic)
-    log_file: Path | None = None
-    in_process: bool = False
-    # (inode, size, mtime_ns) of the status file last read; None: read it on the next look.
-    status_key: tuple[int, int, int] | None = None
-    status: dict[str, Any] | None = None  # the member's status as last applied
-    sent: deque[dict[str, Any]] = field(
-        default_factory=lambda: deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
-    )  # what the member sent the lead, for the record's messages
-
-    def move(self, phase: Phase) -> None:
-        """Move to `phase` (IllegalTransition if PHASE_TRANSITIONS does not allow it)."""
-        check_phase(self.name, self.phase, phase)
-        self.phase = phase
-        if phase == Phase.READY:
-            self.became_ready = True
-
-    def end_because(self, cause: StopCause, detail: str | None = None) -> None:
-        """Record why it ends (the first cause stands, but for an explicit stop)."""
-        if self.cause is None or cause == StopCause.ON_REQUEST:
-            self.cause, self.detail = cause, detail or cause.value
-
-
-class Swarm:
+class Swarm(MemberRecords):
     """Teammates of one leader: the task kind of `in_process_teammate` tasks."""
 
     types = frozenset({TaskType.IN_PROCESS_TEAMMATE})
 
     def __init__(self, host: SwarmHost) -> None:
-        self.leader = host
-        self.members: dict[str, MemberRun] = {}
+        super().__init__(host)
         self._backends: dict[str, Backend] = {}
         self._ready_early: set[str] = set()
         self._ready_signals: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._exited: set[str] = set()
         self._shutdown_deadline: float | None = None
         self._shutdown_timeout = SHUTDOWN_TIMEOUT_S
-        # Statuses handed over by in-process teammates (from their loop's thread), latest per
-        # member, applied on the next pass; names being started are kept until they are known.
-        self._pushed: dict[str, dict[str, Any]] = {}
-        self._push_lock = threading.Lock()
-        self._launching: set[str] = set()
         # The options of in-process teammates being started, for the backend's factory.
         self._in_process_options: dict[str, WorkerOptions] = {}
-        self._status_dir = host.layout.status_dir(host.team)
-        self._status_dir_seen: int | None = None
         # This swarm's own in-process backend: its factory builds this swarm's teammates.
         self._in_process = InProcessBackend(self._in_process_factory)
 
@@ -353,7 +170,7 @@ class Swarm:
             raise UsageError(f"working directory {cwd!r} does not exist")
         worktree = None
         if args.get("worktree"):
-            worktree = str(self._make_worktree(name, cwd))
+            worktree = str(make_worktree(leader.layout, team, name, cwd))
             cwd = worktree
         task_id = new_task_id(TaskType.IN_PROCESS_TEAMMATE)
         output = leader.output_file(task_id)
@@ -512,18 +329,6 @@ class Swarm:
         runner.config.on_status = status
         return runner.run()
 
-    def _make_worktree(self, name: str, cwd: str) -> Path:
-        layout, team = self.leader.layout, self.leader.team
-        top = git.toplevel(cwd)
-        if top is None:
-            raise UsageError(f"--worktree needs a git repository, and {cwd} is not in one")
-        path = layout.ensure(layout.worktrees_dir(team)) / name
-        try:
-            git.worktree_add(top, path, detach=True)
-        except git.GitError as exc:
-            raise ShoalError(f"cannot create a worktree for {name!r}: {exc.stderr}") from None
-        return path
-
     # -- messages from teammates -------------------------------------------------------------
 
     def on_message(self, msg: AnyMessage) -> None:
@@ -554,95 +359,6 @@ class Swarm:
                     f"{run.name} declined to shut down: {data.get('reason') or 'no reason given'}"
                 )
         self._refresh(run)
-
-    def _update_teammate(self, run: MemberRun, **changes: Any) -> None:
-        with contextlib.suppress(ShoalError, TypeError):
-            self.leader.set_task(run.task_id, **changes)
-
-    # -- teammate task records in step with status files -------------------------------------
-
-    def sync_status(self) -> None:
-        """Copy what changed in members' status files into their task records.
-
-        In-process teammates hand their statuses over directly; the others' files are looked
-        at only when the status directory changed (a stat), then only those whose file changed
-        are read. A thousand quiet teammates cost one stat a pass.
-        """
-        if self._pushed:  # (read without the lock: one missed now is seen on the next pass)
-            with self._push_lock:
-                pushed, self._pushed = self._pushed, {}
-            for name, status in pushed.items():
-                run = self.members.get(name)
-                if run is not None:
-                    self._apply_status(run, status)
-                elif name in self._launching:  # handed over before `_start` recorded it
-                    with self._push_lock:
-                        self._pushed.setdefault(name, status)
-        if not self.members:
-            return
-        try:
-            mtime = os.stat(self._status_dir).st_mtime_ns
-        except OSError:
-            return
-        if mtime == self._status_dir_seen:
-            return
-        self._status_dir_seen = mtime if time.time_ns() - mtime > STATUS_SETTLE_NS else None
-        for run in self.members.values():
-            if not run.in_process:
-                found = self._read_status(run)
-                if found is not None:
-                    self._apply_status(run, found)
-
-    def _read_status(self, run: MemberRun) -> dict[str, Any] | None:
-        """The member's status file if it changed since the last read, else None."""
-        path = self._status_dir / f"{run.name}.json"
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if key == run.status_key:
-            return None
-        status = self.leader.teams.read_status(self.leader.team, run.name)
-        if status is not None:
-            settled = time.time_ns() - st.st_mtime_ns > STATUS_SETTLE_NS
-            run.status_key = key if settled else None
-        return status
-
-    def _refresh(self, run: MemberRun) -> None:
-        """Bring one member's record up to date now (its latest status, its messages)."""
-        status: dict[str, Any] | None
-        if run.in_process:
-            with self._push_lock:
-                status = self._pushed.pop(run.name, None)
-        else:
-            status = self._read_status(run)
-        if status is None and run.status is None:  # nothing known yet but its messages
-            self._update_teammate(run, messages=self._messages(run, {}))
-            return
-        self._apply_status(run, status if status is not None else run.status or {})
-
-    def _apply_status(self, run: MemberRun, status: dict[str, Any]) -> None:
-        run.status = status
-        self._update_teammate(
-            run,
-            is_idle=status.get("state") == "idle",
-            awaiting_plan_approval=bool(status.get("awaiting_approval")),
-            shutdown_requested=bool(status.get("shutdown_requested")),
-            progress=_progress(status),
-            messages=self._messages(run, status),
-        )
-
-    @staticmethod
-    def _messages(run: MemberRun, status: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
-        """What the member received (its status file lists them) and sent the lead, oldest
-        first, the last TEAMMATE_MESSAGES_UI_CAP of them."""
-        received = status.get("messages")
-        listed = received if isinstance(received, list) else ()
-        messages = [m for m in listed if isinstance(m, dict)]
-        messages.extend(run.sent)
-        messages.sort(key=lambda m: str(m.get("sent_at") or ""))
-        return tuple(messages[-TEAMMATE_MESSAGES_UI_CAP:])
 
     def _ready(self, run: MemberRun) -> None:
         if run.became_ready or run.phase == Phase.ENDED:
@@ -717,20 +433,6 @@ class Swarm:
         self._leave([r for r in ended if r.in_process])
         if self._shutdown_deadline is not None and not self.members:
             self._close_backends()
-
-    def _leave(self, runs: list[MemberRun]) -> None:
-        """Mark ended in-process teammates as gone in the team file (their pid is the
-        leader's, so it cannot tell), in one update per outcome."""
-        if not runs:
-            return
-        team = self.leader.team
-        approved = [r.name for r in runs if r.cause == StopCause.SHUTDOWN_APPROVED]
-        others = [r.name for r in runs if r.cause != StopCause.SHUTDOWN_APPROVED]
-        with contextlib.suppress(ShoalError):
-            if approved:
-                self.leader.teams.leave_many(team, approved)
-            if others:
-                self.leader.teams.leave_many(team, others, departed=False)
 
     def _ended(self, run: MemberRun, *, settle_member: bool = True) -> None:
         leader = self.leader
@@ -842,9 +544,16 @@ class Swarm:
     def start(self, task: AnyTaskState, store: TaskStore) -> None:
         store.move_task(task.id, TaskStatus.FAILED, error="a teammate starts with `shoal spawn`")
 
-    def poll(self, task: AnyTaskState, store: TaskStore, now: float, what: Poll) -> None:
+    def poll(
+        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
+    ) -> None:
         """Nothing per task: `check` looks at every teammate at once (one stat of the status
         directory for a thousand quiet ones)."""
+
+    def orphans(
+        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
+    ) -> None:
+        """Nothing: a teammate is a member itself, owned by the lead."""
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         name = self.member_of_task(task.id)
@@ -889,54 +598,3 @@ class Swarm:
 
     def running(self) -> int:
         return 0  # (teammates take no job slots)
-
-
-def _outcome(run: MemberRun, log: str) -> tuple[TaskStatus, dict[str, Any]]:
-    """The final status of an ended teammate's task, from how its run went."""
-    if not run.became_ready:
-        error = (
-            f"teammate {run.name!r} died at start"
-            + (f" ({run.detail})" if run.detail else "")
-            + (f": {log.splitlines()[-1]}" if log else "")
-        )
-        return TaskStatus.FAILED, {"error": error}
-    if run.cause == StopCause.ON_REQUEST:
-        return TaskStatus.KILLED, {}
-    if run.cause == StopCause.SHUTDOWN_APPROVED:
-        return TaskStatus.COMPLETED, {"result": StopCause.SHUTDOWN_APPROVED.value}
-    error = run.detail or "the teammate exited unexpectedly"
-    return TaskStatus.FAILED, {"error": error + (f": {log[-300:]}" if log else "")}
-
-
-def _cut(text: str | None) -> str | None:
-    if text is None or len(text) <= MESSAGE_TEXT_CAP:
-        return text
-    return text[:MESSAGE_TEXT_CAP] + "…"
-
-
-def _activity(text: str) -> ToolActivity:
-    """An activity line of a status file as a ToolActivity; its first word (e.g. `run` of
-    `run: make`) stands for the tool."""
-    return ToolActivity(tool_name=text.split(":", 1)[0].split(" ", 1)[0], description=text)
-
-
-def _progress(status: Mapping[str, Any]) -> AgentProgress | None:
-    """The progress a status file reports (counts, summary, latest and recent activities)."""
-    raw = status.get("progress")
-    counts: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    recent = status.get("recent_activities")
-    texts = [a for a in recent if isinstance(a, str) and a] if isinstance(recent, list) else []
-    current = status.get("activity")
-    if not counts and not texts and not current:
-        return None
-    summary = counts.get("summary")
-    try:
-        return AgentProgress(
-            tool_use_count=int(counts.get("tool_use_count") or 0),
-            token_count=int(counts.get("token_count") or 0),
-            last_activity=_activity(str(current)) if current else None,
-            recent_activities=tuple(_activity(a) for a in texts[-RECENT_ACTIVITIES_CAP:]),
-            summary=str(summary) if summary else None,
-        )
-    except (TypeError, ValueError):  # (a pydantic ValidationError is a ValueError)
-        return None

@@ -1,5 +1,6 @@
-"""Batch runs (`shoal run SPEC`): the spec (`spec`, `parse`), the scheduler (`engine`), the
-reports (`report`), agent tasks on teammates (`agents`), and `run_batch` (`driver`)."""
+"""Batch runs (`shoal run SPEC`): the spec (`spec`, `parse`), the scheduler (`engine`) and the
+run state it moves (`state`), the reports (`report`), agent tasks on teammates (`agents`), and
+`run_batch` (`driver`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ from shoal.orchestrator.batch.driver import (
     resolve_backend,
     run_batch,
 )
-from shoal.orchestrator.batch.engine import (
-    AGENTS_UNAVAILABLE,
+from shoal.orchestrator.batch.engine import AGENTS_UNAVAILABLE, BatchRun, check_agents
+from shoal.orchestrator.batch.state import (
     FINAL_STATUSES,
     RUN_TRANSITIONS,
     AgentDispatcher,
     Attempt,
-    BatchRun,
     ExecEvent,
     Finished,
     IllegalRunMove,
@@ -29,7 +29,6 @@ from shoal.orchestrator.batch.engine import (
     Stalled,
     Started,
     TaskRun,
-    check_agents,
     check_run_move,
 )
 

@@ -18,8 +18,8 @@ from typing import Any
 from shoal.core.errors import ShoalError
 from shoal.core.events import MessageReceived
 from shoal.mailbox.router import send
-from shoal.orchestrator.batch.engine import Finished, Poster, Started
 from shoal.orchestrator.batch.spec import MemberSpec, TaskSpec
+from shoal.orchestrator.batch.state import Finished, Poster, Started
 from shoal.orchestrator.leader import Leader
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.tasklist import TaskList
@@ -29,7 +29,7 @@ READY_TIMEOUT_S = 120.0
 
 
 class TeammateDispatcher:
-    """The AgentDispatcher of this build (see shoal.orchestrator.batch.engine.AgentDispatcher).
+    """The AgentDispatcher of this build (see shoal.orchestrator.batch.state.AgentDispatcher).
 
     Everything runs on the leader's loop thread: `start` before the loop (it runs the loop
     itself until the members are ready), the rest from the loop's `policy` step and from the

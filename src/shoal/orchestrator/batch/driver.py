@@ -36,21 +36,7 @@ from shoal.core.names import validate_name
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
-from shoal.orchestrator.batch.engine import (
-    AgentDispatcher,
-    Attempt,
-    BatchRun,
-    ExecEvent,
-    Finished,
-    Poster,
-    Refused,
-    RunStatus,
-    ShellRequest,
-    Stalled,
-    Started,
-    TaskRun,
-    check_agents,
-)
+from shoal.orchestrator.batch.engine import BatchRun, check_agents
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
     RunRecords,
@@ -60,6 +46,19 @@ from shoal.orchestrator.batch.report import (
     write_junit,
 )
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec
+from shoal.orchestrator.batch.state import (
+    AgentDispatcher,
+    Attempt,
+    ExecEvent,
+    Finished,
+    Poster,
+    Refused,
+    RunStatus,
+    ShellRequest,
+    Stalled,
+    Started,
+    TaskRun,
+)
 from shoal.orchestrator.cleanup import CleanupRegistry
 from shoal.orchestrator.leader import Leader
 

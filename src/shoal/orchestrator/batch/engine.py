@@ -6,28 +6,37 @@ apply the halt policy, submit what is ready — plus `feed()` for what the execu
 `ShellExecutor` (the leader, in production; a stand-in in unit tests) and an
 `AgentDispatcher` (teammates, for `prompt` tasks), and takes its clock injected. The leader's
 `policy` step drives it (see `driver.py`): it has no thread or loop of its own.
+The run state it moves, and those interfaces, are in `state.py`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ShoalError
 from shoal.core.events import RunEvent
 from shoal.core.tasks import TaskStatus
-from shoal.orchestrator.batch.report import REPORT_VERSION, iso
-from shoal.orchestrator.batch.spec import (
-    HaltPolicy,
-    MemberSpec,
-    Spec,
-    SpecError,
-    SpecIssue,
-    TaskSpec,
+from shoal.orchestrator.batch.report import REPORT_VERSION
+from shoal.orchestrator.batch.spec import HaltPolicy, Spec, SpecError, SpecIssue
+from shoal.orchestrator.batch.state import (
+    FINAL_STATUSES,
+    STOP_HALT,
+    STOP_INTERRUPT,
+    STOP_TIMEOUT,
+    AgentDispatcher,
+    Attempt,
+    ExecEvent,
+    Finished,
+    Refused,
+    RunStatus,
+    ShellExecutor,
+    ShellRequest,
+    Stalled,
+    Started,
+    TaskRun,
 )
 
 # Shell tasks handed to the leader ahead of free job slots, so a slot never waits for the
@@ -39,153 +48,6 @@ ENV_TASK: Final = "SHOAL_RUN_TASK"
 ENV_ATTEMPT: Final = "SHOAL_RUN_ATTEMPT"
 
 AGENTS_UNAVAILABLE: Final = "agent tasks need teammates, not available in this build"
-
-
-class RunStatus(StrEnum):
-    """Where a spec task is in a run; the last five are final."""
-
-    PENDING = "pending"  # waiting for its dependencies or a free slot
-    QUEUED = "queued"  # handed to an executor, not started yet
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    KILLED = "killed"
-    SKIPPED = "skipped"
-
-
-FINAL_STATUSES: Final = frozenset(
-    {
-        RunStatus.SUCCEEDED,
-        RunStatus.FAILED,
-        RunStatus.TIMED_OUT,
-        RunStatus.KILLED,
-        RunStatus.SKIPPED,
-    }
-)
-_ENDS: Final = frozenset(FINAL_STATUSES - {RunStatus.SKIPPED})
-
-# The one table of legal moves, for a task of the run and for one attempt of it. A task goes
-# back to pending for a retry; one that never ran can end any way (a refused submit fails, a
-# halt skips it, a carried one succeeded before); a final status is final.
-RUN_TRANSITIONS: Final[dict[RunStatus, frozenset[RunStatus]]] = {
-    RunStatus.PENDING: frozenset({RunStatus.QUEUED} | FINAL_STATUSES),
-    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.PENDING} | FINAL_STATUSES),
-    RunStatus.RUNNING: frozenset({RunStatus.PENDING} | _ENDS),
-    **{s: frozenset() for s in FINAL_STATUSES},
-}
-
-
-class IllegalRunMove(ShoalError):
-    """A run task or attempt moved in a way RUN_TRANSITIONS does not allow (a bug)."""
-
-
-def check_run_move(what: str, current: RunStatus, new: RunStatus) -> RunStatus:
-    """`new`, if moving from `current` is legal (staying put always is); else IllegalRunMove."""
-    if new != current and new not in RUN_TRANSITIONS[current]:
-        allowed = ", ".join(sorted(RUN_TRANSITIONS[current])) or f"{current} is final"
-        raise IllegalRunMove(f"{what}: illegal move {current} -> {new} (allowed: {allowed})")
-    return new
-
-# Why the engine itself stopped an attempt.
-STOP_TIMEOUT: Final = "timeout"
-STOP_HALT: Final = "halt"
-STOP_INTERRUPT: Final = "interrupt"
-
-
-# --------------------------------------------------------------------------- executor events
-
-
-@dataclass(frozen=True)
-class Started:
-    """An attempt's process (or agent turn) started at wall time `at`."""
-
-    handle: str
-    at: float
-
-
-@dataclass(frozen=True)
-class Finished:
-    """An attempt ended. `status` is the task framework's: completed, failed or killed;
-    `ran` is False for one stopped before it started."""
-
-    handle: str
-    status: str
-    exit_code: int | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    output_file: str | None = None
-    error: str | None = None
-    ran: bool = True
-
-
-@dataclass(frozen=True)
-class Stalled:
-    """A running attempt seems to wait for interactive input (its last output line)."""
-
-    handle: str
-    prompt: str
-
-
-ExecEvent = Started | Finished | Stalled
-
-
-@dataclass(frozen=True)
-class Refused:
-    """An attempt the executor would not start (e.g. its working directory is missing)."""
-
-    error: str
-
-
-@dataclass(frozen=True)
-class ShellRequest:
-    """One attempt of a shell task, as handed to a ShellExecutor."""
-
-    command: list[str]
-    description: str
-    cwd: str
-    env: dict[str, str]
-    timeout: float | None = None
-    """The attempt's timeout (armed when it starts)."""
-
-
-class ShellExecutor(Protocol):
-    """Runs shell attempts and reports them as `Started`/`Finished` events, by handle."""
-
-    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
-        """Queue the attempts (started as job slots allow); a handle or a refusal for each."""
-        ...
-
-    def stop(self, handle: str, reason: str) -> None:
-        """Stop an attempt (asynchronously); a `Finished` with status killed follows."""
-        ...
-
-    def cancel(self, handle: str, reason: str) -> bool:
-        """Drop an attempt that has not started; False when it already has."""
-        ...
-
-
-class AgentDispatcher(Protocol):
-    """How agent tasks (`prompt` + `assign`) reach teammates: the one seam teammates fill in.
-
-    `start` brings up the spec's members on `backend` in the run's team, working in `cwd`
-    (the spec's directory). `dispatch` hands one
-    attempt of a task to its member and returns a handle; the attempt's `Started` and
-    `Finished` events come through the same path as shell tasks' (the `Poster` the factory
-    receives), keyed by that handle. `stop` ends an attempt (a `Finished` with status killed
-    follows). The members shut down with the run's leader. The engine gives each member one
-    task at a time.
-    """
-
-    def start(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None: ...
-
-    def dispatch(self, task: TaskSpec, member: MemberSpec, attempt: int) -> str: ...
-
-    def stop(self, handle: str, reason: str) -> None: ...
-
-
-Poster = Callable[[ExecEvent], None]
-"""Queue an executor event for the engine (applied at its next step)."""
 
 
 def check_agents(spec: Spec, factory: object | None) -> None:
@@ -203,138 +65,6 @@ def check_agents(spec: Spec, factory: object | None) -> None:
     ]
     if issues:
         raise SpecError(spec.display, issues)
-
-
-# --------------------------------------------------------------------------- run state
-
-
-@dataclass
-class Attempt:
-    """One try of a task (a retry is a new attempt under a new task id)."""
-
-    number: int
-    handle: str | None
-    status: RunStatus = RunStatus.QUEUED
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    output_file: str | None = None
-    error: str | None = None
-    deadline: float | None = None
-    """Monotonic time at which the attempt times out."""
-    stop: str | None = None
-    """Why the engine stopped it (STOP_TIMEOUT, STOP_HALT, STOP_INTERRUPT), if it did."""
-
-    def move(self, status: RunStatus) -> None:
-        """Move through RUN_TRANSITIONS (attempts never go back to pending)."""
-        if status == RunStatus.PENDING:
-            raise IllegalRunMove(f"attempt {self.number}: an attempt is never pending again")
-        self.status = check_run_move(f"attempt {self.number}", self.status, status)
-
-    @property
-    def duration_s(self) -> float | None:
-        """Seconds from start to end, once both are known."""
-        if self.started_at is None or self.ended_at is None:
-            return None
-        return round(max(0.0, self.ended_at - self.started_at), 3)
-
-    def to_json(self) -> dict[str, Any]:
-        """The attempt as it appears in the report's `attempt_log`."""
-        return {
-            "attempt": self.number,
-            "task_id": self.handle,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "started_at": iso(self.started_at),
-            "ended_at": iso(self.ended_at),
-            "duration_s": self.duration_s,
-            "output_file": self.output_file,
-            "error": self.error,
-        }
-
-
-@dataclass
-class TaskRun:
-    """A spec task within one run: its status, attempts and why it ended as it did."""
-
-    spec: TaskSpec
-    status: RunStatus = RunStatus.PENDING
-    attempts: list[Attempt] = field(default_factory=list)
-    reason: str | None = None
-    carried: Mapping[str, Any] | None = None
-    """The previous run's record, for a task --resume did not run again."""
-    waiting_on: int = 0
-    _json: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, repr=False)
-
-    @property
-    def final(self) -> bool:
-        """True once the task has its verdict."""
-        return self.status in FINAL_STATUSES
-
-    def move(self, status: RunStatus) -> None:
-        """Move through RUN_TRANSITIONS (IllegalRunMove otherwise)."""
-        self.status = check_run_move(f'task "{self.spec.id}"', self.status, status)
-
-    def to_json(self) -> dict[str, Any]:
-        """The task as it appears in the report (cached until the task moves: the run record
-        is rewritten often, and most tasks do not change between two writes)."""
-        last = self.attempts[-1] if self.attempts else None
-        key = (
-            self.status,
-            self.reason,
-            len(self.attempts),
-            last.status if last else None,
-            last.handle if last else None,
-        )
-        if self._json is None or self._json[0] != key:
-            self._json = (key, self._to_json())
-        return self._json[1]
-
-    def _to_json(self) -> dict[str, Any]:
-        spec = self.spec
-        base = {
-            "id": spec.id,
-            "seq": spec.seq,
-            "command": spec.command_line,
-            "after": list(spec.after),
-            "fingerprint": spec.fingerprint,
-        }
-        if self.carried is not None:
-            old = self.carried
-            return {
-                **base,
-                "status": RunStatus.SUCCEEDED.value,
-                "attempts": old.get("attempts", 1),
-                "exit_code": old.get("exit_code"),
-                "duration_s": old.get("duration_s"),
-                "output_file": old.get("output_file"),
-                "started_at": old.get("started_at"),
-                "ended_at": old.get("ended_at"),
-                "reason": "succeeded in a previous run (not run again)",
-                "resumed": True,
-                "attempt_log": old.get("attempt_log", []),
-            }
-        ran = [a for a in self.attempts if a.started_at is not None]
-        tried = [a for a in self.attempts if a.status != RunStatus.SKIPPED]
-        last = ran[-1] if ran else (self.attempts[-1] if self.attempts else None)
-        first_start = ran[0].started_at if ran else None
-        end = last.ended_at if last is not None else None
-        duration = None
-        if first_start is not None and end is not None:
-            duration = round(max(0.0, end - first_start), 3)
-        return {
-            **base,
-            "status": self.status.value,
-            "attempts": len(tried),
-            "exit_code": last.exit_code if last is not None else None,
-            "duration_s": duration,
-            "output_file": last.output_file if last is not None else None,
-            "started_at": iso(first_start),
-            "ended_at": iso(end),
-            "reason": self.reason,
-            "resumed": False,
-            "attempt_log": [a.to_json() for a in self.attempts],
-        }
 
 
 EventSink = Callable[[RunEvent], None]
