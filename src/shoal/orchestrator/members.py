@@ -18,6 +18,7 @@ from typing import Any, Final, Protocol
 from shoal.core import git
 from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import Layout
+from shoal.core.procs import Termination
 from shoal.core.tasks import (
     RECENT_ACTIVITIES_CAP,
     TEAMMATE_MESSAGES_UI_CAP,
@@ -191,6 +192,7 @@ class MemberRun:
     launched: float = field(default_factory=time.monotonic)
     log_file: Path | None = None
     in_process: bool = False
+    ending: Termination | None = None  # a kill in progress (TERM sent; KILL at its deadline)
     # (inode, size, mtime_ns) of the status file last read; None: read it on the next look.
     status_key: tuple[int, int, int] | None = None
     status: dict[str, Any] | None = None  # the member's status as last applied

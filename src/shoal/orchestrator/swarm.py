@@ -23,7 +23,7 @@ from shoal.core.errors import ConflictError, ShoalError, UsageError
 from shoal.core.events import TeammateReady, TeammateSpawned
 from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
-from shoal.core.procs import is_alive
+from shoal.core.procs import Termination, is_alive
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -412,21 +412,24 @@ class Swarm(MemberRecords):
         ended: list[MemberRun] = []
         for run in list(self.members.values()):
             alive = run.backend.is_alive(run.handle)
+            if run.ending is not None:  # being killed: KILL once its grace is over
+                if run.ending.advance(now, alive=alive):
+                    run.backend.kill(run.handle)  # (what is left: its pane, its zombie)
+                    ended.append(run)
+                continue
             if alive and not run.became_ready and now > run.deadline:
                 run.end_because(
                     StopCause.NOT_READY, f"not ready within {run.deadline - run.launched:.0f}s"
                 )
-                run.backend.kill(run.handle)
-                alive = False
+                alive = not self._begin_kill(run)
             elif alive and late:
                 timeout = self._shutdown_timeout
                 run.end_because(
                     StopCause.SHUTDOWN_TIMEOUT, f"did not shut down within {timeout:g}s; killed"
                 )
                 self.leader.note(f"killed teammate {run.name}: it did not shut down in time")
-                run.backend.kill(run.handle)
-                alive = False
-            if not alive:
+                alive = not self._begin_kill(run)
+            if not alive and run.ending is None:
                 ended.append(run)
         for run in ended:
             self._ended(run, settle_member=False)
@@ -473,8 +476,30 @@ class Swarm(MemberRecords):
         if run is None:
             return
         run.end_because(cause)
-        run.backend.kill(run.handle)
-        self._ended(run)
+        if self._begin_kill(run):
+            self._ended(run)
+
+    def _begin_kill(self, run: MemberRun) -> bool:
+        """Begin killing a teammate without waiting: TERM to its process group now, KILL from
+        `check` once the grace is over. True when it is gone already (an in-process one is
+        cancelled at once; a backend that cannot name a process group kills it itself)."""
+        if run.ending is not None:
+            return False
+        pid = run.handle.pid
+        if run.in_process or pid is None or run.backend.name not in ("process", "tmux"):
+            run.backend.kill(run.handle)
+            return True
+        member = self.leader.teams.read(self.leader.team).member(run.name)
+        started = member.pid_started_at if member is not None and member.pid == pid else None
+        ending = Termination(pid, started, grace=self.leader.limits.kill_grace, group=True)
+        if not ending.begin():
+            run.backend.kill(run.handle)
+            return True
+        run.ending = ending
+        if run.phase in (Phase.STARTING, Phase.READY):
+            run.move(Phase.STOPPING)
+        self.leader.wake()
+        return False
 
     def member_of_task(self, task_id: str) -> str | None:
         for run in self.members.values():
@@ -592,6 +617,7 @@ class Swarm(MemberRecords):
 
     def next_due(self) -> float | None:
         due = [r.deadline for r in self.members.values() if not r.became_ready]
+        due += [r.ending.next_due() for r in self.members.values() if r.ending is not None]
         if self._shutdown_deadline is not None and self.members:
             due.append(self._shutdown_deadline)
         return min(due, default=None)
