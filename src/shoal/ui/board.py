@@ -22,6 +22,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from shoal.core.events import (
+    MessageReceived,
+    TaskStalled,
+    TaskStarted,
+    TaskTerminated,
+    parse_event,
+)
 from shoal.ui.source import MemberRow, Snapshot, SwarmSource, TaskRow
 from shoal.ui.status import (
     describe_teammate_activity,
@@ -197,24 +204,23 @@ def left_out_line(count: int) -> str:
     return f"+ {count} earlier finished {noun} (shoal ps --all)"
 
 
-def event_line(event: Mapping[str, Any]) -> str | None:
-    """One line for an event worth showing on the board (None for the others)."""
-    ts = event.get("ts")
-    stamp = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, int | float) else ""
-    sub = event.get("subtype")
-    if sub == "task_started":
-        return f"{stamp} started  {event.get('task_id')}  {event.get('description', '')}"
-    if sub == "task_terminated":
-        return f"{stamp} {event.get('status', '?'):<8} {event.get('task_id')}  " + str(
-            event.get("summary", "")
-        )
-    if sub == "task_stalled":
-        return f"{stamp} waiting? {event.get('task_id')}  {event.get('prompt', '')}"
-    msg = event.get("message")
-    if event.get("type") == "message" and isinstance(msg, Mapping):
-        data = msg.get("data")
+def event_line(record: Mapping[str, Any]) -> str | None:
+    """One line for an event record worth showing on the board (None for the others)."""
+    event = parse_event(dict(record))
+    if event is None:
+        return None
+    ts = event.ts
+    stamp = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts is not None else ""
+    if isinstance(event, TaskStarted):
+        return f"{stamp} started  {event.task_id}  {event.description}"
+    if isinstance(event, TaskTerminated):
+        return f"{stamp} {event.status:<8} {event.task_id}  {event.summary}"
+    if isinstance(event, TaskStalled):
+        return f"{stamp} waiting? {event.task_id}  {event.prompt}"
+    if isinstance(event, MessageReceived):
+        msg, data = event.message, event.data
         text = msg.get("text") or msg.get("summary") or ""
-        if not text and isinstance(data, Mapping):
+        if not text:
             text = data.get("plan") or data.get("summary") or ""
         line = f"{stamp} message  {msg.get('from')} [{msg.get('kind')}] {one_line(text, 60)}"
         return line.rstrip()
