@@ -31,11 +31,7 @@ from shoal.core.errors import ShoalError, TaskError
 from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import (
-    STOPPED_ON_REQUEST,
-    TaskStatus,
-    TaskType,
-)
+from shoal.core.tasks import STOPPED_ON_REQUEST, TaskStatus, TaskType
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
@@ -52,8 +48,6 @@ from shoal.workers import shell
 from shoal.workers.kinds import Poll, TaskKind
 
 __all__ = ["Leader", "Policy", "TaskError"]
-
-
 # How often the shared task list is checked for tasks of members that are gone.
 RELEASE_INTERVAL_S: Final = 5.0
 # state.json is rewritten at most this often by the loop (requests from users force a write).
@@ -104,15 +98,14 @@ class Leader(LeaderRequests):
         """Become the team's leader: resume its last session or begin a new one."""
         if not self.teams.exists(self.team):
             self.teams.create(self.team)
-        me, _ = self._identity
         tf = claim_lead(self.teams, self.team, self._identity)
         raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
         resumed = resume(self, tf.lead_session_id)
         self.teams.update(
-            self.team, lambda t: t.model_copy(update={"lead_session_id": self.session.id})
+            self.team, lambda t: t.model_copy(update={"lead_session_id": self.session_id})
         )
         self.persist(force=True)
-        self.emit(LeaderStarted(team=self.team, pid=me, resumed=resumed))
+        self.emit(LeaderStarted(team=self.team, pid=self._identity[0], resumed=resumed))
         maildir = Maildir.create(self.layout.inbox_dir(self.team, LEAD_NAME), self.layout.home)
         self._inbox = Inbox(maildir, lead=LEAD_NAME)
         self._subscription = self._inbox.subscribe(self._on_message)
@@ -182,7 +175,7 @@ class Leader(LeaderRequests):
             next_tick = self._pass(min(next_tick, time.monotonic() + 0.05))
 
     def _kinds(self) -> Iterable[TaskKind]:
-        return (self.shell, self.swarm)
+        return dict.fromkeys(self.kinds.values())  # (each once, in order)
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         """Run one step; a failure (a full disk, a broken team file) is a note, once per new

@@ -228,6 +228,28 @@ class MemberRecords:
         self._status_dir = host.layout.status_dir(host.team)
         self._status_dir_seen: int | None = None
 
+    def _begin_kill(self, run: MemberRun) -> bool:
+        """Begin killing a teammate without waiting: TERM to its process group now, KILL from
+        `check` once the grace is over. True when it is gone already (an in-process one is
+        cancelled at once; a backend that cannot name a process group kills it itself)."""
+        if run.ending is not None:
+            return False
+        pid = run.handle.pid
+        if run.in_process or pid is None or run.backend.name not in ("process", "tmux"):
+            run.backend.kill(run.handle)
+            return True
+        member = self.leader.teams.read(self.leader.team).member(run.name)
+        started = member.pid_started_at if member is not None and member.pid == pid else None
+        ending = Termination(pid, started, grace=self.leader.limits.kill_grace, group=True)
+        if not ending.begin():
+            run.backend.kill(run.handle)
+            return True
+        run.ending = ending
+        if run.phase in (Phase.STARTING, Phase.READY):
+            run.move(Phase.STOPPING)
+        self.leader.wake()
+        return False
+
     def _update_teammate(self, run: MemberRun, **changes: Any) -> None:
         with contextlib.suppress(ShoalError, TypeError):
             self.leader.set_task(run.task_id, **changes)

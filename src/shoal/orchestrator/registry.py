@@ -111,12 +111,6 @@ class TaskRegistry:
         with self._lock:
             return self._tasks.get(task_id)
 
-    def get_many(self, task_ids: Iterable[str]) -> list[AnyTaskState]:
-        """The current states of those of `task_ids` that are here (one lock for all)."""
-        with self._lock:
-            tasks = self._tasks
-            return [t for i in task_ids if (t := tasks.get(i)) is not None]
-
     def remove(self, task_id: str) -> AnyTaskState | None:
         """Drop `task_id` from the registry; returns what was removed, or None."""
         with self._lock:

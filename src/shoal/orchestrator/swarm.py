@@ -23,7 +23,7 @@ from shoal.core.errors import ConflictError, ShoalError, UsageError
 from shoal.core.events import TeammateReady, TeammateSpawned
 from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
-from shoal.core.procs import Termination, is_alive
+from shoal.core.procs import is_alive
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -479,28 +479,6 @@ class Swarm(MemberRecords):
         if self._begin_kill(run):
             self._ended(run)
 
-    def _begin_kill(self, run: MemberRun) -> bool:
-        """Begin killing a teammate without waiting: TERM to its process group now, KILL from
-        `check` once the grace is over. True when it is gone already (an in-process one is
-        cancelled at once; a backend that cannot name a process group kills it itself)."""
-        if run.ending is not None:
-            return False
-        pid = run.handle.pid
-        if run.in_process or pid is None or run.backend.name not in ("process", "tmux"):
-            run.backend.kill(run.handle)
-            return True
-        member = self.leader.teams.read(self.leader.team).member(run.name)
-        started = member.pid_started_at if member is not None and member.pid == pid else None
-        ending = Termination(pid, started, grace=self.leader.limits.kill_grace, group=True)
-        if not ending.begin():
-            run.backend.kill(run.handle)
-            return True
-        run.ending = ending
-        if run.phase in (Phase.STARTING, Phase.READY):
-            run.move(Phase.STOPPING)
-        self.leader.wake()
-        return False
-
     def member_of_task(self, task_id: str) -> str | None:
         for run in self.members.values():
             if run.task_id == task_id:
@@ -540,23 +518,6 @@ class Swarm(MemberRecords):
             run.backend.kill(run.handle)
             self._ended(run)
         self._close_backends()
-
-    def shutdown_all(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> list[str]:
-        """The shutdown handshake, waiting for it (for callers that own no loop); returns the
-        names that had to be killed."""
-        self.begin_shutdown(timeout)
-        killed: list[str] = []
-        while self.members:
-            late = (
-                [n for n, r in self.members.items() if r.backend.is_alive(r.handle)]
-                if time.monotonic() > (self._shutdown_deadline or 0)
-                else []
-            )
-            killed += late
-            self.check()
-            if self.members:
-                time.sleep(0.02)
-        return killed
 
     def _close_backends(self) -> None:
         for backend in self._backends.values():
