@@ -217,7 +217,7 @@ class Leader(LeaderRequests):
         self._step("reap", lambda: self.reap(only_signalled=True))
         self._step("deliver mail", self.deliver_mail)
         self._step("answer control", self.answer_control)
-        self._step("teammates", self.swarm.check)
+        self._step("teammates", lambda: self.swarm.check(full=False))
         self._step("policy", lambda: self.apply_policies(mono))
         self._step("notify", self.notify)
         self._step("evict", lambda: self.evict(now))

@@ -31,6 +31,7 @@ from ulid import ULID
 from shoal.core.errors import CorruptFileError, NotFoundError
 from shoal.core.events import (
     Event,
+    SystemEvent,
     TaskNotified,
     TaskTerminated,
     parse_event,
@@ -182,11 +183,14 @@ class Session:
         """Every event record so far (a torn last line, from a crash mid-write, is skipped)."""
         yield from _read_jsonl(self.events_file)
 
-    def typed_events(self) -> Iterator[Event]:
-        """Every event so far that this build knows, as its model."""
-        for record in self.events():
+    def typed_events(self, *kinds: type[SystemEvent]) -> Iterator[Event]:
+        """Every event so far that this build knows, as its model; with `kinds`, only events
+        of those kinds (lines naming none of their subtypes are not even decoded: a resume
+        reads a long session's stream in a fraction of the time)."""
+        marks = [f'"{k.model_fields["subtype"].default}"'.encode() for k in kinds]
+        for record in _read_jsonl(self.events_file, marks):
             event = parse_event(record)
-            if event is not None:
+            if event is not None and (not kinds or isinstance(event, kinds)):
                 yield event
 
     def history(self) -> dict[str, dict[str, Any]]:
@@ -222,13 +226,17 @@ class HistoryReader:
         return self.records
 
 
-def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def _read_jsonl(path: Path, marks: Iterable[bytes] = ()) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (with `marks`, only lines holding one of them)."""
+    wanted = list(marks)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
     with os.fdopen(fd, "rb") as fh:
         for line in fh:
+            if wanted and not any(m in line for m in wanted):
+                continue
             with contextlib.suppress(orjson.JSONDecodeError):
                 record = orjson.loads(line)
                 if isinstance(record, dict):
@@ -344,7 +352,7 @@ def resume(host: SessionHost, session_id: str | None) -> bool:
         host.new_session()
         host.note(f"{exc}; moved it to {aside} and started a new session")
         return False
-    announced, notified = _ended_in_stream(session.typed_events())
+    announced, notified = _ended_in_stream(session.typed_events(TaskTerminated, TaskNotified))
     host.snapshot.announced = announced
     host.created_at = state.created_at
     for task in state.tasks.values():

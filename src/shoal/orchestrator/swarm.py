@@ -16,6 +16,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -273,7 +274,7 @@ class Swarm(MemberRecords):
         )
         self._launching.discard(plan.name)
         if isinstance(plan.backend, InProcessBackend):
-            plan.backend.on_done(handle, leader.wake)
+            plan.backend.on_done(handle, partial(self._on_done, plan.name))
         else:
             leader.watch_pid(f"member:{plan.name}", handle.pid)
         leader.emit(
@@ -391,7 +392,7 @@ class Swarm(MemberRecords):
 
     # -- supervision -------------------------------------------------------------------------
 
-    def check(self) -> None:
+    def check(self, full: bool = True) -> None:
         """Notice teammates that became ready, died, never became ready in time, or outlived
         the shutdown handshake, and settle their tasks; bring the records of the others in
         step with their status files. Never waits for a teammate."""
@@ -410,7 +411,18 @@ class Swarm(MemberRecords):
         now = time.monotonic()
         late = self._shutdown_deadline is not None and now > self._shutdown_deadline
         ended: list[MemberRun] = []
-        for run in list(self.members.values()):
+        exited, self._exited = self._exited, set()
+        if full or late:
+            runs = list(self.members.values())
+        else:  # between ticks: only those with news (an end signalled, a kill or deadline due)
+            runs = [
+                r
+                for r in self.members.values()
+                if r.name in exited
+                or r.ending is not None
+                or (not r.became_ready and now > r.deadline)
+            ]
+        for run in runs:
             alive = run.backend.is_alive(run.handle)
             if run.ending is not None:  # being killed: KILL once its grace is over
                 if run.ending.advance(now, alive=alive):
@@ -567,8 +579,12 @@ class Swarm(MemberRecords):
         return [r.task_id for r in self.members.values()]
 
     def signalled(self) -> Iterable[str]:
-        exited, self._exited = self._exited, set()
-        return [self.members[n].task_id for n in exited if n in self.members]
+        return ()  # (`check` looks at the members whose end was signalled, in its own step)
+
+    def _on_done(self, name: str) -> None:
+        """An in-process teammate's coroutine ended (called on its loop's thread)."""
+        self._exited.add(name)
+        self.leader.wake()
 
     def on_exit(self, key: str) -> bool:
         if key.startswith("member:"):

@@ -225,7 +225,12 @@ class BatchPolicy:
         driver.save_record()
 
     def next_due(self) -> float | None:
-        if self.events or self.driver.signal is not None:
+        """Now, when there is news and the leader's queue may run dry (or a signal came);
+        else the next timeout. News that can wait is read on the next pass, which a running
+        task's end brings soon: one pass per end, not two."""
+        if self.driver.signal is not None:
+            return 0.0
+        if self.events and len(self.leader.queue) < max(1, self.driver.jobs):
             return 0.0
         return self.driver.batch.next_deadline()
 
