@@ -150,29 +150,28 @@ class MessageReceived(Event):
         return data if isinstance(data, dict) else {}
 
 
-class RunEvent(Event):
+class _OpenEvent(Event):
+    """An event whose fields vary by subtype (kept as extra fields, read with `get`)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
+
+    subtype: str
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the event, or `default`."""
+        return (self.model_extra or {}).get(key, default)
+
+
+class RunEvent(_OpenEvent):
     """An event of a batch run (`shoal run`); its fields depend on the subtype, see README."""
 
-    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
-
     type: Literal["run"] = "run"
-    subtype: str
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """A field of the event (they vary by subtype)."""
-        return (self.model_extra or {}).get(key, default)
 
 
-class RunResult(Event):
+class RunResult(_OpenEvent):
     """The last event of a batch run: its verdict."""
 
-    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
-
     type: Literal["result"] = "result"
-    subtype: str
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return (self.model_extra or {}).get(key, default)
 
 
 def _tag(value: Any) -> str:

@@ -181,29 +181,9 @@ def task_notification_message(
     )
 
 
-def notify_owner(
-    directory: Directory,
-    owner: str,
-    *,
-    xml: str,
-    summary: str,
-    task_id: str,
-    status: str,
-    task_type: str,
-    output_file: str | None,
-    message_id: str | None = None,
-) -> str:
-    """Deliver a task's notification to its owner's inbox; returns the message id."""
-    message = task_notification_message(
-        sender=directory.lead_name,
-        to=owner,
-        xml=xml,
-        summary=summary,
-        task_id=task_id,
-        status=status,
-        task_type=task_type,
-        output_file=output_file,
-        message_id=message_id,
-    )
+def notify_owner(directory: Directory, owner: str, **fields: Any) -> str:
+    """Deliver a task's notification (`task_notification_message`'s fields) to its owner's
+    inbox; returns the message id."""
+    message = task_notification_message(sender=directory.lead_name, to=owner, **fields)
     deliver_to(directory.inbox(owner), message)
     return message.id

@@ -93,6 +93,7 @@ class StopCause(StrEnum):
     SHUTDOWN_APPROVED = "shut down on request"  # it approved the lead's shutdown_request
     NOT_READY = "not ready in time"
     SHUTDOWN_TIMEOUT = "did not shut down in time"
+    KILLED = "killed by the leader"  # (for a reason of its own, given in words)
 
 
 class SwarmHost(TaskStore, Protocol):

@@ -482,12 +482,14 @@ class Swarm(MemberRecords):
             note += f"; its tasks {', '.join(str(t.id) for t in released)} went back to pending"
         leader.note(note)
 
-    def stop(self, name: str, cause: StopCause = StopCause.ON_REQUEST) -> None:
-        """Kill one teammate now (no handshake)."""
+    def stop(
+        self, name: str, cause: StopCause = StopCause.ON_REQUEST, detail: str | None = None
+    ) -> None:
+        """Kill one teammate now (no handshake); `detail` says why, in words."""
         run = self.members.get(name)
         if run is None:
             return
-        run.end_because(cause)
+        run.end_because(cause, detail)
         if self._begin_kill(run):
             self._ended(run)
 
@@ -560,8 +562,8 @@ class Swarm(MemberRecords):
             return
         if reason == STOPPED_ON_REQUEST:
             self.stop(name)
-        else:
-            self.stop(name, StopCause.SHUTDOWN_TIMEOUT)
+        else:  # (killed for a reason of the leader's, e.g. a shutdown: it says which)
+            self.stop(name, StopCause.KILLED, reason)
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         assert isinstance(task, InProcessTeammateTaskState)
