@@ -17,9 +17,10 @@ from shoal.core.tasks import (
     TaskStatus,
     transition,
 )
-from shoal.orchestrator.control import ControlError, call
+from shoal.orchestrator.control import call
 from shoal.orchestrator.liveness import leader_alive
-from shoal.orchestrator.session import current_session
+from shoal.orchestrator.session import Session, current_session
+from shoal.teams.models import TeamFile
 from shoal.teams.store import Teams
 from shoal.workers import shell
 
@@ -37,42 +38,99 @@ class DownReport:
 
 
 def bring_down(layout: Layout, team: str, *, timeout: float = 30.0) -> DownReport:
-    """Ask the leader to stop (killing it after `timeout`), then kill leftover task processes."""
+    """Ask the leader to stop (killing it after `timeout`), then kill leftover task processes.
+
+    The leader is found through the team file, or, when that file is unreadable or gone,
+    through its session's own record (pid + start time): a corrupt team file never strands
+    a leader and its tasks."""
     report = DownReport(team)
-    alive = leader_alive(layout, team)
-    if alive is not None:
-        pid, started = alive
+    found = find_leader(layout, team, report)
+    if found.alive is not None:
+        pid, started = found.alive
         report.leader_pid = pid
-        with contextlib.suppress(ControlError):
-            call(layout, team, "down", timeout=min(timeout, 10.0))
+        asked = False
+        if found.team_file is not None:
+            with contextlib.suppress(ShoalError):
+                call(layout, team, "down", timeout=min(timeout, 10.0))
+                asked = True
+        if not asked:
+            # No control channel to reach it through: SIGTERM is the leader's normal stop.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if is_alive(pid, started):
+                    os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while is_alive(pid, started) and time.monotonic() < deadline:
             time.sleep(0.02)
         if is_alive(pid, started):
             terminate(pid, started)
             report.warnings.append(f"the leader (pid {pid}) did not stop in {timeout:g}s; killed")
-    report.killed_orphans = kill_orphans(layout, team, report)
+    report.killed_orphans = kill_orphans(layout, team, report, found)
     return report
 
 
-def kill_orphans(layout: Layout, team: str, report: DownReport) -> list[str]:
+@dataclass
+class FoundLeader:
+    """Where a team's leader and its session are, as far as the disk tells."""
+
+    session: Session | None
+    alive: tuple[int, float] | None  # (pid, start time) of a running leader
+    team_file: TeamFile | None  # None: unreadable or missing
+
+
+def find_leader(layout: Layout, team: str, report: DownReport) -> FoundLeader:
+    """The team's session and running leader: from the team file when it can be read, else
+    from the newest session on disk that belongs to the team (its state.json names the leader)."""
+    try:
+        tf = Teams(layout).read(team)
+    except ShoalError as exc:
+        session = latest_session_of(layout, team)
+        if session is None:
+            raise  # no team file and no session of the team: nothing to bring down
+        report.warnings.append(f"{exc}; using session {session.id}'s own record of its leader")
+        return FoundLeader(session, _recorded_leader(session), None)
+    session = current_session(layout, team)
+    return FoundLeader(session, leader_alive(layout, team), tf)
+
+
+def latest_session_of(layout: Layout, team: str) -> Session | None:
+    """The newest session directory whose state.json belongs to `team` (session ids are
+    time-ordered ULIDs), or None."""
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(layout.sessions_dir), reverse=True):
+            session = Session(layout, name)
+            with contextlib.suppress(ShoalError, OSError):
+                if session.state_file.exists() and session.read_state().team == team:
+                    return session
+    return None
+
+
+def _recorded_leader(session: Session) -> tuple[int, float] | None:
+    with contextlib.suppress(ShoalError, OSError):
+        leader = session.read_state().leader
+        if leader is not None and is_alive(leader.pid, leader.started_at):
+            return leader.pid, leader.started_at
+    return None
+
+
+def kill_orphans(
+    layout: Layout, team: str, report: DownReport, found: FoundLeader | None = None
+) -> list[str]:
     """Kill what no leader owns any more: the session's shell task processes and its
     teammates (process or tmux; in-process ones died with their leader). TERM goes to all of
     them first, then one wait; they are marked killed."""
-    session = current_session(layout, team)
-    if session is None or not session.state_file.exists() or leader_alive(layout, team):
+    if found is None:
+        found = find_leader(layout, team, report)
+    session = found.session
+    if session is None or not session.state_file.exists():
+        return []
+    if leader_alive(layout, team) if found.team_file is not None else _recorded_leader(session):
         return []
     try:
         state = session.read_state()
     except ShoalError as exc:
         report.warnings.append(str(exc))
         return []
-    teams = Teams(layout)
-    try:
-        tf = teams.read(team)
-    except ShoalError as exc:
-        report.warnings.append(str(exc))
-        tf = None
+    tf = found.team_file
     killed: list[str] = []
     victims: list[tuple[int, float | None]] = []
     tasks = dict(state.tasks)
