@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from shoal import __version__
 from shoal.cli.common import Env, common_options
-from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
+from shoal.core.errors import EXIT_INTERRUPTED, NoSpaceError, ShoalError, is_no_space
 
 # Command name -> "module:attribute". Modules are imported only when their command runs (or
 # for --help), so `shoal send` does not pay for textual, libtmux and the batch engine.
@@ -52,14 +52,25 @@ class ShoalGroup(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise_or_report(exc)
+            # A write outside the helpers of core/jsonio.py met a full disk: still one line.
+            failed = NoSpaceError.from_os_error(exc, exc.filename or "a file under SHOAL_HOME")
+            click.echo(f"shoal: error: {failed}", err=True)
+            sys.exit(failed.exit_code)
         except Exception as exc:  # a bug: one line, the traceback on request
-            if os.environ.get("SHOAL_DEBUG"):
-                raise
-            click.echo(
-                f"shoal: internal error: {exc!r} (run with SHOAL_DEBUG=1 for the traceback)",
-                err=True,
-            )
-            sys.exit(1)
+            raise_or_report(exc)
+
+
+def raise_or_report(exc: Exception) -> NoReturn:
+    """An unexpected exception (a bug): one line and exit 1, or the traceback with SHOAL_DEBUG."""
+    if os.environ.get("SHOAL_DEBUG"):
+        raise exc
+    click.echo(
+        f"shoal: internal error: {exc!r} (run with SHOAL_DEBUG=1 for the traceback)", err=True
+    )
+    sys.exit(1)
 
 
 @click.group(cls=ShoalGroup, context_settings={"help_option_names": ["-h", "--help"]})

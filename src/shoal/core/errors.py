@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 # Exit codes of the CLI contract.
@@ -58,3 +60,38 @@ class UnknownRecipientError(ShoalError):
 
 class TaskError(ShoalError):
     """A task request was refused (unknown task, already finished, bad command)."""
+
+
+# errno values that mean the filesystem has no room for what is being written.
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """True for an OSError saying the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS
+
+
+class NoSpaceError(ShoalError):
+    """A write found the filesystem full (ENOSPC) or the quota used up (EDQUOT).
+
+    Raised by the write helpers of core/jsonio.py once they have removed what they began (a
+    temp file, a torn line), so the caller's old file is intact and nothing is half written.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, quota: bool = False, what: str = ""
+    ) -> None:
+        self.path = Path(path)
+        self.quota = quota
+        where = f"{what} {self.path}" if what else str(self.path)
+        cause = (
+            "no space left on device (disk quota exceeded)" if quota else "no space left on device"
+        )
+        super().__init__(f"{cause} writing {where} (free some space and retry)")
+
+    @classmethod
+    def from_os_error(
+        cls, exc: OSError, path: str | os.PathLike[str], *, what: str = ""
+    ) -> NoSpaceError:
+        """The NoSpaceError for `exc` (ENOSPC or EDQUOT) met while writing `path`."""
+        return cls(path, quota=exc.errno == errno.EDQUOT, what=what)

@@ -15,7 +15,13 @@ import orjson
 from filelock import AcquireReturnProxy, FileLock, Timeout
 from pydantic import BaseModel, ValidationError
 
-from shoal.core.errors import CorruptFileError, NotFoundError, ShoalError
+from shoal.core.errors import (
+    CorruptFileError,
+    NoSpaceError,
+    NotFoundError,
+    ShoalError,
+    is_no_space,
+)
 from shoal.core.paths import FILE_MODE
 
 M = TypeVar("M", bound=BaseModel)
@@ -49,8 +55,15 @@ def write_new_file(path: str | os.PathLike[str], data: bytes, *, durable: bool =
     The one write loop behind every temp-file-then-publish write (atomic_write here, maildir
     delivery's link into `new/`). FileExistsError and FileNotFoundError from the create pass
     through untouched (nothing was made), so callers can pick another name or report the dir.
+    A full disk or quota (ENOSPC, EDQUOT: at the create, a write, the fsync or the close)
+    raises NoSpaceError naming `path`, with the file removed.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    except OSError as exc:
+        if is_no_space(exc):
+            raise NoSpaceError.from_os_error(exc, path) from None
+        raise
     try:
         try:
             view = memoryview(data)
@@ -60,24 +73,63 @@ def write_new_file(path: str | os.PathLike[str], data: bytes, *, durable: bool =
                 os.fsync(fd)
         finally:
             os.close(fd)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        if is_no_space(exc):
+            assert isinstance(exc, OSError)
+            raise NoSpaceError.from_os_error(exc, path) from None
         raise
 
 
 def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
-    """Write `data` to `path` by temp file + os.replace, so readers see old or new, never half."""
+    """Write `data` to `path` by temp file + os.replace, so readers see old or new, never half.
+
+    A full disk raises NoSpaceError naming `path` (not the temp file, which is removed); the
+    old file is left as it was.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    write_new_file(tmp, data, durable=durable)
+    try:
+        write_new_file(tmp, data, durable=durable)
+    except NoSpaceError as exc:
+        raise NoSpaceError(path, quota=exc.quota) from None
     try:
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if is_no_space(exc):  # (a rename that must grow its directory, on some filesystems)
+            assert isinstance(exc, OSError)
+            raise NoSpaceError.from_os_error(exc, path) from None
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def append_line(fd: int, line: bytes, path: str | os.PathLike[str]) -> None:
+    """Append all of `line` to the O_APPEND file open at `fd` (the one loop behind every
+    append-only log: events, history, handled ids).
+
+    A line the disk has no room for raises NoSpaceError naming `path`, and what part of it was
+    written is cut off again (when no other writer appended meanwhile), so the log never holds
+    a torn line that the next record would be glued to.
+    """
+    start = os.fstat(fd).st_size
+    written = 0
+    try:
+        view = memoryview(line)
+        while view:
+            n = os.write(fd, view)
+            written += n
+            view = view[n:]
+    except OSError as exc:
+        if written:
+            with contextlib.suppress(OSError):
+                if os.fstat(fd).st_size == start + written:
+                    os.ftruncate(fd, start)
+        if is_no_space(exc):
+            raise NoSpaceError.from_os_error(exc, path) from None
+        raise
 
 
 def read_bytes_nofollow(path: Path) -> bytes:
@@ -138,6 +190,16 @@ class BackoffFileLock(FileLock):
         *,
         blocking: bool | None = None,
         **kwargs: Any,
+    ) -> AcquireReturnProxy[Any]:
+        try:
+            return self._acquire_backing_off(timeout, poll_interval, blocking=blocking)
+        except OSError as exc:  # (creating the lock file on a full disk)
+            if is_no_space(exc):
+                raise NoSpaceError.from_os_error(exc, self.lock_file) from None
+            raise
+
+    def _acquire_backing_off(
+        self, timeout: float | None, poll_interval: float | None, *, blocking: bool | None
     ) -> AcquireReturnProxy[Any]:
         if blocking is False:
             try:

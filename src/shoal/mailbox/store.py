@@ -16,8 +16,14 @@ import stat
 import time
 from pathlib import Path
 
-from shoal.core.errors import MessageTooLargeError, NotFoundError, UnsafePathError
-from shoal.core.jsonio import fsync_dir, write_new_file
+from shoal.core.errors import (
+    MessageTooLargeError,
+    NoSpaceError,
+    NotFoundError,
+    UnsafePathError,
+    is_no_space,
+)
+from shoal.core.jsonio import append_line, fsync_dir, write_new_file
 from shoal.core.paths import FILE_MODE, check_path, ensure_dir
 from shoal.mailbox.schema import MAX_MESSAGE_BYTES
 
@@ -92,7 +98,8 @@ class Maildir:
         """Deliver one whole message file; returns its maildir name.
 
         Written in `tmp/` with O_EXCL|O_NOFOLLOW, fsynced when `durable`, then hard-linked into
-        `new/` (so `new/` only ever holds complete files) and unlinked from `tmp/`.
+        `new/` (so `new/` only ever holds complete files) and unlinked from `tmp/`. A full
+        disk raises NoSpaceError naming the inbox, with nothing left in `tmp/` or `new/`.
         """
         if len(data) > MAX_MESSAGE_BYTES:
             raise MessageTooLargeError(
@@ -108,11 +115,18 @@ class Maildir:
                 continue
             except FileNotFoundError:
                 raise NotFoundError(f"inbox {self.path} is gone (was the team deleted?)") from None
+            except NoSpaceError as exc:  # (write_new_file removed the tmp/ file)
+                raise NoSpaceError(self.path, quota=exc.quota, what="a message to") from None
             try:
                 os.link(tmp, f"{self._new_s}/{name}")
             except FileExistsError:
                 os.unlink(tmp)
                 continue
+            except OSError as exc:
+                os.unlink(tmp)
+                if is_no_space(exc):  # (new/ could not grow to hold one more name)
+                    raise NoSpaceError.from_os_error(exc, self.path, what="a message to") from None
+                raise
             os.unlink(tmp)
             if durable:
                 fsync_dir(self.new)
@@ -173,18 +187,20 @@ class Maildir:
             os.unlink(f"{self._cur_s}/{name}")
 
     def quarantine(self, sub: str, name: str, reason: str) -> None:
-        """Move `sub/name` into `bad/` with a `.error` file beside it saying why."""
+        """Move `sub/name` into `bad/` with a `.error` file beside it saying why.
+
+        The reason is written first: on a full disk NoSpaceError is raised and the message
+        stays where it was (a `.error` alone is never listed as a bad message).
+        """
+        error_file = self.bad / f"{name}.error"
         with contextlib.suppress(FileNotFoundError):
+            os.unlink(error_file)  # (left by an earlier quarantine of the same name)
+        write_new_file(error_file, reason.encode("utf-8", "replace") + b"\n")
+        try:
             os.rename(self.path / sub / name, self.bad / name)
-            fd = os.open(
-                self.bad / f"{name}.error",
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                FILE_MODE,
-            )
-            try:
-                os.write(fd, reason.encode("utf-8", "replace") + b"\n")
-            finally:
-                os.close(fd)
+        except FileNotFoundError:  # (claimed or quarantined by another reader meanwhile)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(error_file)
 
     def bad_messages(self) -> list[tuple[str, str]]:
         """(name, reason) of every quarantined message."""
@@ -217,14 +233,15 @@ class Maildir:
     def mark_handled(self, message_id: str, *, durable: bool = False) -> None:
         """Append `message_id` to the handled log (one O_APPEND write, atomic for short lines).
 
-        The log stays open between messages (a reader handles many)."""
+        The log stays open between messages (a reader handles many). On a full disk
+        NoSpaceError, and the log is as it was (the message stays in `cur/`, not acked)."""
         if self._handled_fd is None:
             self._handled_fd = os.open(
                 self.handled_log,
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
                 FILE_MODE,
             )
-        os.write(self._handled_fd, message_id.encode() + b"\n")
+        append_line(self._handled_fd, message_id.encode() + b"\n", self.handled_log)
         if durable:
             os.fsync(self._handled_fd)
 
