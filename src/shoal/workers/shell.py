@@ -166,6 +166,29 @@ def start(
     return ShellProcess(pid, None, child=True)
 
 
+# A gate in front of the wrapper: nothing runs until one line arrives on stdin (EOF, i.e. the
+# spawner died first: nothing runs at all), then the command gets /dev/null as its stdin.
+_GATE = "IFS= read -r __shoal_go || exit 125; exec </dev/null; "
+
+
+def wrapped_argv(
+    argv: Sequence[str], exit_file: Path, cwd: str | None = None, *, gated: bool = False
+) -> list[str]:
+    """The `sh` argv that runs `argv` (as `argv_for` makes it) under the wrapper, which records
+    its pid and exit code in `exit_file` and its `.pid` sibling (made here, empty and private).
+
+    For a caller that spawns the process itself, into an output file of its own (a teammate's
+    commands). `gated`: the process waits for one line on its stdin before it runs anything, so
+    the caller can record the pid first (a caller killed before that runs nothing).
+    """
+    for side in (exit_file, pid_file_for(exit_file)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(side)
+        os.close(os.open(side, _SIDE_FILE_FLAGS, FILE_MODE))
+    script = (_GATE if gated else "") + _WRAPPER
+    return [_SH, "-c", script, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv]
+
+
 def pid_file_for(output_file: str | Path) -> Path:
     """Where the wrapper records its pid (the task's process group id)."""
     path = Path(output_file)
@@ -251,6 +274,29 @@ def looks_like_prompt(output_file: str | Path) -> str | None:
 # Exit code recorded for a task killed before the wrapper could record one (SIGKILL).
 EXIT_KILLED = 137
 
+# The output cap holds within max(CAP_SLACK_SHARE of it, CAP_SLACK_MIN) bytes: a task whose
+# file grows fast is looked at again before it could write half that slack, at most every
+# CAP_CHECK_FLOOR_S; a quiet one only at the loop's full ticks. A new task is looked at once
+# right after it starts (a fast writer is caught in its first milliseconds, not after a second).
+CAP_SLACK_SHARE = 0.1
+CAP_SLACK_MIN = 64 << 20
+CAP_CHECK_FLOOR_S = 0.01
+
+
+def cap_slack(cap: int) -> int:
+    """How far past `cap` an output file may grow before its task is killed (at worst)."""
+    return max(int(cap * CAP_SLACK_SHARE), CAP_SLACK_MIN)
+
+
+def next_cap_check(cap: int, rate: float, interval: float) -> float | None:
+    """Seconds until a file growing at `rate` bytes/s must be looked at again (half the time
+    it needs to write the slack, at least CAP_CHECK_FLOOR_S), or None when the loop's full
+    tick every `interval` s comes soon enough."""
+    if rate <= 0:
+        return None
+    due = cap_slack(cap) / (2 * rate)
+    return None if due >= interval else max(CAP_CHECK_FLOOR_S, due)
+
 
 class ShellKind:
     """`local_bash` tasks for the leader's loop: start, reap, output, stalls and kills.
@@ -269,6 +315,10 @@ class ShellKind:
         self._exited: set[str] = set()
         self._growth: dict[str, tuple[int, float]] = {}  # task -> (size, since when)
         self._output: dict[str, tuple[str, int]] = {}  # task -> (output file, offset read)
+        # Output-cap watch of fast writers only: task -> when to look again, and the size
+        # seen last (with when), from which the growth rate is measured.
+        self._cap_due: dict[str, float] = {}
+        self._sizes: dict[str, tuple[int, float]] = {}
         self._next_stall_check = 0.0
 
     # -- the protocol ------------------------------------------------------------------------
@@ -306,10 +356,12 @@ class ShellKind:
         if what is Poll.REAP:
             for task_id in ids:
                 self._reap(task_id, store)
+            if self._cap_due:  # (every pass, quick ones too: a fast writer cannot wait)
+                self._check_fast_writers(store, now)
         elif what is Poll.OUTPUT:
             for task_id in ids:
                 self._record_start_time(task_id, store)
-                self._read_output(task_id, store)
+                self._read_output(task_id, store, now)
         elif now >= self._next_stall_check:  # (every stall interval, not every pass)
             self._next_stall_check = now + store.limits.stall_check_interval
             for task_id in ids:
@@ -384,7 +436,11 @@ class ShellKind:
         return False
 
     def next_due(self) -> float | None:
-        return min((k.next_due() for k in self.killing.values()), default=None)
+        kills = min((k.next_due() for k in self.killing.values()), default=None)
+        caps = min(self._cap_due.values(), default=None)
+        if kills is None or caps is None:
+            return caps if kills is None else kills
+        return min(kills, caps)
 
     def running(self) -> int:
         return len(self.procs)
@@ -401,6 +457,9 @@ class ShellKind:
         assert isinstance(task, LocalShellTaskState)
         self.procs[task_id] = proc
         self._output[task_id] = (task.output_file, task.output_offset)
+        now = time.monotonic()
+        self._sizes[task_id] = (task.output_offset, now)
+        self._cap_due[task_id] = now + CAP_CHECK_FLOOR_S  # (its first look: see CAP_SLACK_MIN)
         store.watch_pid(task_id, proc.pid)
 
     def _reap(self, task_id: str, store: TaskStore) -> None:
@@ -435,7 +494,7 @@ class ShellKind:
         if task.id in self._output:
             self._output[task.id] = (task.output_file, offset)
 
-    def _read_output(self, task_id: str, store: TaskStore) -> None:
+    def _read_output(self, task_id: str, store: TaskStore, now: float) -> None:
         path, offset = self._output[task_id]
         size = output_size(path)  # (one stat when nothing was written)
         if size <= offset:
@@ -444,11 +503,41 @@ class ShellKind:
         if not isinstance(task, LocalShellTaskState):
             return
         self._read_delta(task, store)
-        cap = store.limits.output_cap
-        if size > cap and task_id not in self.killing:
+        self._check_cap(task_id, size, now, store)
+
+    def _check_fast_writers(self, store: TaskStore, now: float) -> None:
+        """Look at the size of each fast writer whose next look is due."""
+        for task_id, due in list(self._cap_due.items()):
+            if due <= now and task_id in self._output:
+                self._check_cap(task_id, output_size(self._output[task_id][0]), now, store)
+
+    def _check_cap(self, task_id: str, size: int, now: float, store: TaskStore) -> None:
+        """Kill a task whose output passed the cap; else, from how fast its file grew since
+        it was last looked at, say when to look again (sooner than the next full tick, for a
+        task that could otherwise write past the cap's slack)."""
+        if task_id in self.killing:
+            self._cap_due.pop(task_id, None)
+            return
+        limits = store.limits
+        cap = limits.output_cap
+        if size > cap:
+            self._cap_due.pop(task_id, None)
             reason = f"output reached {size} bytes, over the cap of {cap} bytes"
-            self.kill(store.get(task_id) or task, store, reason)
-            store.note(f"killed {task_id}: {reason}")
+            task = store.get(task_id)
+            if task is not None:
+                self.kill(task, store, reason)
+                store.note(f"killed {task_id}: {reason}")
+            return
+        last_size, last_seen = self._sizes.get(task_id, (size, now))
+        self._sizes[task_id] = (size, now)
+        # A quiet task is looked at every full tick, so its growth happened within one tick
+        # of now, however long ago the size was last recorded.
+        elapsed = min(max(now - last_seen, CAP_CHECK_FLOOR_S / 10), limits.poll_interval or 1.0)
+        due = next_cap_check(cap, (size - last_size) / elapsed, limits.poll_interval or 1.0)
+        if due is None:
+            self._cap_due.pop(task_id, None)
+        else:
+            self._cap_due[task_id] = now + due
 
     def _check_stall(self, task: LocalShellTaskState, store: TaskStore, now: float) -> None:
         """Every stall interval: a task silent for `stall_after` at a prompt is reported once."""
@@ -485,6 +574,8 @@ class ShellKind:
         self.killing.pop(task_id, None)
         self._output.pop(task_id, None)
         self._growth.pop(task_id, None)
+        self._cap_due.pop(task_id, None)
+        self._sizes.pop(task_id, None)
         self._exited.discard(task_id)
         store.unwatch_pid(task_id)
         task = store.get(task_id)
