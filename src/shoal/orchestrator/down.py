@@ -142,6 +142,10 @@ def kill_orphans(
             if proc is not None:
                 victims.append((proc.pid, proc.started_at))
                 killed.append(task_id)
+            elif started and shell.kill_leftover_group(
+                task.pid or shell.recorded_pid(task.output_file)
+            ):
+                killed.append(task_id)  # its wrapper died, its children did not
             if not (started or task.status == TaskStatus.PENDING):
                 continue
         elif isinstance(task, InProcessTeammateTaskState):

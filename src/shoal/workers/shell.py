@@ -252,6 +252,23 @@ def recorded_exit(output_file: str | Path) -> int | None:
         return None
 
 
+def kill_leftover_group(pgid: int | None) -> bool:
+    """SIGKILL what is left of a task's process group once its wrapper (the group leader,
+    whose pid is the group id) is gone; True when something was left to kill.
+
+    The group id cannot be taken by a new process while any member of the group lives, so a
+    group found here is the task's. A live process with that pid is not the wrapper (that
+    one would have been adopted): the pid was reused, and the group is left alone.
+    """
+    if pgid is None or pgid <= 1 or is_alive(pgid, None):
+        return False
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def kill(proc: ShellProcess, grace: float) -> None:
     """TERM the task's process group, wait up to `grace`, then KILL; no such process is fine.
 
@@ -581,6 +598,12 @@ class ShellKind:
         task = store.get(task_id)
         if not isinstance(task, LocalShellTaskState) or task.is_terminal:
             return
+        # A task's children never outlive it: what its wrapper left behind (a `cmd &`, or
+        # everything, when the wrapper itself was killed) goes with it.
+        pgid = proc.pid if proc is not None else task.pid or recorded_pid(task.output_file)
+        leftovers = kill_leftover_group(pgid)
+        if leftovers:
+            store.note(f"killed what {task_id} left running in its process group {pgid}")
         # Our own child: its wait status is the wrapper's (= the command's) exit code. A task
         # adopted after a restart has only what the wrapper recorded on disk.
         code = proc.returncode() if proc is not None else None
@@ -603,6 +626,8 @@ class ShellKind:
                 if ended_unattended
                 else "ended without recording an exit code (killed?)"
             )
+            if leftovers:
+                error += "; the processes it left in its group were killed"
             store.move_task(task_id, TaskStatus.FAILED, result=ShellResult(code=-1), error=error)
         elif code == 0:
             store.move_task(task_id, TaskStatus.COMPLETED, result=ShellResult(code=0))
