@@ -128,3 +128,9 @@ class Layout:
     def ensure(self, path: Path) -> Path:
         """Create directory `path` under the home safely (0700, no symlinks)."""
         return ensure_dir(path, self.home)
+
+    def checked(self, path: Path) -> Path:
+        """`path`, once no existing component of it below the home is a symlink (else
+        UnsafePathError naming the link): for entering what shoal did not just create."""
+        check_no_symlink(path, self.home)
+        return path

@@ -19,6 +19,7 @@ from shoal.orchestrator.liveness import leader_alive, leader_ready
 READY_TIMEOUT = 60.0  # seconds a starting leader may take (resuming a big session, say)
 NOTES_TIMEOUT = 5.0  # seconds to look for its start notes once it is ready
 _POLL = 0.02
+ERROR_PREFIX = "shoal: error: "  # how the CLI words an error (cli/main.py)
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,8 @@ def start_detached(
             session_id, notes = _start_notes(layout, team, proc.pid, notes_timeout)
             return DetachedLeader(team, proc.pid, log_path, session_id, notes)
         if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
             raise LeaderStartError(
-                f"the leader exited at start (code {proc.returncode}): " + " | ".join(tail),
+                f"the leader exited at start (code {proc.returncode}): {_start_failure(log_path)}",
                 log_path=log_path,
                 returncode=proc.returncode,
             )
@@ -111,6 +111,16 @@ def start_detached(
     raise LeaderStartError(
         f"the leader did not become ready within {timeout:g}s; see {log_path}", log_path=log_path
     )
+
+
+def _start_failure(log_path: Path) -> str:
+    """Why a leader exited at start, from its log: its own `shoal: error:` line when it ends
+    with one (the log is appended to, so earlier lines may be an earlier leader's), else the
+    last lines."""
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    if lines and lines[-1].startswith(ERROR_PREFIX):
+        return lines[-1].removeprefix(ERROR_PREFIX)
+    return " | ".join(lines[-5:])
 
 
 def _start_notes(

@@ -101,6 +101,9 @@ class LeaderRequests(LeaderStore, ABC):
         """Register tasks and start them now (or as job slots free); one state write."""
         if not self._owns():
             return self.call(lambda: self.submit(tasks)).result()
+        # Checked before anything is registered: a link planted at the session's directory or
+        # its tasks/ refuses the request, where it would otherwise take the tasks' files.
+        self.layout.ensure(self.session.tasks_dir)
         for task in tasks:
             self.register(task)
             self.queue.append(task.id)

@@ -251,7 +251,7 @@ def current_session(layout: Layout, team: str) -> Session | None:
     if not tf.lead_session_id:
         return None
     session = Session(layout, tf.lead_session_id)
-    return session if session.dir.is_dir() else None
+    return session if layout.checked(session.dir).is_dir() else None
 
 
 def new_session_id() -> str:
@@ -340,7 +340,11 @@ class SessionHost(TaskStore, Protocol):
 
 def resume(host: SessionHost, session_id: str | None) -> bool:
     """Lead session `session_id` again if its state is on disk (True), else a new one."""
-    if not session_id or not Session(host.layout, session_id).state_file.exists():
+    # (a link planted at the session's directory is refused here, not taken for no session)
+    if (
+        not session_id
+        or not host.layout.checked(Session(host.layout, session_id).state_file).exists()
+    ):
         host.new_session()
         return False
     session = host.new_session(session_id)

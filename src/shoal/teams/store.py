@@ -31,7 +31,7 @@ from shoal.core.git import GitError, worktree_remove
 from shoal.core.jsonio import atomic_write, dumps, lock_for, locked_update, read_bytes_nofollow
 from shoal.core.jsonio import read_model as _read_model
 from shoal.core.names import validate_name, with_slug
-from shoal.core.paths import Layout
+from shoal.core.paths import Layout, check_path
 from shoal.core.procs import is_alive, process_start_time, terminate
 from shoal.mailbox.store import Maildir
 from shoal.teams.colors import pick_color
@@ -157,17 +157,16 @@ class Teams:
         path = self._team_files.get(team)
         if path is None:  # (a message send reads the team file: no Path arithmetic each time)
             path = self._team_files[team] = str(self.layout.team_file(team))
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
+        st = check_path(path, "file")  # (a planted link is refused by name, never followed)
+        if st is None:
             _READ_CACHE.pop(path, None)
-            raise NotFoundError(
-                f"no team {team!r} (create it with `shoal team create {team}`)"
-            ) from None
+            self.layout.checked(Path(path))  # (a linked team directory is not "no team")
+            raise NotFoundError(f"no team {team!r} (create it with `shoal team create {team}`)")
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
         hit = _READ_CACHE.get(path)
         if hit is not None and hit[0] == key:
             return hit[1]
+        self.layout.checked(Path(path))  # a new version: its directories are checked too
         try:
             tf = _read_model(Path(path), TeamFile, "team file")
         except NotFoundError:
@@ -178,7 +177,7 @@ class Teams:
         return tf
 
     def exists(self, team: str) -> bool:
-        return self.layout.team_file(team).exists()
+        return os.path.lexists(self.layout.team_file(team))  # (a link: refused when read)
 
     def names(self) -> list[str]:
         """Names of all teams on disk, sorted."""
@@ -225,7 +224,7 @@ class Teams:
         """The member's `status/{member}.json`, or None when absent or unreadable."""
         path = self.layout.status_dir(team) / f"{validate_name(member, 'member name')}.json"
         try:
-            data = orjson.loads(read_bytes_nofollow(path))
+            data = orjson.loads(read_bytes_nofollow(self.layout.checked(path)))
         except (OSError, orjson.JSONDecodeError):
             return None
         return data if isinstance(data, dict) else None
@@ -235,7 +234,7 @@ class Teams:
         path = self.layout.status_dir(team) / f"{validate_name(member, 'member name')}.json"
         data = dumps({"v": 1, **status, "updated_at": iso_now()})
         try:
-            atomic_write(path, data)
+            atomic_write(self.layout.checked(path), data)
         except FileNotFoundError:  # first write: make the directory (safely), then retry
             self.layout.ensure(path.parent)
             atomic_write(path, data)
