@@ -286,7 +286,7 @@ class Leader(LeaderRequests):
         try:
             released = TaskList(self.teams, self.team).release_orphaned()
         except ShoalError as exc:
-            self.note(f"could not check the task list: {exc}")
+            self.note_failure("task list", f"could not check the task list: {exc}", exc)
             return
         if released:
             self.note(
@@ -309,10 +309,8 @@ class Leader(LeaderRequests):
             self._answer_waiters()
 
     def evict(self, now: float) -> None:
-        """Drop terminal, notified tasks (after their grace) into history."""
-        for task in self.registry.evict(now):
-            self.session.record_history(task)
-            self.snapshot.dirty = True
+        """Drop terminal, notified tasks (after their grace) into history (not on a full disk)."""
+        self.evict_to_history(now)
 
     def start_pending(self) -> None:
         """Start queued tasks while job slots are free (`jobs` 0 means no limit)."""
@@ -325,7 +323,8 @@ class Leader(LeaderRequests):
 
     def persist(self, *, force: bool = False) -> None:
         """Write state.json if anything changed (at most every PERSIST_INTERVAL_S unless forced);
-        see `Snapshot` for why the throttle is safe."""
+        see `Snapshot` for why the throttle is safe. First, what a full disk held back."""
+        self.write_held_back()
         if not force and not self.snapshot.due(PERSIST_INTERVAL_S):
             return
         me, started = self._identity
@@ -334,7 +333,7 @@ class Leader(LeaderRequests):
             if self._stopping and not self.shell.running()
             else {"pid": me, "started_at": started, "jobs": self.jobs}
         )
-        self.snapshot.write(self.session, self.team, self.created_at, leader, self.registry)
+        self.write_snapshot(leader)
 
     # -- inbox -----------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ulid import ULID
 
-from shoal.core.errors import CorruptFileError, NotFoundError
+from shoal.core.errors import CorruptFileError, NoSpaceError, NotFoundError, is_no_space
 from shoal.core.events import (
     Event,
     SystemEvent,
@@ -38,7 +38,7 @@ from shoal.core.events import (
     task_notified,
     task_terminated,
 )
-from shoal.core.jsonio import atomic_write, read_bytes_nofollow
+from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.notify import summary_for
 from shoal.core.paths import FILE_MODE, Layout
 from shoal.core.tasks import AnyTaskState, TaskState, TaskStatus, TaskType
@@ -77,6 +77,9 @@ class Session:
         self.id = session_id
         self.dir = layout.session_dir(session_id)
         self._fds: dict[Path, int] = {}
+        # Events a full disk held back (in order), and the error that held them.
+        self._unwritten: deque[dict[str, Any]] = deque()
+        self.write_error: NoSpaceError | None = None
 
     @property
     def state_file(self) -> Path:
@@ -155,28 +158,59 @@ class Session:
     # -- append-only logs ----------------------------------------------------------------------
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
-        """One O_APPEND write of one JSON line (the fd stays open for the next record)."""
+        """One O_APPEND write of one JSON line (the fd stays open for the next record); on a
+        full disk NoSpaceError, with no torn line left behind."""
         fd = self._fds.get(path)
         if fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = self._fds[path] = os.open(path, flags, FILE_MODE)
-        os.write(fd, orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+            try:
+                fd = self._fds[path] = os.open(path, flags, FILE_MODE)
+            except OSError as exc:
+                if is_no_space(exc):
+                    raise NoSpaceError.from_os_error(exc, path) from None
+                raise
+        append_line(fd, orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE), path)
 
     def close(self) -> None:
-        """Close the append-only logs this object holds open."""
+        """Write the events still held in memory if the disk lets it, then close the logs."""
+        self.flush_events()
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
 
     def emit(self, event: Event) -> Event:
-        """Append an event (stamped with `session_id` and `ts`) to events.jsonl; returns it."""
+        """Append an event (stamped with `session_id` and `ts`) to events.jsonl; returns it.
+
+        On a full disk the event is kept in memory, in order behind any kept before it, and
+        written by a later `emit` or `flush_events`; `write_error` says why, `unwritten` how
+        many wait. The caller still gets the event (it happened; only its line is late).
+        """
         stamped = event.stamped(self.id, time.time())
-        self._append(self.events_file, stamped.to_record())
+        self._unwritten.append(stamped.to_record())
+        self.flush_events()
         return stamped
 
+    def flush_events(self) -> bool:
+        """Write the events held in memory, oldest first; True once none is left."""
+        while self._unwritten:
+            try:
+                self._append(self.events_file, self._unwritten[0])
+            except NoSpaceError as exc:
+                self.write_error = exc
+                return False
+            self._unwritten.popleft()
+        self.write_error = None
+        return True
+
+    @property
+    def unwritten(self) -> int:
+        """How many events wait in memory for room on the disk."""
+        return len(self._unwritten)
+
     def record_history(self, task: AnyTaskState) -> None:
-        """Append the final record of a task that leaves the registry."""
+        """Append the final record of a task that leaves the registry (NoSpaceError on a full
+        disk: the caller keeps the task until it is written)."""
         self._append(self.history_file, task.model_dump(mode="json"))
 
     def events(self) -> Iterator[dict[str, Any]]:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shoal.core.config import Limits
-from shoal.core.errors import ShoalError
+from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.events import Event, Note
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, parse_task_state
+from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, parse_task_state, should_evict
 from shoal.mailbox.router import notify_owner
 from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import Session, Snapshot, new_session_id
@@ -43,6 +43,30 @@ class Policy(Protocol):
     def next_due(self) -> float | None:
         """The next monotonic time the policy must run at, if any."""
         ...
+
+
+class HeldBack:
+    """What a full disk keeps in the leader's memory (events, state.json, history records,
+    notifications), by kind: the leader notes the first failure of a spell once, retries each
+    tick, and says so again when the last of it is written."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, NoSpaceError] = {}
+        # Steps that retry on their own and have said once that the disk is full.
+        self.noted: set[str] = set()
+
+    def failed(self, kind: str, exc: NoSpaceError) -> bool:
+        """Record that `kind` could not be written; True if this begins a spell."""
+        first = not self.kinds
+        self.kinds[kind] = exc
+        return first
+
+    def written(self, kind: str) -> bool:
+        """Record that `kind` is written; True if that ends the spell."""
+        if self.kinds.pop(kind, None) is None or self.kinds:
+            return False
+        self.noted.clear()
+        return True
 
 
 class LeaderStore:
@@ -71,6 +95,9 @@ class LeaderStore:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._pidfds: dict[str, int] = {}
+        self.held_back = HeldBack()
+        # Owner notifications a full disk kept from their inbox, by task id (retried each tick).
+        self._undelivered: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def new_session(self, session_id: str | None = None) -> Session:
         """Lead session `session_id` (a new one by default)."""
@@ -147,12 +174,15 @@ class LeaderStore:
         self.snapshot.dirty = True
 
     def emit(self, event: Event) -> None:
-        """Append an event to the session's stream and hand it to the sink and the policies."""
+        """Append an event to the session's stream and hand it to the sink and the policies
+        (on a full disk the session keeps the line in memory until `write_held_back`)."""
         record = self.session.emit(event)
         for policy in self.policies:
             policy.on_event(record)
         if self.on_event is not None:
             self.on_event(record)
+        if self.session.write_error is not None:
+            self._no_space("events", self.session.write_error)
 
     def note(self, text: str) -> None:
         """A line for the person running the leader (also an event)."""
@@ -165,20 +195,87 @@ class LeaderStore:
         owner = task.owner
         if not owner or owner == LEAD_NAME:
             return  # the lead reads notifications from the event stream
+        fields = {
+            "xml": xml,
+            "summary": summary,
+            "task_id": task.id,
+            "status": status,
+            "task_type": task.type.value,
+            "output_file": task.output_file,
+            "message_id": msg_id,
+        }
+        self._undelivered[task.id] = (owner, fields)
+        self._deliver(task.id)
+
+    def _deliver(self, task_id: str) -> bool:
+        """Deliver a held notification; False while the disk is full (it stays held: its
+        message id is fixed, so a copy that did land is handled once)."""
+        owner, fields = self._undelivered[task_id]
         try:
-            notify_owner(
-                self.teams.directory(self.team),
-                owner,
-                xml=xml,
-                summary=summary,
-                task_id=task.id,
-                status=status,
-                task_type=task.type.value,
-                output_file=task.output_file,
-                message_id=msg_id,
-            )
+            notify_owner(self.teams.directory(self.team), owner, **fields)
+        except NoSpaceError as exc:
+            self._no_space("notifications", exc)
+            return False
         except ShoalError as exc:
-            self.note(f"could not notify {owner} about {task.id}: {exc}")
+            self.note(f"could not notify {owner} about {task_id}: {exc}")
+        del self._undelivered[task_id]
+        return True
+
+    # -- a full disk: what could not be written stays in memory, retried every tick ------------
+
+    def _no_space(self, kind: str, exc: NoSpaceError) -> None:
+        if self.held_back.failed(kind, exc):
+            self.note(
+                f"{exc}; the leader keeps what it cannot write in memory and retries every tick"
+            )
+
+    def note_failure(self, kind: str, text: str, exc: ShoalError) -> None:
+        """Note `text` about a step that retries on its own; a full disk only once a spell."""
+        if isinstance(exc, NoSpaceError):
+            if kind in self.held_back.noted:
+                return
+            self.held_back.noted.add(kind)
+        self.note(text)
+
+    def _written(self, kind: str) -> None:
+        if self.held_back.written(kind):
+            self.note("there is space again: what the leader kept in memory is written")
+
+    def write_held_back(self) -> None:
+        """Retry what a full disk held back: events (in order), then owner notifications."""
+        if not self.held_back.kinds:
+            return
+        if self.session.flush_events():
+            self._written("events")
+        if all(self._deliver(task_id) for task_id in list(self._undelivered)):
+            self._written("notifications")
+
+    def write_snapshot(self, leader: dict[str, Any] | None) -> None:
+        """Write state.json; on a full disk the old one stays and the next persist retries."""
+        try:
+            self.snapshot.write(self.session, self.team, self.created_at, leader, self.registry)
+        except NoSpaceError as exc:
+            self._no_space("state", exc)
+        else:
+            self._written("state")
+
+    def evict_to_history(self, now: float) -> None:
+        """Drop terminal, notified tasks (after their grace) once their final record is in
+        the history, every event before it is written, and their owner was told: on a full
+        disk a task stays in the registry (and state.json) until then."""
+        if self.session.unwritten:
+            return
+        for task in self.registry.terminal_tasks():
+            if not should_evict(task, now) or task.id in self._undelivered:
+                continue
+            try:
+                self.session.record_history(task)
+            except NoSpaceError as exc:
+                self._no_space("history", exc)
+                return
+            self.registry.remove(task.id)
+            self.snapshot.dirty = True
+        self._written("history")
 
     def output_file(self, task_id: str) -> Path:
         return self.session.output_file(task_id)
