@@ -1,0 +1,294 @@
+"""One agent run: pydantic-ai's `Agent.iter()` driven node by node, with what shoal adds on
+top — the sidechain transcript appended after every node, the readable output file, progress
+(tool uses, tokens, the 5 latest activities) at each round, pending messages drained at tool
+round boundaries (pydantic-ai's own `AgentRun.enqueue`), and limits that end the run `failed`
+with the limit named: turns (model requests), tokens, tool uses and wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from shoal.core.errors import ShoalError
+from shoal.core.paths import FILE_MODE
+from shoal.workers.agent.tools import (
+    TOOL_SPECS,
+    ToolFailure,
+    Workspace,
+    parse_args,
+    schema_of,
+    tool_error,
+)
+from shoal.workers.agent.transcript import Transcript
+
+if TYPE_CHECKING:
+    from pydantic_ai import Tool
+    from pydantic_ai.messages import ModelMessage
+    from pydantic_ai.models import Model
+
+RECENT_ACTIVITIES: Final = 5
+TOOL_RETRIES: Final = 3  # bad arguments in a row before the run fails
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps of one run; None is no cap."""
+
+    max_turns: int | None = None
+    max_tokens: int | None = None
+    max_tool_uses: int | None = None
+    timeout: float | None = None
+
+
+@dataclass
+class Progress:
+    """The seed's agent progress: counts, the latest activity and the five before it."""
+
+    tool_use_count: int = 0
+    token_count: int = 0
+    last_activity: str | None = None
+    recent_activities: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIVITIES))
+    summary: str | None = None
+
+    def note(self, activity: str) -> None:
+        self.last_activity = activity
+        self.recent_activities.append(activity)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "tool_use_count": self.tool_use_count,
+            "token_count": self.token_count,
+            "last_activity": self.last_activity,
+            "recent_activities": list(self.recent_activities),
+            "summary": self.summary,
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: `completed` with the final text, or `failed` with the reason."""
+
+    status: str  # completed | failed
+    result: str
+    error: str | None
+    total_tokens: int
+    tool_uses: int
+    turns: int
+    duration_ms: int
+
+
+def describe_call(name: str, args: Any) -> str:
+    """`Bash(ls -la)`: a tool call in one short line, for progress and the readable output."""
+    if isinstance(args, dict):
+        for key in ("description", "command", "file_path", "pattern", "to", "prompt"):
+            if isinstance(args.get(key), str):
+                return f"{name}({args[key][:80]})"
+    return f"{name}()"
+
+
+class Output:
+    """The task's readable output file: what the model said, the tools it called, their
+    results (first lines)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def write(self, text: str) -> None:
+        if self.path is None or not text:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def _short(text: str, lines: int = 6) -> str:
+    kept = [line[:200] for line in text.splitlines()[:lines]]
+    more = len(text.splitlines()) - len(kept)
+    body = "\n".join(f"  ⎿ {line}" if i == 0 else f"    {line}" for i, line in enumerate(kept))
+    return body + (f"\n    … {more} more line(s)" if more > 0 else "")
+
+
+def _tool_function(workspace: Workspace, name: str, model: Any) -> Callable[..., Any]:
+    """The function pydantic-ai calls for tool `name`: validates, runs, turns a ToolFailure
+    into a tool error and bad arguments into a retry prompt."""
+    from pydantic_ai import ModelRetry
+
+    handler = getattr(workspace, name.lower())
+
+    async def run(**kwargs: Any) -> str:
+        try:
+            args = parse_args(model, kwargs)
+        except ValueError as exc:
+            raise ModelRetry(f"{name}: {exc}") from None
+        try:
+            result = handler(args)
+            if asyncio.iscoroutine(result):
+                result = await result
+        except ToolFailure as exc:
+            return tool_error(str(exc))
+        except OSError as exc:
+            return tool_error(f"{name}: {exc}")
+        return str(result)
+
+    return run
+
+
+def make_tools(workspace: Workspace, allowed: Sequence[str] | None = None) -> list[Tool[Any]]:
+    """pydantic-ai tools for this module's specs (only `allowed` ones, when given)."""
+    from pydantic_ai import Tool
+
+    return [
+        Tool.from_schema(_tool_function(workspace, name, model), name, text, schema_of(model))
+        for name, model, text in TOOL_SPECS
+        if allowed is None or name in allowed
+    ]
+
+
+class AgentLoop:
+    """Runs one agent conversation turn by turn; `enqueue` queues a message for the next tool
+    round boundary (or, once the run is over, for the next run)."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        instructions: str,
+        tools: Sequence[Tool[Any]],
+        transcript: Transcript | None = None,
+        output: Output | None = None,
+        history: Sequence[ModelMessage] = (),
+        limits: Limits = Limits(),
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        from pydantic_ai import Agent
+
+        self.agent: Agent[None, str] = Agent(
+            model, instructions=instructions, tools=list(tools), retries=TOOL_RETRIES
+        )
+        self.transcript = transcript
+        self.output = output or Output(None)
+        self.history: list[ModelMessage] = list(history)
+        if transcript is not None:
+            transcript.written = len(self.history)
+        self.limits = limits
+        self.progress = Progress()
+        self.on_progress = on_progress
+        self._pending: list[str] = []
+        self._run: Any = None
+
+    def enqueue(self, text: str) -> None:
+        """A message for the agent: drained at the next tool round as a user message."""
+        if self._run is not None and self._run.result is None:
+            self._run.enqueue(text)
+        else:
+            self._pending.append(text)
+
+    async def run(self, prompt: str | None) -> Outcome:
+        """One run from `prompt` (None: continue from the history's last request)."""
+        from pydantic_ai.exceptions import AgentRunError, UsageLimitExceeded
+        from pydantic_ai.usage import UsageLimits
+
+        started = time.monotonic()
+        limits = UsageLimits(
+            request_limit=self.limits.max_turns,
+            total_tokens_limit=self.limits.max_tokens,
+            tool_calls_limit=self.limits.max_tool_uses,
+        )
+        texts = [*self._pending, *([prompt] if prompt else [])]
+        self._pending.clear()
+        if texts:
+            self.output.write("".join(f"> {t}\n\n" for t in texts))
+        error: str | None = None
+        result = ""
+        run = None
+        try:
+            async with asyncio.timeout(self.limits.timeout):
+                async with self.agent.iter(
+                    "\n\n".join(texts) if texts else None,
+                    message_history=self.history,
+                    usage_limits=limits,
+                ) as run:
+                    self._run = run
+                    async for node in run:
+                        self._after(node, run)
+                    assert run.result is not None
+                    result = run.result.output
+        except TimeoutError:
+            error = f"wall time limit reached ({self.limits.timeout:g}s)"
+        except UsageLimitExceeded as exc:
+            error = f"limit reached: {_limit_name(str(exc), self.limits)}"
+        except AgentRunError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        except ShoalError as exc:  # a replay that diverged, a script that cannot go on
+            error = str(exc)
+        finally:
+            self._run = None
+            if run is not None:
+                self.history = list(run.all_messages())
+                self._record()
+        usage = run.usage if run is not None else None
+        total = (usage.input_tokens + usage.output_tokens) if usage is not None else 0
+        self.progress.token_count = total
+        if error is not None:
+            self.output.write(f"\n[failed: {error}]\n")
+        return Outcome(
+            status="completed" if error is None else "failed",
+            result=result,
+            error=error,
+            total_tokens=total,
+            tool_uses=self.progress.tool_use_count,
+            turns=usage.requests if usage is not None else 0,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+
+    def _after(self, node: Any, run: Any) -> None:
+        """Record a node: transcript, readable output, progress."""
+        from pydantic_ai import Agent
+        from pydantic_ai.messages import RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
+
+        self.history = list(run.all_messages())
+        self._record()
+        if Agent.is_call_tools_node(node):
+            for part in node.model_response.parts:
+                if isinstance(part, TextPart) and part.content.strip():
+                    self.output.write(f"{part.content.strip()}\n")
+                elif isinstance(part, ToolCallPart):
+                    line = describe_call(part.tool_name, part.args_as_dict())
+                    self.progress.tool_use_count += 1
+                    self.progress.note(line)
+                    self.output.write(f"● {line}\n")
+        elif Agent.is_model_request_node(node):
+            for req_part in node.request.parts:
+                if isinstance(req_part, ToolReturnPart):
+                    self.output.write(_short(req_part.model_response_str()) + "\n")
+                elif isinstance(req_part, RetryPromptPart):
+                    self.output.write(_short(f"error: {req_part.model_response()}") + "\n")
+        usage = run.usage
+        self.progress.token_count = usage.input_tokens + usage.output_tokens
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    def _record(self) -> None:
+        if self.transcript is not None:
+            self.transcript.append(self.history)
+
+
+def _limit_name(message: str, limits: Limits) -> str:
+    """The limit a UsageLimitExceeded message is about, in shoal's flag words."""
+    lowered = message.lower()
+    if "request" in lowered:
+        return f"max turns ({limits.max_turns}): {message}"
+    if "tool" in lowered:
+        return f"max tool uses ({limits.max_tool_uses}): {message}"
+    if "token" in lowered:
+        return f"max tokens ({limits.max_tokens}): {message}"
+    return message

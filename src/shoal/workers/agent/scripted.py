@@ -1,0 +1,224 @@
+"""The scripted model: a deterministic TOML script of texts and tool calls, one turn per model
+request, run through pydantic-ai's `FunctionModel` (no network, no randomness).
+
+    final = "done: {last}"          # the answer once the turns run out (optional)
+
+    [[turn]]
+    text = "Listing the files."     # optional text before the calls
+    [[turn.call]]
+    tool = "Bash"
+    args = { command = "ls", description = "list files" }
+
+    [[turn]]
+    text = "ls printed {last}"      # a turn without calls is the final answer
+
+Strings (texts and every string inside `args`) are templates: `{prompt}` the latest user
+message, `{last}` the latest tool result, `{result_N}` the N-th tool result of the whole
+conversation (from 1), `{turn}` this turn's number (from 1), `{{`/`}}` literal braces. Turns
+count across the conversation, so a resumed agent goes on with the next turn.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from shoal.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+_FIELD: Final = re.compile(r"^(prompt|last|turn|result_[1-9][0-9]*)$")
+_DEFAULT: Final = "default_script.toml"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call of a turn."""
+
+    tool: str
+    args: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the model answers to one request: an optional text, then its tool calls."""
+
+    text: str
+    calls: tuple[Call, ...]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A checked script: its turns and the final answer once they run out."""
+
+    turns: tuple[Turn, ...]
+    final: str = "done"
+    source: str = "the default script"
+
+    @classmethod
+    def default(cls) -> Script:
+        """The embedded default (a package data file)."""
+        text = resources.files("shoal.workers.agent").joinpath(_DEFAULT).read_text()
+        return cls.parse(text, "the default script")
+
+    @classmethod
+    def load(cls, path: Path) -> Script:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read script {path}: {exc}") from None
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Script:
+        """Check a script's TOML; every problem is a UsageError naming the file and turn."""
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{source}: {exc}") from None
+        unknown = set(data) - {"turn", "final"}
+        if unknown:
+            raise UsageError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+        raw_turns = data.get("turn", [])
+        if not isinstance(raw_turns, list):
+            raise UsageError(f"{source}: `turn` must be an array of tables ([[turn]])")
+        turns = tuple(_turn(t, f"{source}: turn {i}") for i, t in enumerate(raw_turns, 1))
+        final = data.get("final", "done")
+        if not isinstance(final, str):
+            raise UsageError(f"{source}: final must be a string")
+        _check_template(final, f"{source}: final")
+        return cls(turns, final, source)
+
+
+def _turn(raw: Any, where: str) -> Turn:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: must be a table")
+    unknown = set(raw) - {"text", "call"}
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    text = raw.get("text", "")
+    if not isinstance(text, str):
+        raise UsageError(f"{where}: text must be a string")
+    _check_template(text, where)
+    calls: list[Call] = []
+    for j, call in enumerate(raw.get("call", []), 1):
+        here = f"{where}, call {j}"
+        if not isinstance(call, dict) or not isinstance(call.get("tool"), str):
+            raise UsageError(f'{here}: needs tool = "NAME"')
+        args = call.get("args", {})
+        if not isinstance(args, dict) or set(call) - {"tool", "args"}:
+            raise UsageError(f"{here}: only tool and args (a table) are allowed")
+        _check_templates(args, here)
+        calls.append(Call(call["tool"], args))
+    if not text and not calls:
+        raise UsageError(f"{where}: has neither text nor call")
+    return Turn(text, tuple(calls))
+
+
+def _check_templates(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        _check_template(value, where)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_templates(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_templates(item, where)
+
+
+def _check_template(text: str, where: str) -> None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as exc:
+        raise UsageError(f"{where}: bad template {text!r}: {exc}") from None
+    for name in fields:
+        if not _FIELD.match(name):
+            raise UsageError(
+                f"{where}: unknown template field {{{name}}} "
+                "(known: {prompt}, {last}, {result_N}, {turn})"
+            )
+
+
+class _Values(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return f"(no {key.replace('_', ' ')} yet)"
+
+
+def _render(value: Any, values: _Values) -> Any:
+    if isinstance(value, str):
+        return value.format_map(values)
+    if isinstance(value, dict):
+        return {k: _render(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render(v, values) for v in value]
+    return value
+
+
+def conversation_values(messages: list[ModelMessage]) -> tuple[int, _Values]:
+    """(turns answered so far, template values) read from the history."""
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        RetryPromptPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
+    values = _Values(prompt="", last="")
+    answered = 0
+    results = 0
+    for message in messages:
+        if isinstance(message, ModelResponse):
+            answered += 1
+            continue
+        if not isinstance(message, ModelRequest):
+            continue
+        for part in message.parts:
+            if isinstance(part, UserPromptPart):
+                content = part.content
+                values["prompt"] = content if isinstance(content, str) else str(content)
+            elif isinstance(part, ToolReturnPart | RetryPromptPart):
+                results += 1
+                text = (
+                    part.model_response_str()
+                    if isinstance(part, ToolReturnPart)
+                    else part.model_response()
+                )
+                values[f"result_{results}"] = values["last"] = text
+    values["turn"] = str(answered + 1)
+    return answered, values
+
+
+def respond(script: Script, messages: list[ModelMessage]) -> ModelResponse:
+    """The script's answer to the request that ends `messages`."""
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+
+    answered, values = conversation_values(messages)
+    if answered >= len(script.turns):
+        return ModelResponse(parts=[TextPart(script.final.format_map(values))])
+    turn = script.turns[answered]
+    parts: list[Any] = []
+    if turn.text:
+        parts.append(TextPart(turn.text.format_map(values)))
+    for i, call in enumerate(turn.calls, 1):
+        args = _render(dict(call.args), values)
+        parts.append(ToolCallPart(call.tool, args, tool_call_id=f"call_{answered + 1}_{i}"))
+    return ModelResponse(parts=parts)
+
+
+def scripted_model(script: Script) -> FunctionModel:
+    """A pydantic-ai FunctionModel that answers from `script`."""
+    from pydantic_ai.models.function import FunctionModel
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return respond(script, messages)
+
+    return FunctionModel(answer, model_name=f"scripted:{script.source}")

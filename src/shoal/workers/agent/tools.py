@@ -1,0 +1,361 @@
+"""The file and shell tools an agent's model sees: Read, Write, Edit, Glob, Grep, Bash.
+
+Names and argument names are the model-facing contract (the seed's: `file_path`,
+`old_string`, `-i`, ...), so each tool's arguments are a pydantic model with those aliases and
+its JSON schema is what the model is shown. A failure the model can act on (a missing file, an
+`old_string` that is not unique, a write to a file it has not read) is returned to it as a
+`<tool_use_error>`, as Claude Code does; arguments that fail the schema are a retry prompt
+(pydantic-ai's ModelRetry). Neither ever ends the agent.
+
+Paths are relative to the agent's working directory. In the `default` and `acceptEdits`
+permission modes a path that resolves outside it (through `..` or a symlink) is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+BASH_DEFAULT_TIMEOUT_MS: Final = 120_000
+BASH_MAX_TIMEOUT_MS: Final = 600_000
+OUTPUT_KEEP_CHARS: Final = 30_000  # of a command's output, the rest is noted
+READ_DEFAULT_LINES: Final = 2000
+READ_LINE_CHARS: Final = 2000
+GLOB_LIMIT: Final = 100
+CONFINED_MODES: Final = frozenset({"default", "acceptEdits", "plan"})
+
+
+class ToolFailure(Exception):
+    """A failure the model is told about (its text is the tool's result)."""
+
+
+def tool_error(message: str) -> str:
+    """How a failed tool call reads to the model."""
+    return f"<tool_use_error>{message}</tool_use_error>"
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class ReadArgs(_Args):
+    file_path: str = Field(description="The path of the file to read")
+    offset: int | None = Field(None, ge=1, description="The line number to start from (1-based)")
+    limit: int | None = Field(None, ge=1, description="How many lines to read")
+
+
+class WriteArgs(_Args):
+    file_path: str = Field(description="The path of the file to write")
+    content: str = Field(description="The whole new content of the file")
+
+
+class EditArgs(_Args):
+    file_path: str = Field(description="The path of the file to edit")
+    old_string: str = Field(description="The exact text to replace")
+    new_string: str = Field(description="The text to put in its place")
+    replace_all: bool = Field(False, description="Replace every occurrence, not just one")
+
+
+class GlobArgs(_Args):
+    pattern: str = Field(description="A glob pattern such as **/*.py")
+    path: str | None = Field(None, description="The directory to search (default: cwd)")
+
+
+class GrepArgs(_Args):
+    pattern: str = Field(description="A regular expression")
+    path: str | None = Field(None, description="A file or directory (default: cwd)")
+    glob: str | None = Field(None, description="Only files matching this glob, e.g. *.py")
+    output_mode: Literal["content", "files_with_matches", "count"] = "files_with_matches"
+    case_insensitive: bool = Field(False, alias="-i", description="Ignore case")
+    line_numbers: bool = Field(False, alias="-n", description="Show line numbers (content mode)")
+    head_limit: int | None = Field(None, ge=1, description="Only the first N lines of output")
+
+
+class BashArgs(_Args):
+    command: str = Field(description="The command line to run with /bin/sh")
+    timeout: int | None = Field(
+        None, ge=1, le=BASH_MAX_TIMEOUT_MS, description="Milliseconds (default 120000)"
+    )
+    description: str | None = Field(None, description="What the command does, in a few words")
+    run_in_background: bool = Field(False, description="Start it as a background task")
+
+
+# (name, argument model, description): the tools of this module, as the model sees them.
+TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
+    ("Read", ReadArgs, "Read a file; lines are numbered from 1."),
+    ("Write", WriteArgs, "Write a file (an existing file must have been Read first)."),
+    ("Edit", EditArgs, "Replace text in a file that was Read first."),
+    ("Glob", GlobArgs, "Find files by glob pattern, newest first."),
+    ("Grep", GrepArgs, "Search file contents with a regular expression."),
+    ("Bash", BashArgs, "Run a shell command (foreground with a timeout, or in the background)."),
+)
+
+
+def schema_of(model: type[_Args]) -> dict[str, Any]:
+    """The JSON schema the model is shown (argument names by alias)."""
+    return model.model_json_schema(by_alias=True)
+
+
+def parse_args(model: type[_Args], args: dict[str, Any]) -> _Args:
+    """Validate a call's arguments; a ValueError names every bad field."""
+    try:
+        return model.model_validate(args)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"bad arguments: {problems}") from None
+
+
+# A background starter: (command, description) -> the id of the local_bash task it started.
+BackgroundStarter = Callable[[str, str | None], Awaitable[str]]
+
+
+@dataclass
+class Workspace:
+    """One agent's view of the file system: its cwd, its permission mode, and the files it
+    has read (path -> (mtime_ns, size) when read), which Write and Edit require."""
+
+    cwd: Path
+    mode: str = "default"
+    env: dict[str, str] = field(default_factory=dict)
+    start_background: BackgroundStarter | None = None
+    read_files: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def path(self, name: str) -> Path:
+        """`name` resolved against the cwd; outside it is refused in the confined modes."""
+        raw = Path(os.path.expanduser(name))
+        full = raw if raw.is_absolute() else self.cwd / raw
+        resolved = full.resolve()
+        if self.mode in CONFINED_MODES:
+            root = self.cwd.resolve()
+            if resolved != root and not resolved.is_relative_to(root):
+                how = "through a symlink " if resolved != Path(os.path.abspath(full)) else ""
+                raise ToolFailure(
+                    f"{name} leads {how}outside the working directory {root} "
+                    f"(refused in permission mode {self.mode})"
+                )
+        return resolved
+
+    def _remember(self, path: Path) -> None:
+        st = path.stat()
+        self.read_files[path] = (st.st_mtime_ns, st.st_size)
+
+    def _check_fresh(self, path: Path, verb: str) -> None:
+        seen = self.read_files.get(path)
+        if seen is None:
+            raise ToolFailure(f"{verb} {path}: the file exists but was not Read first; Read it")
+        st = path.stat()
+        if (st.st_mtime_ns, st.st_size) != seen:
+            raise ToolFailure(f"{verb} {path}: the file changed since it was Read; Read it again")
+
+    # -- tools -----------------------------------------------------------------------------
+
+    def read(self, args: ReadArgs) -> str:
+        path = self.path(args.file_path)
+        if path.is_dir():
+            raise ToolFailure(f"{path} is a directory; use Glob or Bash ls to list it")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ToolFailure(f"file not found: {path}") from None
+        except OSError as exc:
+            raise ToolFailure(f"cannot read {path}: {exc.strerror}") from None
+        self._remember(path)
+        lines = data.decode("utf-8", "replace").splitlines()
+        start = (args.offset or 1) - 1
+        chosen = lines[start : start + (args.limit or READ_DEFAULT_LINES)]
+        if not chosen:
+            return f"({path} has {len(lines)} line(s); nothing at line {start + 1})"
+        out = [f"{n:6}\t{line[:READ_LINE_CHARS]}" for n, line in enumerate(chosen, start + 1)]
+        rest = len(lines) - start - len(chosen)
+        if rest > 0:
+            out.append(f"({rest} more line(s); Read with offset={start + len(chosen) + 1})")
+        return "\n".join(out)
+
+    def write(self, args: WriteArgs) -> str:
+        path = self.path(args.file_path)
+        if path.is_dir():
+            raise ToolFailure(f"{path} is a directory")
+        existed = path.exists()
+        if existed:
+            self._check_fresh(path, "Write")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(args.content)
+        self._remember(path)
+        return f"{'updated' if existed else 'created'} {path} ({len(args.content)} characters)"
+
+    def edit(self, args: EditArgs) -> str:
+        path = self.path(args.file_path)
+        if not path.is_file():
+            raise ToolFailure(f"file not found: {path}")
+        self._check_fresh(path, "Edit")
+        if args.old_string == args.new_string:
+            raise ToolFailure("old_string and new_string are the same; nothing to change")
+        text = path.read_text()
+        count = text.count(args.old_string) if args.old_string else 0
+        if count == 0:
+            raise ToolFailure(f"old_string was not found in {path}")
+        if count > 1 and not args.replace_all:
+            raise ToolFailure(
+                f"old_string occurs {count} times in {path}; give more context to make it "
+                "unique, or pass replace_all=true"
+            )
+        text = text.replace(args.old_string, args.new_string, -1 if args.replace_all else 1)
+        path.write_text(text)
+        self._remember(path)
+        return f"edited {path} ({count if args.replace_all else 1} replacement(s))"
+
+    def glob(self, args: GlobArgs) -> str:
+        base = self.path(args.path) if args.path else self.cwd.resolve()
+        if not base.is_dir():
+            raise ToolFailure(f"{base} is not a directory")
+        try:
+            found = [p for p in base.glob(args.pattern) if p.is_file()]
+        except (ValueError, OSError) as exc:
+            raise ToolFailure(f"bad glob pattern {args.pattern!r}: {exc}") from None
+        found.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        if not found:
+            return f"no files match {args.pattern} under {base}"
+        lines = [str(p) for p in found[:GLOB_LIMIT]]
+        if len(found) > GLOB_LIMIT:
+            lines.append(f"({len(found) - GLOB_LIMIT} more; narrow the pattern)")
+        return "\n".join(lines)
+
+    def grep(self, args: GrepArgs) -> str:
+        base = self.path(args.path) if args.path else self.cwd.resolve()
+        if not base.exists():
+            raise ToolFailure(f"path not found: {base}")
+        try:
+            regex = re.compile(args.pattern, re.IGNORECASE if args.case_insensitive else 0)
+        except re.error as exc:
+            raise ToolFailure(f"bad regular expression {args.pattern!r}: {exc}") from None
+        lines = _ripgrep(args, base) if shutil.which("rg") else _python_grep(args, regex, base)
+        if args.head_limit is not None:
+            lines = lines[: args.head_limit]
+        return "\n".join(lines) if lines else f"no matches for {args.pattern} under {base}"
+
+    async def bash(self, args: BashArgs) -> str:
+        if args.run_in_background:
+            if self.start_background is None:
+                raise ToolFailure("background commands are not available to this agent")
+            task_id = await self.start_background(args.command, args.description)
+            return (
+                f"started background task {task_id}; its <task-notification> arrives when it "
+                f"ends (TaskOutput {task_id} reads its output so far)"
+            )
+        timeout_ms = args.timeout or BASH_DEFAULT_TIMEOUT_MS
+        return await run_foreground(args.command, self.cwd, self.env, timeout_ms / 1000)
+
+
+def _files_under(base: Path, pattern: str | None) -> list[Path]:
+    if base.is_file():
+        return [base]
+    files = base.rglob(pattern) if pattern else base.rglob("*")
+    skip = {".git", "node_modules", "__pycache__", ".venv"}
+    return sorted(p for p in files if p.is_file() and not skip.intersection(p.parts))
+
+
+def _python_grep(args: GrepArgs, regex: re.Pattern[str], base: Path) -> list[str]:
+    lines: list[str] = []
+    for path in _files_under(base, args.glob):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if "\0" in text[:8192]:
+            continue  # binary
+        hits = [(n, line) for n, line in enumerate(text.splitlines(), 1) if regex.search(line)]
+        if not hits:
+            continue
+        if args.output_mode == "files_with_matches":
+            lines.append(str(path))
+        elif args.output_mode == "count":
+            lines.append(f"{path}:{len(hits)}")
+        else:
+            for n, line in hits:
+                lines.append(f"{path}:{n}:{line}" if args.line_numbers else f"{path}:{line}")
+    return lines
+
+
+def _ripgrep(args: GrepArgs, base: Path) -> list[str]:
+    import subprocess
+
+    argv = ["rg", "--no-heading", "--color=never"]
+    if args.case_insensitive:
+        argv.append("-i")
+    if args.output_mode == "files_with_matches":
+        argv.append("-l")
+    elif args.output_mode == "count":
+        argv.append("-c")
+    elif args.line_numbers:
+        argv.append("-n")
+    if args.glob:
+        argv += ["--glob", args.glob]
+    argv += ["-e", args.pattern, str(base)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return out.stdout.splitlines()
+
+
+async def run_foreground(command: str, cwd: Path, env: dict[str, str], timeout: float) -> str:
+    """Run `command` in its own process group; its output (stdout+stderr) is kept up to
+    OUTPUT_KEEP_CHARS characters, the rest counted; past `timeout` the group is killed."""
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        command,
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    kept = bytearray()
+    dropped = 0
+
+    async def drain() -> None:
+        nonlocal dropped
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(65536):
+            room = OUTPUT_KEEP_CHARS * 4 - len(kept)  # bytes: up to 4 per character
+            kept.extend(chunk[: max(room, 0)])
+            dropped += max(len(chunk) - max(room, 0), 0)
+        await proc.wait()
+
+    timed_out = False
+    try:
+        await asyncio.wait_for(drain(), timeout)
+    except TimeoutError:
+        timed_out = True
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    text = kept.decode("utf-8", "replace")
+    extra = len(text) - OUTPUT_KEEP_CHARS
+    if extra > 0:
+        text = text[:OUTPUT_KEEP_CHARS]
+    notes = []
+    if extra > 0 or dropped:
+        more = f"{max(extra, 0) + dropped:,} more " + ("bytes" if dropped else "characters")
+        notes.append(f"[output truncated: {more} not shown]")
+    if timed_out:
+        notes.append(f"[killed after the timeout of {timeout:g}s]")
+    elif proc.returncode:
+        notes.append(f"[exit code {proc.returncode}]")
+    return "\n".join([text.rstrip("\n"), *notes]).strip("\n") or "(no output)"

@@ -1,0 +1,101 @@
+"""The sidechain transcript: `sessions/{s}/transcripts/{agent_id}.jsonl`, one model message
+(request or response, pydantic-ai's message JSON) per line, appended as it happens.
+
+A kill -9 loses at most the line being written: `load` keeps the good prefix, reports the
+first bad line, and drops a trailing response whose tool calls never got their results (the
+round in flight), so a resumed run redoes that round instead of answering a half-done one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from shoal.core.paths import FILE_MODE
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass
+class Loaded:
+    """What `load` could use of a transcript, and what it could not."""
+
+    messages: list[ModelMessage] = field(default_factory=list)
+    problem: str | None = None  # the first bad line, or a dropped round in flight
+
+
+def _adapter() -> Any:
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    return ModelMessagesTypeAdapter
+
+
+class Transcript:
+    """Appends messages to one agent's transcript file (0600, never through a symlink)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.written = 0  # messages of the conversation already on disk
+
+    def append(self, messages: Sequence[ModelMessage]) -> None:
+        """Append the messages past `written` (callers pass the whole history each time)."""
+        new = messages[self.written :]
+        if not new:
+            return
+        records = _adapter().dump_python(list(new), mode="json")
+        data = b"".join(orjson.dumps({"v": 1, "message": r}) + b"\n" for r in records)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, _FLAGS, FILE_MODE)
+        try:
+            os.write(fd, data)  # one write: a line is torn only by a crash inside it
+        finally:
+            os.close(fd)
+        self.written = len(messages)
+
+    @staticmethod
+    def load(path: Path) -> Loaded:
+        """The good prefix of a transcript, and what was wrong with the rest."""
+        loaded = Loaded()
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            loaded.problem = f"{path}: no transcript"
+            return loaded
+        adapter = _adapter()
+        for number, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = orjson.loads(line)
+                if not isinstance(record, dict) or record.get("v") != 1:
+                    raise ValueError("not a transcript record")
+                loaded.messages.extend(adapter.validate_python([record["message"]]))
+            except Exception as exc:  # orjson, pydantic and key errors alike: stop here
+                rest = len(raw.splitlines()) - number + 1
+                loaded.problem = (
+                    f"{path}:{number}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]} "
+                    f"(used the {number - 1} line(s) before it; {rest} line(s) ignored)"
+                )
+                break
+        if _in_flight(loaded.messages):
+            loaded.messages.pop()
+            note = "the last round's tool calls have no results; that round is redone"
+            loaded.problem = f"{loaded.problem}; {note}" if loaded.problem else f"{path}: {note}"
+        return loaded
+
+
+def _in_flight(messages: list[ModelMessage]) -> bool:
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+
+    return bool(messages) and (
+        isinstance(messages[-1], ModelResponse)
+        and any(isinstance(p, ToolCallPart) for p in messages[-1].parts)
+    )
