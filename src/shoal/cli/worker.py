@@ -51,6 +51,13 @@ def _options(fn: F) -> F:
                 help="Already joined by the spawner (in-process batches).",
             ),
             click.option(
+                "--output-cap",
+                type=click.IntRange(min=0),
+                default=None,
+                hidden=True,
+                help="Bytes the output file may reach (default: $SHOAL_OUTPUT_CAP, else 5 GiB).",
+            ),
+            click.option(
                 "--backend",
                 default="process",
                 show_default=True,

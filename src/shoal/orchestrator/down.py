@@ -23,6 +23,7 @@ from shoal.orchestrator.session import Session, current_session
 from shoal.teams.models import TeamFile
 from shoal.teams.store import Teams
 from shoal.workers import shell
+from shoal.workers.commands import kill_left_commands
 
 ORPHAN_KILL_GRACE_S = 2.0
 
@@ -65,6 +66,10 @@ def bring_down(layout: Layout, team: str, *, timeout: float = 30.0) -> DownRepor
             terminate(pid, started)
             report.warnings.append(f"the leader (pid {pid}) did not stop in {timeout:g}s; killed")
     report.killed_orphans = kill_orphans(layout, team, report, found)
+    # Then what dead teammates left running: their commands' process groups, as their status
+    # files list them (`w1:pgid 1234` each).
+    with contextlib.suppress(ShoalError):
+        report.killed_orphans += kill_left_commands(Teams(layout), team)
     return report
 
 

@@ -58,7 +58,6 @@ from shoal.teams.backends.inprocess import InProcessBackend
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import JoinSpec
-from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Script
 from shoal.workers.kinds import Poll, TaskStore
 from shoal.workers.worker import WorkerOptions, build_runner
@@ -102,6 +101,10 @@ class Swarm(MemberRecords):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise UsageError(f"teammate name(s) given twice: {', '.join(dupes)}")
+        for name in names:  # a dead one not yet noticed is settled before a new one replaces it
+            run = self.members.get(name)
+            if run is not None and run.ending is None and not run.backend.is_alive(run.handle):
+                self._ended(run)
         plans = [self._plan(args, tf) for args in batch]
         taken = [m.color for m in tf.members if m.is_active and m.name not in names]
         for plan in plans:
@@ -189,6 +192,7 @@ class Swarm(MemberRecords):
             cwd=cwd,
             backend=backend.name,
             joined=in_process,
+            output_cap=leader.limits.output_cap,
         )
         return _Plan(
             name=name,
@@ -459,9 +463,7 @@ class Swarm(MemberRecords):
             self._leave([run])
         leader.unwatch_pid(f"member:{run.name}")
         run.move(Phase.ENDED)
-        released: list[Any] = []
-        with contextlib.suppress(ShoalError):
-            released = TaskList(leader.teams, leader.team).release_member(run.name)
+        settled, released = self._settle_tasks(run.name)
         log = tail(run.log_file, 600).strip() if run.log_file and run.log_file.exists() else ""
         status, extra = _outcome(run, log)
         if status == TaskStatus.FAILED and not run.became_ready and run.reply is not None:
@@ -478,6 +480,8 @@ class Swarm(MemberRecords):
         if status == TaskStatus.KILLED:
             leader.mark_notified(run.task_id)
         note = f"teammate {run.name} ended ({status.value})"
+        if settled.describe(run.name):
+            note += f"; {settled.describe(run.name)}"
         if released:
             note += f"; its tasks {', '.join(str(t.id) for t in released)} went back to pending"
         leader.note(note)
@@ -570,6 +574,15 @@ class Swarm(MemberRecords):
         if self.adopt_member(task):
             store.note(f"adopted teammate {task.identity.agent_name} ({task.id})")
         else:
+            name = task.identity.agent_name
+            settled, released = self._settle_tasks(name)
+            if settled.describe(name) or released:
+                back = ", ".join(str(t.id) for t in released)
+                store.note(
+                    f"teammate {name} ended while no leader was running"
+                    + (f"; {settled.describe(name)}" if settled.describe(name) else "")
+                    + (f"; its tasks {back} went back to pending" if back else "")
+                )
             store.move_task(
                 task.id, TaskStatus.FAILED, error="the teammate ended while no leader was running"
             )

@@ -670,6 +670,35 @@ class TaskList:
             self._write(directory, claimed)
             return claimed
 
+    def settle_claim(
+        self, task_id: int, name: str, *, completed: bool, error: str | None = None
+    ) -> TaskItem | None:
+        """End `name`'s claim on task `task_id` in one locked step, if it still holds it (in
+        progress, owned by `name`): completed, or back to pending with no owner, a failure
+        counted (`metadata.failures` + 1, `last_error`) when `error` is given. None when the
+        claim is no longer `name`'s (settled or released by someone else first): nothing is
+        written, so a task is never completed or charged a failure twice."""
+        _check_id(task_id)
+        validate_name(name, "member name")
+        with self._locked() as directory:
+            item = self._existing(self._partial(directory, [task_id]), task_id)
+            if item.owner != name or item.status != TaskItemStatus.IN_PROGRESS:
+                return None
+            if completed:
+                new = move_item(item, TaskItemStatus.COMPLETED, updated_at=iso_now())
+            else:
+                changes: dict[str, Any] = {"owner": None, "updated_at": iso_now()}
+                if error is not None:
+                    failures = int(item.metadata.get("failures", 0) or 0) + 1
+                    changes["metadata"] = {
+                        **item.metadata,
+                        "failures": failures,
+                        "last_error": error,
+                    }
+                new = move_item(item, TaskItemStatus.PENDING, **changes)
+            self._write(directory, new)
+            return new
+
     def release_member(self, name: str) -> builtins.list[TaskItem]:
         """Return every unfinished task owned by `name` to pending with no owner."""
         validate_name(name, "member name")

@@ -11,21 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
+import secrets
 import shlex
 import signal
+import time
 import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import orjson
 
-from shoal.core.errors import UsageError
+from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import FILE_MODE
+from shoal.core.procs import process_start_time
+from shoal.workers import shell as shell_tasks
+from shoal.workers.commands import RESULT_TAIL_BYTES as RESULT_TAIL_BYTES
+from shoal.workers.commands import CommandRecord, side_file, tail_since
+from shoal.workers.commands import command_failed as command_failed
+from shoal.workers.commands import exit_code_of as exit_code_of
 
-RESULT_TAIL_BYTES = 4000
 # Step kinds that change the world: in plan mode they wait for an approved plan.
 WRITE_STEPS = frozenset({"run", "write", "update_task"})
 STEP_KINDS = frozenset({"run", "write", "send", "reply", "result", "update_task", "sleep"})
@@ -51,6 +57,11 @@ class TurnContext:
     activity: Callable[[str], None]
     plan_mode: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    # Called with each command as it starts, before it may run (the runner lists it in its
+    # status file, so that whoever sees the teammate die can kill it and read its exit code).
+    track: Callable[[CommandRecord], None] | None = None
+    # The teammate's output file may not grow past this (bytes); None: no cap.
+    output_cap: int | None = None
 
     def values(self) -> dict[str, Any]:
         """Template values: {prompt} {name} {team} {cwd} {task_id} {subject} {description}
@@ -81,27 +92,6 @@ class TurnResult:
     exit_code: int | None = None
 
 
-# How a failed command reads in a turn's result (`command_failed` writes it, `exit_code_of`
-# reads it back): readers that only get the text still learn the real exit code.
-_EXIT_CODE_RE: Final = re.compile(
-    r"^(?:command failed with exit code|[^:\s][^:\n]* exited with code) (-?\d+)(?::|$)"
-)
-
-
-def command_failed(command: str | None, code: int, tail: str) -> str:
-    """The result text of a turn ended by a failed command (its name, when known, first)."""
-    head = (
-        f"{command} exited with code {code}" if command else f"command failed with exit code {code}"
-    )
-    return f"{head}: {tail}" if tail else head
-
-
-def exit_code_of(result: str) -> int | None:
-    """The exit code a failed turn's result text reports (see `command_failed`), if any."""
-    match = _EXIT_CODE_RE.match(result)
-    return int(match.group(1)) if match else None
-
-
 class Brain(Protocol):
     """One turn of a teammate."""
 
@@ -118,59 +108,152 @@ def render(template: str, ctx: TurnContext) -> str:
     return template.format_map(_Missing(ctx.values()))
 
 
-async def run_command(argv: list[str], ctx: TurnContext, *, shell: bool = False) -> tuple[int, str]:
+class OutputCapExceeded(ShoalError):
+    """A command's output took the teammate's output file past its cap; it was killed."""
+
+
+# How often a command's output file is looked at: at most this far apart; sooner while it grows
+# fast (see `OutputWatch`), never closer than CAP_CHECK_FLOOR_S.
+CAP_CHECK_MAX_S = 1.0
+# A file that has not been seen growing is assumed able to grow this fast (bytes/s), so that a
+# quiet command that starts writing flat out is looked at before it could write half the slack.
+CAP_ASSUMED_BURST = 256 << 20
+
+
+class OutputWatch:
+    """Watches a command's output file against the cap, checking sooner the faster it grows:
+    the next look comes before the file could write half the cap's slack at the rate seen."""
+
+    def __init__(self, path: Path, cap: int, size: int) -> None:
+        self.path = path
+        self.cap = cap
+        self.slack = shell_tasks.cap_slack(cap)
+        self.size = size
+        self.seen = time.monotonic()
+        self.rate = 0.0  # bytes/s over the last interval
+
+    def interval(self) -> float:
+        """Seconds until the next look."""
+        rate = max(self.rate, CAP_ASSUMED_BURST)
+        return max(shell_tasks.CAP_CHECK_FLOOR_S, min(CAP_CHECK_MAX_S, self.slack / (2 * rate)))
+
+    def over(self) -> int | None:
+        """Look now: the file's size if it is past the cap, else None (and the rate updated)."""
+        now = time.monotonic()
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return None
+        if now > self.seen:
+            self.rate = max(0, size - self.size) / (now - self.seen)
+        self.size, self.seen = size, now
+        return size if size > self.cap else None
+
+    def reason(self, size: int) -> str:
+        return (
+            f"output file {self.path} reached {size} bytes, over the output cap of "
+            f"{self.cap} bytes; the command was killed"
+        )
+
+
+async def run_command(
+    argv: list[str],
+    ctx: TurnContext,
+    *,
+    shell: bool = False,
+    final: bool = True,
+    allow_fail: bool = False,
+) -> tuple[int, str]:
     """Run a command in the teammate's cwd with output appended to its output file.
 
-    Returns (exit code, the tail of what it printed). Cancelling the turn kills the command's
-    process group.
+    It runs in a process group of its own under the shell wrapper (which records its pid and
+    exit code in side files), and only once `ctx.track` has been told of it. Returns (exit code,
+    the tail of what it printed). Cancelling the turn kills the command's process group; so
+    does output past `ctx.output_cap` (OutputCapExceeded). `final`: it is the last step of its
+    turn; `allow_fail`: its failure does not fail the turn (both say what its exit code means
+    for the task if the teammate dies before settling it).
     """
     fd = os.open(ctx.output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
-    start = os.fstat(fd).st_size
     try:
-        env = {**os.environ, **ctx.env}
-        if shell:
+        start = os.fstat(fd).st_size
+        cap = ctx.output_cap
+        if cap is not None and start > cap:
+            raise OutputCapExceeded(
+                f"output file {ctx.output_file} is at {start} bytes, over the output cap of "
+                f"{cap} bytes; the command was not run"
+            )
+        exit_file = side_file(ctx.output_file, secrets.token_hex(6))
+        wrapped = shell_tasks.wrapped_argv(
+            ["-c", argv[0]] if shell else argv, exit_file, ctx.cwd, gated=True
+        )
+        try:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                argv[0],
+                *wrapped,
                 cwd=ctx.cwd,
                 stdout=fd,
                 stderr=fd,
-                stdin=asyncio.subprocess.DEVNULL,
-                env=env,
+                stdin=asyncio.subprocess.PIPE,
+                env={**os.environ, **ctx.env},
                 start_new_session=True,
             )
-        else:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=ctx.cwd,
-                stdout=fd,
-                stderr=fd,
-                stdin=asyncio.subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-    except OSError as exc:
-        os.write(fd, f"shoal: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        except OSError as exc:
+            os.write(fd, f"shoal: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            return 127, f"cannot run {argv[0]!r}: {exc.strerror}"
+    finally:
         os.close(fd)
-        return 127, f"cannot run {argv[0]!r}: {exc.strerror}"
-    os.close(fd)
+    wait = asyncio.ensure_future(proc.wait())
     try:
-        code = await proc.wait()
-    except asyncio.CancelledError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        record = CommandRecord(
+            pid=proc.pid,
+            pgid=proc.pid,  # (its own session: the wrapper leads the group)
+            started_at=process_start_time(proc.pid),
+            task_id=_task_id(ctx.task),
+            exit_file=str(exit_file),
+            output_file=str(ctx.output_file),
+            output_offset=start,
+            final=final,
+            allow_fail=allow_fail,
+        )
+        if ctx.track is not None:
+            ctx.track(record)
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # (killed already)
+            proc.stdin.write(b"go\n")  # the gate: it may run now that it is on record
+            await proc.stdin.drain()
+        proc.stdin.close()
+        watch = OutputWatch(ctx.output_file, cap, start) if cap is not None else None
+        while not wait.done():
+            await asyncio.wait({wait}, timeout=watch.interval() if watch else None)
+            if watch is None or wait.done():
+                continue
+            size = watch.over()
+            if size is not None:
+                # KILL at once: a writer past its cap must not write on through a grace period.
+                _kill_group(proc.pid)
+                await asyncio.shield(wait)
+                raise OutputCapExceeded(watch.reason(size))
+        code = wait.result()
+    except BaseException:
+        # Cancelled (the turn was aborted), or the record could not be written: it must not
+        # run on (a gated one that never got its line exits when its stdin closes).
+        _kill_group(proc.pid)
         with contextlib.suppress(Exception):
-            await asyncio.shield(proc.wait())
+            await asyncio.shield(wait)
         raise
-    return code, _tail_since(ctx.output_file, start)
+    return code, tail_since(ctx.output_file, start)
 
 
-def _tail_since(path: Path, start: int) -> str:
-    with open(path, "rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(max(start, size - RESULT_TAIL_BYTES))
-        return fh.read().decode("utf-8", "replace").strip()
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _task_id(task: dict[str, Any] | None) -> int | None:
+    """The list task id of a turn's task, if it has one."""
+    raw = (task or {}).get("id")
+    if isinstance(raw, str) and raw.isdigit():
+        return int(raw)
+    return raw if isinstance(raw, int) else None
 
 
 # -- scripted -----------------------------------------------------------------------------------
@@ -305,7 +388,7 @@ class ScriptedBrain:
         result = ""
         count = 0
         approved = not ctx.plan_mode
-        for step in steps:
+        for index, step in enumerate(steps):
             if step.kind in WRITE_STEPS and not approved:
                 plan = "\n".join(
                     f"- {render(s.describe(), ctx)}" for s in steps if s.kind in WRITE_STEPS
@@ -319,7 +402,13 @@ class ScriptedBrain:
             count += 1
             ctx.activity(render(step.describe(), ctx))
             if step.kind == "run":
-                code, tail = await run_command([render(step.args["run"], ctx)], ctx, shell=True)
+                code, tail = await run_command(
+                    [render(step.args["run"], ctx)],
+                    ctx,
+                    shell=True,
+                    final=index == len(steps) - 1,
+                    allow_fail=bool(step.args.get("allow_fail")),
+                )
                 result = tail
                 if code != 0 and not step.args.get("allow_fail"):
                     return TurnResult(False, command_failed(None, code, tail), count, code)

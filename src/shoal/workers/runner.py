@@ -26,6 +26,7 @@ from typing import Any, Final
 from shoal.core.errors import ShoalError
 from shoal.core.notify import task_notification_xml
 from shoal.core.paths import Layout
+from shoal.core.procs import is_alive
 from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
 from shoal.mailbox.inbox import Delivery, Inbox
 from shoal.mailbox.router import deliver_to, send, task_notification_message
@@ -40,6 +41,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
+from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_member
 
 # Kinds read even while a turn runs.
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
@@ -51,6 +53,8 @@ RECENT_ACTIVITIES = 5
 STATUS_TEXT_CAP = 500
 # A task whose turn failed this many times is no longer claimed automatically.
 MAX_TASK_FAILURES = 3
+# The most of a failed turn's result kept as its task's `last_error`.
+LAST_ERROR_CHARS = 500
 
 
 class RunState(StrEnum):
@@ -124,6 +128,9 @@ class RunnerConfig:
     # In-process teammates also hand each new status to their lead (a copy of what goes into
     # the status file), so that a thousand of them cost the lead no file reads.
     on_status: Callable[[dict[str, Any]], None] | None = None
+    # The teammate's output file may not grow past this many bytes (None: no cap); a command
+    # that takes it past is killed and its turn fails.
+    output_cap: int | None = None
 
 
 class TeammateRunner:
@@ -157,6 +164,8 @@ class TeammateRunner:
         self._turn_steps = 0
         self._summary: str | None = None
         self._tasklist_mtime = -1.0
+        # The commands of the current turn, as listed in the status file until it is settled.
+        self._commands: list[CommandRecord] = []
         self._inbox: Inbox | None = None
         self._unwatch_tasks: Callable[[], None] | None = None
         self.ready = asyncio.Event()
@@ -225,6 +234,7 @@ class TeammateRunner:
             self._unwatch_tasks = lambda: self._watcher.unwatch_dir(
                 self.layout.tasklist_dir(self.team), wake_loop
             )
+        self._settle_previous()
         self._set_status(
             state=self._state.value,  # idle, unless aborted before it ran
             started_at=time.time(),
@@ -248,6 +258,19 @@ class TeammateRunner:
         finally:
             self._finish()
         return self.exit_code
+
+    def _settle_previous(self) -> None:
+        """A previous run under this name that died (its status file names another pid, no
+        longer alive) may have left commands running and tasks finished but not marked: kill
+        the one, settle the other, before this run's first write replaces that file."""
+        with contextlib.suppress(ShoalError, OSError):
+            previous = self.teams.read_status(self.team, self.name)
+            pid = (previous or {}).get("pid")
+            if not (previous or {}).get(STATUS_KEY) or not isinstance(pid, int):
+                return
+            if pid != os.getpid() and not is_alive(pid, None):
+                settle_member(self.teams, self.team, self.name, previous)
+                self.tasks.release_member(self.name)  # (else they would block its claims)
 
     async def _serve(self) -> None:
         assert self._inbox is not None and self._wake is not None
@@ -448,6 +471,8 @@ class TeammateRunner:
             activity=self._activity,
             plan_mode=self.config.plan_mode,
             env=self.config.env,
+            track=self._track_command,
+            output_cap=self.config.output_cap,
         )
         self._turn = asyncio.create_task(self.config.brain.turn(ctx))
         cancelled = False  # a fact about this turn, not the run: it was cancelled once already
@@ -519,36 +544,36 @@ class TeammateRunner:
                 ),
             )
         self._summary = summary
-        ended = {
+        # Its task is settled: its commands are no longer anyone's business.
+        commands, self._commands = self._commands, []
+        ended: dict[str, Any] = {
             "current_task": None,
             "progress": self._progress(),
             "last_result": result.result[-500:],
+            STATUS_KEY: [],
         }
         if self._stopping:
             self._set_status(**ended)  # it stays stopping: the runner's loop ends next
         else:
             self._move(RunState.IDLE, **ended)
+        for record in commands:
+            record.remove_side_files()
 
     async def _settle_task(self, task_id: int, result: TurnResult) -> None:
         with contextlib.suppress(ShoalError):
             if result.ok:
                 self.tasks.update(task_id, status="completed")
-                return
-            if self._stopping:  # cut short by a shutdown or abort: not the task's failure
-                self.tasks.update(task_id, status="pending", owner=None)
-                return
-            item = self.tasks.get(task_id)
-            failures = int((item.metadata or {}).get("failures", 0)) + 1
-            self.tasks.update(
-                task_id,
-                status="pending",
-                owner=None,
-                metadata={
-                    **(item.metadata or {}),
-                    "failures": failures,
-                    "last_error": result.result[-500:],
-                },
-            )
+            elif self._stopping:  # cut short by a shutdown or abort: not the task's failure
+                self.tasks.settle_claim(task_id, self.name, completed=False)
+            else:  # (only while it is still this teammate's: a failure is counted once)
+                error = result.result[-LAST_ERROR_CHARS:]
+                self.tasks.settle_claim(task_id, self.name, completed=False, error=error)
+
+    def _track_command(self, record: CommandRecord) -> None:
+        """List a command of this turn in the status file before it may run (raises when the
+        file cannot be written: the command must not run unrecorded)."""
+        self._commands.append(record)
+        self._set_status(**{STATUS_KEY: dump(self._commands)})
 
     def _become_idle(self) -> None:
         if self._state is not RunState.IDLE:

@@ -12,6 +12,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.core.config import Limits
 from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 from shoal.workers.brains import make_brain
@@ -33,6 +34,7 @@ class WorkerOptions:
     cwd: str | None = None
     backend: str = "process"
     joined: bool = False
+    output_cap: int | None = None  # bytes; None: the cap of this process's limits
 
     def argv(self, executable: str, home: Path) -> list[str]:
         """The `shoal worker` command line that runs a teammate with these options."""
@@ -51,6 +53,8 @@ class WorkerOptions:
             argv.append("--plan-mode")
         if self.joined:
             argv.append("--joined")
+        if self.output_cap is not None:
+            argv += ["--output-cap", str(self.output_cap)]
         return argv
 
 
@@ -77,6 +81,7 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         pane_id=os.environ.get("TMUX_PANE") if opts.backend == "tmux" else None,
         agent_type=opts.agent,
         joined=opts.joined,
+        output_cap=opts.output_cap if opts.output_cap is not None else Limits().output_cap,
     )
     return TeammateRunner(layout, config)
 
