@@ -1,0 +1,205 @@
+"""A teammate killed with -9 takes its command with it, and a command that had finished is not
+run again: real leaders (`shoal up --detach`), real `shoal worker` processes, kill -9.
+
+The teammate lists its command (pid, process group, start time, exit file) in its status file
+before the command may run; the leader kills that group before the task goes back to the list,
+and settles a task whose command had ended from the exit code the shell wrapper recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.core.paths import Layout
+from shoal.core.procs import is_alive
+from shoal.orchestrator.session import current_session
+from shoal.teams.store import Teams
+from shoal.teams.tasklist import TaskItem, TaskList
+from shoal.workers.commands import records_of
+from tests.conftest import Cli, group_gone
+from tests.polling import wait_until
+
+TEAM = "o"
+
+
+def marker_pids(marker: str) -> list[int]:
+    """Live processes whose command line carries `marker` (zombies have none)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def kill_marked(marker: str) -> None:
+    for pid in marker_pids(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A unique string for the test's commands; whatever carries it is killed at the end."""
+    mark = f"marker-{uuid.uuid4().hex}"
+    yield mark
+    kill_marked(mark)
+
+
+@pytest.fixture
+def leader(cli: Cli) -> Iterator[Cli]:
+    """A detached leader of team TEAM, brought down at the end whatever happened."""
+    up = cli("up", "--team", TEAM, "--detach", "--quiet")
+    assert up.returncode == 0, up.stderr
+    try:
+        yield cli
+    finally:
+        cli("down", "--team", TEAM)
+
+
+def add_task(cli: Cli, subject: str, command: str) -> int:
+    res = cli(
+        "task", "add", subject, "--team", TEAM, "--json", "--metadata", json.dumps({"run": command})
+    )
+    assert res.returncode == 0, res.stderr
+    return int(json.loads(res.stdout)["id"])
+
+
+def spawn(cli: Cli, name: str, backend: str = "process") -> dict[str, Any]:
+    res = cli("spawn", name, "--backend", backend, "--team", TEAM, "--json")
+    assert res.returncode == 0, res.stderr
+    spawned: dict[str, Any] = json.loads(res.stdout)
+    return spawned
+
+
+def task(layout: Layout, task_id: int) -> TaskItem:
+    return TaskList(Teams(layout), TEAM).get(task_id)
+
+
+def listed_command(layout: Layout, member: str) -> Any:
+    """The command the member's status file lists (waiting until it lists one)."""
+    teams = Teams(layout)
+    return wait_until(
+        lambda: next(iter(records_of(teams.read_status(TEAM, member))), None),
+        what=f"{member}'s status file to list its command",
+    )
+
+
+def test_a_teammate_killed_mid_command_leaves_nothing_running_and_down_finds_nothing(
+    leader: Cli, layout: Layout, marker: str
+) -> None:
+    """The reproduction: kill -9 of the teammate while `sleep 30` runs; the task is handed
+    back with its command already dead, and nothing of it outlives `shoal down`."""
+    task_id = add_task(leader, "long", f"sleep 30; echo done # {marker}")
+    w1 = spawn(leader, "w1")
+    command = listed_command(layout, "w1")
+    assert command.task_id == task_id and command.pgid == command.pid
+    assert marker_pids(marker), "the command runs"
+    os.kill(w1["pid"], signal.SIGKILL)
+    wait_until(lambda: task(layout, task_id).status == "pending", what="the task back to pending")
+    # The group was killed before the task went back: it is gone, or going (SIGKILL sent).
+    wait_until(lambda: group_gone(command.pgid), timeout=2, what="the command's group to end")
+    assert marker_pids(marker) == []
+    down = leader("down", "--team", TEAM, "--json")
+    assert down.returncode == 0, down.stderr
+    report = json.loads(down.stdout)
+    assert set(report) == {"team", "leader_pid", "killed_orphans"}
+    assert report["killed_orphans"] == []  # the leader had killed it already
+    assert marker_pids(marker) == []
+    assert task(layout, task_id).status == "pending" and task(layout, task_id).owner is None
+
+
+def test_down_kills_the_commands_of_a_teammate_that_died_with_its_leader(
+    leader: Cli, layout: Layout, marker: str
+) -> None:
+    """Leader and teammate both killed -9: `shoal down` finds the command from the teammate's
+    status file, kills its group, and reports it as `member:pgid N`."""
+    add_task(leader, "long", f"sleep 30 # {marker}")
+    w1 = spawn(leader, "w1")
+    command = listed_command(layout, "w1")
+    session = current_session(layout, TEAM)
+    assert session is not None
+    state = session.read_state()
+    assert state.leader is not None
+    os.kill(state.leader.pid, signal.SIGKILL)
+    os.kill(w1["pid"], signal.SIGKILL)
+    wait_until(lambda: not is_alive(w1["pid"], None), what="the teammate to die")
+    wait_until(
+        lambda: not is_alive(state.leader.pid, state.leader.started_at),  # type: ignore[union-attr]
+        what="the leader to die",
+    )
+    assert marker_pids(marker), "the command outlived both (its own session)"
+    down = leader("down", "--team", TEAM, "--json")
+    assert down.returncode == 0, down.stderr
+    assert f"w1:pgid {command.pgid}" in json.loads(down.stdout)["killed_orphans"]
+    wait_until(lambda: group_gone(command.pgid), timeout=5, what="the command's group to end")
+    assert marker_pids(marker) == []
+
+
+def _stop_then_finish(side: Path, marker: str, code: int) -> str:
+    """A command that freezes its own teammate (SIGSTOP to $PPID, the worker), then writes its
+    side effect and exits `code`: the teammate cannot mark the task before the test kills it."""
+    return f"kill -STOP $PPID; echo x >> {side}; exit {code} # {marker}"
+
+
+def _exit_recorded(path: str) -> bool:
+    try:
+        return Path(path).read_text().strip() != ""
+    except FileNotFoundError:
+        return False
+
+
+def test_a_command_that_finished_before_its_teammate_died_is_completed_not_run_again(
+    leader: Cli, layout: Layout, marker: str, tmp_path: Path
+) -> None:
+    side = tmp_path / "side"
+    task_id = add_task(leader, "once", _stop_then_finish(side, marker, 0))
+    w1 = spawn(leader, "w1")
+    command = listed_command(layout, "w1")
+    wait_until(lambda: _exit_recorded(command.exit_file), what="the command's recorded exit")
+    assert task(layout, task_id).status == "in_progress"  # its teammate is frozen
+    os.kill(w1["pid"], signal.SIGKILL)
+    wait_until(lambda: task(layout, task_id).status == "completed", what="the task completed")
+    # Another teammate would take it if it had gone back to the list.
+    spawn(leader, "w2")
+    wait_until(
+        lambda: (Teams(layout).read_status(TEAM, "w2") or {}).get("state") == "idle",
+        what="w2 idle",
+    )
+    assert side.read_text() == "x\n"
+    assert task(layout, task_id).status == "completed"
+    assert task(layout, task_id).metadata.get("failures") is None
+
+
+def test_a_command_that_failed_before_its_teammate_died_counts_one_failure(
+    leader: Cli, layout: Layout, marker: str, tmp_path: Path
+) -> None:
+    side = tmp_path / "side"
+    task_id = add_task(leader, "fails", _stop_then_finish(side, marker, 3))
+    w1 = spawn(leader, "w1")
+    command = listed_command(layout, "w1")
+    wait_until(lambda: _exit_recorded(command.exit_file), what="the command's recorded exit")
+    os.kill(w1["pid"], signal.SIGKILL)
+    item = wait_until(
+        lambda: (t := task(layout, task_id)).status == "pending" and t,
+        what="the task back to pending",
+    )
+    assert item.owner is None
+    assert item.metadata["failures"] == 1
+    assert str(item.metadata["last_error"]).startswith("command failed with exit code 3")
+    assert side.read_text() == "x\n"
