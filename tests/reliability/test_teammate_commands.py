@@ -23,7 +23,7 @@ from shoal.core.procs import is_alive
 from shoal.orchestrator.session import current_session
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskItem, TaskList
-from shoal.workers.commands import records_of
+from shoal.workers.commands import CommandRecord, records_of
 from tests.conftest import Cli, group_gone
 from tests.polling import wait_until
 
@@ -91,7 +91,7 @@ def task(layout: Layout, task_id: int) -> TaskItem:
     return TaskList(Teams(layout), TEAM).get(task_id)
 
 
-def listed_command(layout: Layout, member: str) -> Any:
+def listed_command(layout: Layout, member: str) -> CommandRecord:
     """The command the member's status file lists (waiting until it lists one)."""
     teams = Teams(layout)
     return wait_until(
@@ -139,10 +139,8 @@ def test_down_kills_the_commands_of_a_teammate_that_died_with_its_leader(
     os.kill(state.leader.pid, signal.SIGKILL)
     os.kill(w1["pid"], signal.SIGKILL)
     wait_until(lambda: not is_alive(w1["pid"], None), what="the teammate to die")
-    wait_until(
-        lambda: not is_alive(state.leader.pid, state.leader.started_at),  # type: ignore[union-attr]
-        what="the leader to die",
-    )
+    lead = state.leader
+    wait_until(lambda: not is_alive(lead.pid, lead.started_at), what="the leader to die")
     assert marker_pids(marker), "the command outlived both (its own session)"
     down = leader("down", "--team", TEAM, "--json")
     assert down.returncode == 0, down.stderr
@@ -195,10 +193,8 @@ def test_a_command_that_failed_before_its_teammate_died_counts_one_failure(
     command = listed_command(layout, "w1")
     wait_until(lambda: _exit_recorded(command.exit_file), what="the command's recorded exit")
     os.kill(w1["pid"], signal.SIGKILL)
-    item = wait_until(
-        lambda: (t := task(layout, task_id)).status == "pending" and t,
-        what="the task back to pending",
-    )
+    wait_until(lambda: task(layout, task_id).status == "pending", what="the task back to pending")
+    item = task(layout, task_id)
     assert item.owner is None
     assert item.metadata["failures"] == 1
     assert str(item.metadata["last_error"]).startswith("command failed with exit code 3")
