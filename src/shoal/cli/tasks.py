@@ -14,6 +14,7 @@ import click
 import orjson
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.core.cmdsize import command_problem, spec_problem
 from shoal.core.errors import EXIT_FAILED, NotFoundError, ShoalError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import is_terminal_task_status
@@ -141,8 +142,13 @@ def sh(
     }
     team = env.team()
     if batch is not None:
-        lines = [ln.strip() for ln in batch.read().splitlines()]
-        specs = [{**spec, "command": [ln]} for ln in lines if ln and not ln.startswith("#")]
+        source = "standard input" if batch.name == "<stdin>" else batch.name
+        specs: list[dict[str, Any]] = []
+        for number, raw in enumerate(batch.read().splitlines(), 1):
+            line = raw.strip()
+            if line and not line.startswith("#"):
+                specs.append({**spec, "command": [line]})
+                _check_size(specs[-1], f"line {number} of {source}: ")  # all before any starts
         if not specs:
             raise UsageError("--batch: no commands in the file")
         started: list[dict[str, Any]] = []
@@ -159,7 +165,9 @@ def sh(
                 ) from None
         _print_started(started, as_json)
         return
-    task = call(env.layout, team, "sh", {**spec, "command": list(command)})
+    one = {**spec, "command": list(command)}
+    _check_size(one)
+    task = call(env.layout, team, "sh", one)
     if not foreground:
         if as_json:
             print_json(task)
@@ -174,6 +182,14 @@ def sh(
         how = f"exit code {code}" if code is not None else final.get("error") or "no exit code"
         click.echo(f"shoal: task {final['id']} {final['status']} ({how})", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _check_size(spec: dict[str, Any], where: str = "") -> None:
+    """Refuse a task too big to start or to ask the leader for (UsageError, nothing sent). The
+    leader checks again with the environment its tasks inherit, which only it knows."""
+    problem = command_problem(spec["command"], env=spec["env"]) or spec_problem(spec)
+    if problem is not None:
+        raise UsageError(where + problem)
 
 
 def _chunks(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

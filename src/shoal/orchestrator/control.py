@@ -19,13 +19,14 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError
+from shoal.core.cmdsize import command_problem, environ_bytes, spec_problem
+from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import AnyTaskState
 from shoal.mailbox.inbox import Inbox
@@ -180,6 +181,20 @@ _REQUESTS: TypeAdapter[ControlRequest] = TypeAdapter(ControlRequest)
 OPERATIONS = ("ping", "sh", "stop", "spawn", "down")
 
 
+def check_sizes(specs: Sequence[ShellSpec], *, batch: bool) -> None:
+    """Refuse (UsageError, nothing started) a request with a task too big to exec with this
+    process's environment, which its tasks inherit, or to answer within the message cap."""
+    base = environ_bytes(os.environb)
+    for number, spec in enumerate(specs, 1):
+        fields = spec.model_dump(include=set(ShellSpec.model_fields))
+        problem = command_problem(spec.command, env=spec.env, base_env_bytes=base) or (
+            spec_problem(fields)
+        )
+        if problem is not None:
+            where = f"command {number} of the batch of {len(specs)}: " if batch else ""
+            raise UsageError(where + problem)
+
+
 def parse_request(op: str, args: dict[str, Any]) -> ControlRequest:
     """The request `op` with `args`, validated; TaskError naming what is wrong."""
     if op not in OPERATIONS:
@@ -313,6 +328,7 @@ class ControlServer:
             answer({"session_id": target.session_id, "pid": os.getpid()}, None)
         elif isinstance(request, ShRequest):
             specs = request.batch if request.batch is not None else [request]
+            check_sizes(specs, batch=request.batch is not None)
             started = target.start_shell(list(specs))
             records = [t.model_dump(mode="json") for t in started]
             answer(records if request.batch is not None else records[0], None)

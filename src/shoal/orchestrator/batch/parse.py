@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.core.cmdsize import command_problem, environ_bytes
 from shoal.core.errors import InvalidNameError, UsageError
 from shoal.core.names import validate_name
 from shoal.orchestrator.batch.spec import (
@@ -432,6 +433,7 @@ def _parse_tasks(
     tasks: list[TaskSpec] = []
     seen: dict[str, int | None] = {}
     default_cwd = settings.cwd or str(base)
+    base_env = environ_bytes(os.environ)
     for index, table in enumerate(items):
         section = ("task", index)
         if not isinstance(table, dict):
@@ -482,6 +484,11 @@ def _parse_tasks(
         if timeout is None and "timeout" not in table:
             timeout, timeout_text = settings.timeout, settings.timeout_text
         env = {**settings.env, **checker.env(table, section, where)}
+        if run is not None:  # (tasks inherit this process's environment: it counts too)
+            command = [run] if isinstance(run, str) else list(run)
+            problem = command_problem(command, env=env, base_env_bytes=base_env)
+            if problem is not None:
+                checker.add(section, "run", f"{where}: {problem}")
         cwd = checker.path(table, "cwd", section, where, base) or default_cwd
         description = checker.string(table, "description", section, where)
         retries = checker.count(table, "retries", section, where, settings.retries)
