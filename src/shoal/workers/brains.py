@@ -131,15 +131,20 @@ class OutputWatch:
         self.size = size
         self.seen = time.monotonic()
         self.rate = 0.0  # bytes/s over the last interval
+        self.looked = False
 
     def interval(self) -> float:
-        """Seconds until the next look."""
+        """Seconds until the next look (the first one at once: a command may write flat out
+        from its first instant)."""
+        if not self.looked:
+            return shell_tasks.CAP_CHECK_FLOOR_S
         rate = max(self.rate, CAP_ASSUMED_BURST)
         return max(shell_tasks.CAP_CHECK_FLOOR_S, min(CAP_CHECK_MAX_S, self.slack / (2 * rate)))
 
     def over(self) -> int | None:
         """Look now: the file's size if it is past the cap, else None (and the rate updated)."""
         now = time.monotonic()
+        self.looked = True
         try:
             size = os.stat(self.path).st_size
         except OSError:
