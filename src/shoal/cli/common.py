@@ -63,6 +63,13 @@ def _set_home(ctx: click.Context, _param: click.Parameter, value: str | None) ->
 
 
 def _set_team(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # An explicit empty name is refused, not read as "no team" (an empty $SHOAL_TEAM, as
+    # empty variables go, is unset).
+    if value == "":
+        raise click.BadParameter(
+            "the team name is empty; name a team, or leave --team out",
+            param_hint="'--team'",
+        )
     if value is not None:
         get_env(ctx).team_arg = value
 

@@ -64,6 +64,10 @@ def send(
         raise UsageError("--data must be a JSON object")
     if text == "-":
         text = sys.stdin.read()
+        if not text.strip():  # (a pipe whose writer failed, most likely: nothing is sent)
+            raise UsageError("nothing to send: standard input was empty; nothing was sent")
+    elif text is not None and not text.strip() and data is None:
+        raise UsageError("nothing to send: TEXT is empty; nothing was sent")
     if text is None and data is None:
         raise UsageError("nothing to send: give TEXT or --data")
     team = env.team()
@@ -100,6 +104,26 @@ def _message_text(msg: AnyMessage) -> str:
     data = msg.data.model_dump(mode="json")
     extra = f" {data}" if data else ""
     return f"{head} {body}{extra}".rstrip()
+
+
+class _BadNotices:
+    """Says on stderr, one line each, which messages the inbox moved to `bad/` (unreadable or
+    invalid files) while this command read it: they are not lost, but not shown either."""
+
+    def __init__(self, maildir: Maildir) -> None:
+        self.maildir = maildir
+        self.seen = {name for name, _ in maildir.bad_messages()}
+
+    def report(self) -> None:
+        for name, reason in self.maildir.bad_messages():
+            if name in self.seen:
+                continue
+            self.seen.add(name)
+            why = "; ".join(line.strip() for line in reason.splitlines() if line.strip())
+            click.echo(
+                f"shoal: warning: bad message {name} moved to {self.maildir.bad}: {why}",
+                err=True,
+            )
 
 
 @click.command()
@@ -142,6 +166,7 @@ def inbox(
         raise NotFoundError(f"no member {name!r} in team {team!r} (see `shoal team show {team}`)")
     directory = teams.directory(team)
     box = Inbox(Maildir.open(directory.inbox(name)), lead=LEAD_NAME)
+    bad = _BadNotices(box.maildir)
     if peek:
         if follow or listen:
             raise UsageError("--peek does not go with --follow or --listen")
@@ -151,6 +176,7 @@ def inbox(
         else:
             for m in msgs:
                 click.echo(_message_text(m))
+        bad.report()
         return
     if name == LEAD_NAME:
         from shoal.orchestrator.liveness import leader_alive
@@ -172,6 +198,7 @@ def inbox(
         sys.stdout.flush()
         for d in taken:  # acked once printed: a failed print leaves them to be read again
             box.ack(d)
+        bad.report()
         return
     listener = None
     if listen:
@@ -184,6 +211,7 @@ def inbox(
     try:
         with box:
             for m in box.iterate(timeout=timeout):
+                bad.report()  # (those found on the way to this one)
                 if as_json:
                     print_json_line(_message_json(m))
                 else:
@@ -194,3 +222,4 @@ def inbox(
     finally:
         if listener is not None:
             listener.close()
+        bad.report()

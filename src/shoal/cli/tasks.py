@@ -178,10 +178,18 @@ def sh(
     final = _follow(session, task["id"], stream=True)
     if final["status"] != "completed":
         # The exit codes are shoal's (0 ok, 1 a task failed); the task's own code is said here.
-        code = (final.get("result") or {}).get("code")
+        code = _exit_code(final)
         how = f"exit code {code}" if code is not None else final.get("error") or "no exit code"
         click.echo(f"shoal: task {final['id']} {final['status']} ({how})", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _exit_code(task: dict[str, Any]) -> int | None:
+    """The exit code in a task's result, if it has one: a shell task's result is a table with
+    `code`, a teammate's is the text it ended with (or nothing)."""
+    result = task.get("result")
+    code = result.get("code") if isinstance(result, dict) else None
+    return code if isinstance(code, int) else None
 
 
 def _check_size(spec: dict[str, Any], where: str = "") -> None:
@@ -243,7 +251,7 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
     click.echo(f"{'ID':<10} {'TYPE':<10} {'STATUS':<12} {'AGE':>7}  DESCRIPTION")
     for t in rows:
         status = t["status"]
-        code = (t.get("result") or {}).get("code")
+        code = _exit_code(t)
         if status == "failed" and code is not None:
             status = f"failed({code})"
         click.echo(
