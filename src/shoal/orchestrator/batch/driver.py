@@ -37,6 +37,7 @@ from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
+from shoal.orchestrator.batch.recovery import ENV_RUN, succeeded_attempts, with_recovered
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
     RunRecords,
@@ -62,8 +63,11 @@ from shoal.orchestrator.batch.state import (
 from shoal.orchestrator.cleanup import CleanupRegistry
 from shoal.orchestrator.leader import Leader
 
-# The run record (what --resume reads) is rewritten at most this often while the run goes on.
+# The run record (what --resume reads) is rewritten at most this often while the run goes on
+# (and at once when an attempt ends).
 RECORD_INTERVAL_S: Final = 1.0
+# Why a task queued by an earlier leader, and never started, is dropped by a run.
+NEVER_STARTED: Final = "never started: queued by an earlier leader of the team"
 
 Sink = Callable[[dict[str, Any]], None]
 AgentDispatcherFactory = Callable[[Leader, Poster], AgentDispatcher]
@@ -118,9 +122,10 @@ class LeaderShell:
     leader's events about them become `Started`/`Finished`/`Stalled` (all on the loop's
     thread; nothing here waits)."""
 
-    def __init__(self, leader: Leader, post: Poster) -> None:
+    def __init__(self, leader: Leader, post: Poster, run_id: str = "") -> None:
         self.leader = leader
         self.post = post
+        self.run_id = run_id
         self.known: set[str] = set()
 
     def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
@@ -129,8 +134,9 @@ class LeaderShell:
         tasks: list[LocalShellTaskState] = []
         for req in requests:
             try:
+                env = {**req.env, ENV_RUN: self.run_id} if self.run_id else req.env
                 task = self.leader.make_shell_task(
-                    req.command, description=req.description, cwd=req.cwd, env=req.env
+                    req.command, description=req.description, cwd=req.cwd, env=env
                 )
             except TaskError as exc:
                 out.append(Refused(str(exc)))
@@ -190,7 +196,7 @@ class BatchPolicy:
         self.driver = driver
         self.leader = leader
         self.events: deque[ExecEvent] = deque()
-        self.shell = LeaderShell(leader, self.events.append)
+        self.shell = LeaderShell(leader, self.events.append, driver.run_id)
         self.listeners: list[_OnMessage] = []
         self.finished = threading.Event()
 
@@ -202,13 +208,18 @@ class BatchPolicy:
             for listener in self.listeners:
                 listener.on_message(event)
 
-    def drain(self) -> None:
+    def drain(self) -> bool:
+        """Feed the engine what happened; True when an attempt ended."""
         batch = self.driver.batch
+        ended = False
         while self.events:
-            batch.feed(self.events.popleft())
+            event = self.events.popleft()
+            ended = ended or isinstance(event, Finished)
+            batch.feed(event)
+        return ended
 
     def step(self, leader: Leader, now: float) -> None:
-        self.drain()
+        ended = self.drain()
         batch, driver = self.driver.batch, self.driver
         if not batch.done:
             if driver.signal is not None:
@@ -219,10 +230,11 @@ class BatchPolicy:
             self.finished.set()
             return
         batch.tick(now)
-        self.drain()  # (refusals at submit end attempts at once)
+        ended = self.drain() or ended  # (refusals at submit end attempts at once)
         if batch.done:
             self.finished.set()
-        driver.save_record()
+        # An end is saved at once: a --resume after a crash must not run a success again.
+        driver.save_record(force=ended)
 
     def next_due(self) -> float | None:
         """Now, when there is news and the leader's queue may run dry (or a signal came);
@@ -384,6 +396,7 @@ class _Driver:
             leader.start()
             self.leader = leader
             cleanup.register("leader", leader.shutdown)
+            self._recover(leader)
             self._stop_leftovers(leader)
             policy = self.policy = BatchPolicy(self, leader)
             self.batch.shell = policy.shell
@@ -412,17 +425,53 @@ class _Driver:
                     signal.signal(signum, handler)
         return self._finish()
 
+    def _recover(self, leader: Leader) -> None:
+        """On --resume: tasks of the previous run that succeeded after its last record save
+        (or after its leader died: the resumed leader settled them from their exit files)
+        count as succeeded, and are not run again."""
+        previous = self.previous
+        if previous is None or previous.get("session_id") != leader.session.id:
+            return
+        session_tasks: list[LocalShellTaskState | dict[str, Any]] = [
+            t for t in leader.registry.get_all_tasks() if isinstance(t, LocalShellTaskState)
+        ]
+        session_tasks += leader.session.history().values()
+        recovered = succeeded_attempts(previous, session_tasks)
+        if not recovered:
+            return
+        self.previous = with_recovered(previous, recovered)
+        self.carried = plan_resume(self.spec, self.previous)
+        self.batch.carried = dict(self.carried)
+        self._note(
+            f"{len(recovered)} task(s) of run {previous.get('run_id')} succeeded after its "
+            f"last record (while no leader watched them) and are not run again: "
+            + " ".join(sorted(recovered))
+        )
+
     def _stop_leftovers(self, leader: Leader) -> None:
         """Stop tasks a crashed earlier leader of this team left (resumed with its session):
-        they are not part of this run, and would otherwise take its job slots."""
-        left = [t.id for t in leader.registry.get_all_tasks() if not t.is_terminal]
-        for task_id in left:
+        they are not part of this run, and would otherwise take its job slots. Those it had
+        queued and never started are dropped, and said so apart (nothing of them ran)."""
+        left = [t for t in leader.registry.get_all_tasks() if not t.is_terminal]
+        running = [t.id for t in left if t.status != TaskStatus.PENDING]
+        queued = [t.id for t in left if t.status == TaskStatus.PENDING]
+        # The queued go first: waiting for a running one to end runs the leader's ticks, whose
+        # start step would otherwise start the queued in the slot it frees.
+        for task_id in queued:
+            with contextlib.suppress(ShoalError):
+                leader.stop_task(task_id, NEVER_STARTED)
+        for task_id in running:
             with contextlib.suppress(ShoalError):
                 leader.stop_task(task_id)
-        if left:
+        if running:
             self._note(
-                f"stopped {len(left)} task(s) left by an earlier leader of team "
-                f"{self.team}: {' '.join(left)}"
+                f"stopped {len(running)} task(s) left running by an earlier leader of team "
+                f"{self.team}: {' '.join(running)}"
+            )
+        if queued:
+            self._note(
+                f"{len(queued)} task(s) queued by an earlier leader of team {self.team} never "
+                f"started; dropped: {' '.join(queued)}"
             )
 
     def _note(self, text: str, **fields: Any) -> None:
