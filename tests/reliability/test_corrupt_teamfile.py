@@ -11,7 +11,7 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
-from shoal.orchestrator.session import current_session
+from shoal.orchestrator.session import SessionState, current_session
 from shoal.workers import shell
 from tests.conftest import Cli, group_gone
 from tests.polling import wait_until
@@ -27,10 +27,12 @@ def _leader_with_a_task(cli: Cli, layout: Layout, team: str) -> tuple[int, float
     task_id = sh.stdout.split()[0]
     session = current_session(layout, team)
     assert session is not None
-    state = wait_until(
-        lambda: (s := session.read_state()).leader and task_id in s.tasks and s,
-        what="state.json to list the leader and the task",
-    )
+
+    def listed() -> SessionState | None:
+        s = session.read_state()
+        return s if s.leader is not None and task_id in s.tasks else None
+
+    state = wait_until(listed, what="state.json to list the leader and the task")
     assert state.leader is not None
     output = state.tasks[task_id].output_file
     pgid = wait_until(lambda: shell.recorded_pid(output), what="the task's recorded pid")
