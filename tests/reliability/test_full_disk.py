@@ -15,6 +15,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,7 +164,7 @@ def test_leader_keeps_task_records_through_a_full_disk(full_home: Path, disk: Di
 
         disk.free()
 
-        def ended() -> list[dict[str, object]] | None:
+        def ended() -> list[dict[str, Any]] | None:
             out = cli("ps", "--team", TEAM, "--all", "--json")
             if out.returncode != 0:
                 return None
