@@ -25,6 +25,13 @@ from tests.polling import wait_until
 from tests.reliability.test_teammate_commands import kill_marked, marker_pids
 
 CAP = 2 << 20  # 2 MiB
+# A fast writer at a bounded pace (at most 50 MiB/s: 256 KiB every 5 ms), so the bound holds
+# with over a second of scheduling delay of the watch on a loaded machine; flat-out `yes` is
+# the in-process test's writer.
+PACED_WRITER = (
+    "python3 -c \"import os, time; "
+    "[(os.write(1, b'y' * 262144), time.sleep(0.005)) for _ in iter(int, 1)]\""
+)
 TEAM = "capped"
 
 
@@ -99,7 +106,7 @@ def test_a_process_teammate_gets_the_leaders_cap(cli: Cli, layout: Layout, marke
     try:
         added = cli(
             "task", "add", "flood", "--team", TEAM, "--json",
-            "--metadata", json.dumps({"run": f"yes {marker}"}),
+            "--metadata", json.dumps({"run": f"{PACED_WRITER} {marker}"}),
         )  # fmt: skip
         assert added.returncode == 0, added.stderr
         task_id = int(json.loads(added.stdout)["id"])
