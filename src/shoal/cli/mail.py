@@ -52,7 +52,11 @@ def send(
     durable: bool,
     as_json: bool,
 ) -> None:
-    """Send TEXT to TO (a member, '*' for all alive members, uds:PATH or bridge:SESSION).
+    """Send TEXT to TO (a member, '*' for all alive members, an agent task id, uds:PATH or
+    bridge:SESSION).
+
+    To a running agent task the text is queued for its next tool round; to a finished one it
+    starts a new task continuing its conversation (its id is printed).
 
     TEXT '-' reads the text from standard input.
 
@@ -72,6 +76,9 @@ def send(
         raise UsageError("nothing to send: give TEXT or --data")
     team = env.team()
     teams = Teams(env.layout)
+    if _is_agent_task(to) and teams.read(team).member(to) is None:
+        _send_to_agent(env.layout, team, to, text or "", as_json)
+        return
     if not to.startswith(("uds:", "bridge:")) and teams.read(team).member(sender) is None:
         # (a socket or bridge peer is outside the team: its sender is its own business)
         raise NotFoundError(
@@ -92,6 +99,27 @@ def send(
         print_json({"id": result.id, "team": team, "to": to, "recipients": result.recipients})
     else:
         click.echo(result.id)
+
+
+def _is_agent_task(to: str) -> bool:
+    """True for what looks like a local_agent task id (a member of that name wins)."""
+    from shoal.core.tasks import TASK_ID_PATTERN, TASK_ID_PREFIXES, TaskType
+
+    return bool(TASK_ID_PATTERN.fullmatch(to)) and to[0] == TASK_ID_PREFIXES[TaskType.LOCAL_AGENT]
+
+
+def _send_to_agent(layout: Any, team: str, task_id: str, text: str, as_json: bool) -> None:
+    """Queue `text` for a running agent, or resume a finished one with it (via the leader);
+    prints the id of the task that gets it."""
+    from shoal.orchestrator.control import call
+
+    if not text.strip():
+        raise UsageError("nothing to send: an agent takes TEXT; nothing was sent")
+    answer = call(layout, team, "agent_send", {"task_id": task_id, "text": text})
+    if as_json:
+        print_json({**answer, "team": team, "to": task_id})
+    else:
+        click.echo(answer["task_id"])
 
 
 def _message_json(msg: AnyMessage) -> dict[str, Any]:

@@ -280,6 +280,19 @@ class LocalAgentTaskState(TaskStateBase):
     disk_loaded: bool = False
     evict_after: float | None = None
     messages: tuple[JsonDict, ...] = ()
+    resumed_from: str | None = None
+    """The agent task this one continues (same agent_id and transcript)."""
+    backend: str = "process"
+    pid: int | None = None
+    pid_started_at: float | None = None
+    pane_id: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    permission_mode: str = "default"
+    tools: tuple[str, ...] | None = None
+    limits: JsonDict | None = None
+    transcript: str | None = None
+    kill_reason: str | None = None
 
 
 class RemoteAgentTaskState(TaskStateBase):

@@ -5,7 +5,8 @@ message to the lead with `reply_to` naming it, and waits for the `control_reply`
 leader running it fails at once, naming `shoal up`.
 
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
-request is validated into one model per operation (`ping, sh, stop, spawn, down`), carried out
+request is validated into one model per operation (`ping, sh, stop, spawn, down, agent,
+agent_send`), carried out
 through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
 code is a declared field. `stop` and `spawn` answer later (once the task has ended, once the
 teammates are ready), so the loop never waits for them.
@@ -33,6 +34,7 @@ from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import ControlMessage
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator.agent_tasks import AgentSpec
 from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.models import LEAD_NAME
 
@@ -173,12 +175,33 @@ class DownRequest(_Request):
     op: Literal["down"] = "down"
 
 
+class AgentRequest(_Request):
+    """Start a `local_agent` task; `spec` has the fields of `shoal agent` (AgentSpec)."""
+
+    op: Literal["agent"] = "agent"
+    spec: dict[str, Any]
+
+
+class AgentSendRequest(_Request):
+    """A message for an agent task: queued while it runs, else it resumes it."""
+
+    op: Literal["agent_send"] = "agent_send"
+    task_id: str
+    text: str = Field(min_length=1)
+
+
 ControlRequest = Annotated[
-    PingRequest | ShRequest | StopRequest | SpawnRequest | DownRequest,
+    PingRequest
+    | ShRequest
+    | StopRequest
+    | SpawnRequest
+    | DownRequest
+    | AgentRequest
+    | AgentSendRequest,
     Field(discriminator="op"),
 ]
 _REQUESTS: TypeAdapter[ControlRequest] = TypeAdapter(ControlRequest)
-OPERATIONS = ("ping", "sh", "stop", "spawn", "down")
+OPERATIONS = ("ping", "sh", "stop", "spawn", "down", "agent", "agent_send")
 
 
 def check_sizes(specs: Sequence[ShellSpec], *, batch: bool) -> None:
@@ -279,6 +302,14 @@ class ControlTarget(Protocol):
         """Begin shutting down; returns what is being stopped."""
         ...
 
+    def start_agent(self, spec: AgentSpec) -> AnyTaskState:
+        """Check, register and start one agent task."""
+        ...
+
+    def send_to_agent(self, task_id: str, text: str) -> dict[str, Any]:
+        """Queue a message for a running agent, or resume a finished one with it."""
+        ...
+
     def note(self, text: str) -> None: ...
 
 
@@ -322,7 +353,7 @@ class ControlServer:
 
     def _dispatch(self, request: ControlRequest, answer: Answer) -> None:
         target = self.target
-        if target.stopping and isinstance(request, ShRequest | SpawnRequest):
+        if target.stopping and isinstance(request, ShRequest | SpawnRequest | AgentRequest):
             raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
         if isinstance(request, PingRequest):
             answer({"session_id": target.session_id, "pid": os.getpid()}, None)
@@ -342,6 +373,16 @@ class ControlServer:
                 answer(result, error)
 
             target.spawn(request.members(), spawned)
+        elif isinstance(request, AgentRequest):
+            try:
+                spec = AgentSpec.model_validate(request.spec)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "spec"
+                raise UsageError(f"bad agent request: {where}: {first['msg']}") from None
+            answer(target.start_agent(spec).model_dump(mode="json"), None)
+        elif isinstance(request, AgentSendRequest):
+            answer(target.send_to_agent(request.task_id, request.text), None)
         else:
             answer(target.request_stop(), None)
 

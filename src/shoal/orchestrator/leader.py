@@ -45,6 +45,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
+from shoal.workers.agent.kind import AgentKind
 from shoal.workers.kinds import Poll, TaskKind
 
 __all__ = ["Leader", "Policy", "TaskError"]
@@ -76,8 +77,10 @@ class Leader(LeaderRequests):
         self.queue = deque()  # pending tasks, in order, waiting for a job slot
         self.shell = shell.ShellKind()
         self.swarm = Swarm(self)
+        self.agents = AgentKind(layout.home, team)
+        self.agents.resume_with = self.resume_agent
         self.kinds: dict[TaskType, TaskKind] = {}
-        for kind in (self.shell, self.swarm):
+        for kind in (self.shell, self.swarm, self.agents):
             for task_type in kind.types:
                 self.kinds[task_type] = kind
         self.control = ControlServer(layout, team, self)
@@ -268,6 +271,9 @@ class Leader(LeaderRequests):
 
         def departed(name: str) -> bool:
             nonlocal states
+            agent = self.registry.get(name)  # an agent task: gone once it has ended
+            if agent is not None and agent.type == TaskType.LOCAL_AGENT:
+                return agent.is_terminal
             if states is None:  # (the team file is read once a pass, and only if asked)
                 states = {v.member.name: v.state for v in self.teams.members(self.team)}
             return states.get(name) in (MemberState.DEAD, MemberState.LEFT, None)
@@ -357,14 +363,20 @@ class Leader(LeaderRequests):
         for task_id in list(self.queue):
             self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
         self.queue.clear()
-        for task_id in list(self.shell.live()):
-            task = self.registry.get(task_id)
-            if task is not None:
-                self.shell.kill(task, self, STOPPED_ON_REQUEST)
+        for kind in (self.shell, self.agents):
+            for task_id in list(kind.live()):
+                task = self.registry.get(task_id)
+                if task is not None:
+                    kind.kill(task, self, STOPPED_ON_REQUEST)
         self.persist(force=True)
 
     def _drained(self) -> bool:
-        return not self.shell.running() and not self.swarm.members and not self.control.pending
+        return (
+            not self.shell.running()
+            and not self.agents.running()
+            and not self.swarm.members
+            and not self.control.pending
+        )
 
     def shutdown(self, timeout: float = 120.0) -> None:
         """Stop every task this leader owns, notify, persist and step down as lead."""
@@ -375,6 +387,7 @@ class Leader(LeaderRequests):
         self.run_until(self._drained, timeout)
         if not self._drained():  # (past the timeout: the last resort waits)
             self.shell.kill_all_now(self._limits.kill_grace)
+            self.agents.kill_all_now(self._limits.kill_grace)
             self.swarm.kill_all()
             self.reap()
         if self._subscription is not None:

@@ -19,15 +19,20 @@ from shoal.core.errors import TaskError
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
+    LocalAgentTaskState,
     LocalShellTaskState,
+    TaskStatus,
     TaskType,
     new_task_id,
+    parse_task_state,
 )
+from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
 from shoal.orchestrator.control import ShellSpec
 from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
+from shoal.workers.agent.kind import AgentKind
 from shoal.workers.kinds import TaskKind
 
 T = TypeVar("T")
@@ -39,6 +44,7 @@ class LeaderRequests(LeaderStore, ABC):
     jobs: int
     shell: shell.ShellKind
     swarm: Swarm
+    agents: AgentKind
     kinds: dict[TaskType, TaskKind]
     queue: deque[str]
     _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
@@ -82,7 +88,12 @@ class LeaderRequests(LeaderStore, ABC):
         """Build (and check) a new pending shell task; nothing is registered yet."""
         owner, agent_id = LEAD_NAME, None
         agent = options.pop("agent", None)
-        if agent:
+        own = self.registry.get(agent) if agent else None
+        if own is not None and own.type == TaskType.LOCAL_AGENT:  # a shell of an agent task
+            if own.is_terminal:
+                raise TaskError(f"agent {agent} has ended; it cannot start shells")
+            owner = agent_id = agent
+        elif agent:
             name = agent.split("@", 1)[0]
             if self.teams.read(self.team).member(name) is None:
                 raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
@@ -96,6 +107,65 @@ class LeaderRequests(LeaderStore, ABC):
             agent_id=agent_id,
             **options,
         )
+
+    # -- agents ----------------------------------------------------------------------------
+
+    def start_agent(self, spec: AgentSpec) -> LocalAgentTaskState:
+        """Check and register a `local_agent` task and start it (see agent_tasks.py)."""
+        if not self._owns():
+            return self.call(lambda: self.start_agent(spec)).result()
+        task = new_agent_task(self, spec)
+        self.layout.ensure(self.session.tasks_dir)
+        self.register(task)
+        self.queue.append(task.id)
+        self.start_pending()
+        self.persist(force=True)
+        self.wake()
+        current = self.registry.get(task.id)
+        assert isinstance(current, LocalAgentTaskState)
+        return current
+
+    def send_to_agent(self, task_id: str, text: str) -> dict[str, Any]:
+        """A message for agent task `task_id`: queued when it runs, else it resumes it (a new
+        task continuing the conversation). Returns {"queued": id} or {"resumed": new id}."""
+        if not self._owns():
+            return self.call(lambda: self.send_to_agent(task_id, text)).result()
+        task = self.find_agent(task_id)
+        if not task.is_terminal and task.status != TaskStatus.PENDING:
+            self.agents.send(task, text, self)
+            return {"queued": task.id, "task_id": task.id}
+        if task.status == TaskStatus.PENDING:
+            raise TaskError(f"agent {task.id} has not started yet; send again once it runs")
+        resumed = self.resume_agent(task, [text])
+        return {"resumed": resumed.id, "task_id": resumed.id, "resumed_from": task.id}
+
+    def resume_agent(self, task: LocalAgentTaskState, texts: list[str]) -> LocalAgentTaskState:
+        """A new task that continues `task`'s conversation with `texts` as the next message."""
+        spec = AgentSpec(
+            prompt="\n\n".join(texts),
+            model=task.model,
+            agent_type=task.agent_type,
+            tools=list(task.tools) if task.tools is not None else None,
+            permission_mode=task.permission_mode,
+            cwd=task.cwd,
+            env=task.env,
+            backend=task.backend,
+            limits=task.limits,
+            description=task.description,
+        )
+        return self.start_agent(spec.model_copy(update={"resume": task.id}))
+
+    def find_agent(self, task_id: str) -> LocalAgentTaskState:
+        """The agent task `task_id` (live, or from the session's history)."""
+        task = self.registry.get(task_id)
+        if task is None:
+            raw = self.session.history().get(task_id)
+            if raw is not None:
+                task = parse_task_state(raw)
+        if not isinstance(task, LocalAgentTaskState):
+            what = "no task" if task is None else f"task {task_id} is not an agent task;"
+            raise TaskError(f"{what} {task_id} in team {self.team!r} (see `shoal ps --all`)")
+        return task
 
     def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
         """Register tasks and start them now (or as job slots free); one state write."""

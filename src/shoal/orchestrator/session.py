@@ -106,7 +106,7 @@ class Session:
 
     def ensure(self) -> Session:
         """Create the session directories (0700, no symlinks)."""
-        for sub in ("tasks", "transcripts", "remote"):
+        for sub in ("tasks", "transcripts", "remote", "agents"):
             self.layout.ensure(self.dir / sub)
         return self
 

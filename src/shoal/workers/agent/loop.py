@@ -8,7 +8,9 @@ with the limit named: turns (model requests), tokens, tool uses and wall time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -97,11 +99,18 @@ class Output:
     """The task's readable output file: what the model said, the tools it called, their
     results (first lines)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, *, echo: bool = False) -> None:
         self.path = path
+        self.echo = echo  # also to stdout: the live transcript of a tmux pane
 
     def write(self, text: str) -> None:
-        if self.path is None or not text:
+        if not text:
+            return
+        if self.echo:
+            with contextlib.suppress(OSError):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        if self.path is None:
             return
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
         try:
@@ -191,6 +200,11 @@ class AgentLoop:
             self._run.enqueue(text)
         else:
             self._pending.append(text)
+
+    def pending(self) -> list[str]:
+        """Take the messages queued for a next run (they came after this one ended)."""
+        texts, self._pending = self._pending, []
+        return texts
 
     async def run(self, prompt: str | None) -> Outcome:
         """One run from `prompt` (None: continue from the history's last request)."""

@@ -1,0 +1,159 @@
+"""`shoal agent`: start a `local_agent` task under the team's leader (or resume one)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, ShoalError, UsageError
+
+
+def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    extra: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, not {pair!r}")
+        extra[key] = value
+    return extra
+
+
+def _tool_list(text: str | None) -> list[str] | None:
+    """`Read,Grep` -> ["Read", "Grep"]; an empty --tools means no tools at all."""
+    if text is None:
+        return None
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+@click.command()
+@click.argument("prompt", required=False)
+@click.option(
+    "--model", default=None, help="anthropic:NAME, openai:NAME, scripted:FILE, replay:FILE."
+)
+@click.option(
+    "--type", "agent_type", default=None, metavar="NAME", help="Agent type (a definition)."
+)
+@click.option("--tools", default=None, metavar="T,..", help="Only these tools.")
+@click.option("--disallowed-tools", default=None, metavar="T,..", help="Not these tools.")
+@click.option(
+    "--permission-mode",
+    default="default",
+    type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions", "bubble"]),
+    help="What the agent may do without asking.",
+)
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Model requests.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Token budget.")
+@click.option("--max-tool-uses", type=click.IntRange(min=1), default=None, help="Tool calls.")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Wall time (s)."
+)
+@click.option(
+    "--backend",
+    default="auto",
+    type=click.Choice(["auto", "process", "tmux", "in-process"]),
+    help="Where the agent runs (auto: tmux inside tmux, else a process).",
+)
+@click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
+@click.option("--resume", default=None, metavar="ID", help="Continue agent task ID's conversation.")
+@click.option(
+    "--foreground",
+    "-f",
+    is_flag=True,
+    help="Stream the transcript; exit 0 completed, 1 failed or killed, 130 on Ctrl-C.",
+)
+@json_option
+@common_options
+def agent(
+    prompt: str | None,
+    model: str | None,
+    agent_type: str | None,
+    tools: str | None,
+    disallowed_tools: str | None,
+    permission_mode: str,
+    max_turns: int | None,
+    max_tokens: int | None,
+    max_tool_uses: int | None,
+    timeout: float | None,
+    backend: str,
+    cwd: str | None,
+    env_pairs: tuple[str, ...],
+    resume: str | None,
+    foreground: bool,
+    as_json: bool,
+) -> None:
+    """Start an agent on PROMPT as a background task of the team's leader; prints its id.
+
+    The agent calls its model with tools (Bash, Read, Write, Edit, Glob, Grep) until the
+    model answers without a tool call. PROMPT `-` reads standard input. Without --model it
+    runs on $SHOAL_MODEL, `model` in SHOAL_HOME/config.toml, or the embedded scripted model.
+    """
+    from shoal.orchestrator.control import call
+    from shoal.workers.agent.models import ModelSpec
+
+    env = get_env(click.get_current_context())
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if resume is None and not (prompt or "").strip():
+        raise UsageError("no prompt given (usage: shoal agent PROMPT, or - for standard input)")
+    if model is not None:
+        ModelSpec.parse(model)  # an unknown provider is a usage error (exit 2), here and now
+    team = env.team()
+    spec: dict[str, Any] = {
+        "model": model,
+        "agent_type": agent_type,
+        "tools": _tool_list(tools),
+        "disallowed_tools": _tool_list(disallowed_tools),
+        "permission_mode": permission_mode,
+        "max_turns": max_turns,
+        "max_tokens": max_tokens,
+        "max_tool_uses": max_tool_uses,
+        "timeout": timeout,
+        "backend": backend,
+        "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
+        "env": _env_pairs(env_pairs) or None,
+    }
+    if resume is not None:
+        text = (prompt or "").strip() or "Continue."
+        answer = call(env.layout, team, "agent_send", {"task_id": resume, "text": text})
+        task_id = answer["task_id"]
+        if as_json and not foreground:
+            print_json(answer)
+        elif not foreground:
+            click.echo(task_id)
+    else:
+        task = call(env.layout, team, "agent", {"spec": {**spec, "prompt": prompt}})
+        task_id = task["id"]
+        if as_json and not foreground:
+            print_json(task)
+        elif not foreground:
+            click.echo(task_id)
+    if foreground:
+        _foreground(env.layout, team, task_id, as_json)
+
+
+def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
+    from shoal.cli.tasks import _follow, _session
+    from shoal.orchestrator.control import call
+
+    session = _session(layout, team)
+    try:
+        final = _follow(session, task_id, stream=True)
+    except KeyboardInterrupt:
+        try:
+            call(layout, team, "stop", {"task_id": task_id}, timeout=30)
+        except ShoalError as exc:
+            click.echo(f"shoal: could not stop {task_id}: {exc}", err=True)
+        else:
+            click.echo(f"shoal: agent {task_id} stopped", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if as_json:
+        print_json(final)
+    if final["status"] != "completed":
+        why = final.get("error") or final.get("kill_reason") or final["status"]
+        click.echo(f"shoal: agent {task_id} {final['status']}: {why}", err=True)
+        sys.exit(EXIT_FAILED)

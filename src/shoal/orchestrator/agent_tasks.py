@@ -1,0 +1,127 @@
+"""Building a `local_agent` task from a request: everything is checked before anything is
+registered (the model spec and its API key, the tools, the working directory, the backend),
+so a bad request is one clear error and nothing is created."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shoal.core.errors import TaskError, UsageError
+from shoal.core.tasks import LocalAgentTaskState, TaskType, new_task_id
+from shoal.teams.models import LEAD_NAME
+from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
+from shoal.workers.agent.models import check_model, choose_model
+from shoal.workers.agent.tools import TOOL_SPECS
+
+if TYPE_CHECKING:
+    from shoal.orchestrator.requests import LeaderRequests
+
+PERMISSION_MODES: Final = ("default", "acceptEdits", "plan", "bypassPermissions", "bubble")
+KNOWN_TOOLS: Final = tuple(name for name, _model, _text in TOOL_SPECS)
+DEFAULT_AGENT_TYPE: Final = "general-purpose"
+
+
+class AgentSpec(BaseModel):
+    """One agent to start (the fields of `shoal agent`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt: str
+    model: str | None = None
+    agent_type: str | None = None
+    tools: list[str] | None = None
+    disallowed_tools: list[str] | None = None
+    permission_mode: str = "default"
+    max_turns: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_tool_uses: int | None = Field(None, ge=1)
+    timeout: float | None = Field(None, gt=0)
+    backend: str = "auto"
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    description: str | None = None
+    limits: dict[str, Any] | None = None  # (a resume carries its parent's)
+    resume: str | None = None  # the agent task this one continues
+
+
+def _environ(host: LeaderRequests, extra: dict[str, str] | None) -> dict[str, str]:
+    env = {os.fsdecode(k): os.fsdecode(v) for k, v in host.environ.items()}
+    env.update(extra or {})
+    return env
+
+
+def _backend(name: str, env: dict[str, str]) -> str:
+    if name == "auto":
+        return "tmux" if env.get("TMUX") else "process"
+    if name not in AGENT_BACKENDS:
+        raise UsageError(
+            f"unknown backend {name!r} for an agent (choose from auto, {', '.join(AGENT_BACKENDS)})"
+        )
+    return name
+
+
+def _tools(spec: AgentSpec) -> tuple[str, ...] | None:
+    for given in (spec.tools, spec.disallowed_tools):
+        unknown = sorted(set(given or ()) - set(KNOWN_TOOLS))
+        if unknown:
+            raise UsageError(
+                f"unknown tool(s) {', '.join(unknown)} (known: {', '.join(KNOWN_TOOLS)})"
+            )
+    if spec.tools is None and not spec.disallowed_tools:
+        return None
+    allowed = spec.tools if spec.tools is not None else list(KNOWN_TOOLS)
+    return tuple(t for t in allowed if t not in set(spec.disallowed_tools or ()))
+
+
+def new_agent_task(host: LeaderRequests, spec: AgentSpec) -> LocalAgentTaskState:
+    """A checked, pending `local_agent` task for `spec` (nothing registered yet)."""
+    if not spec.prompt.strip():
+        raise UsageError("the agent's prompt is empty (give PROMPT, or - to read it from stdin)")
+    if spec.permission_mode not in PERMISSION_MODES:
+        raise UsageError(
+            f"unknown permission mode {spec.permission_mode!r} "
+            f"(choose from {', '.join(PERMISSION_MODES)})"
+        )
+    env = _environ(host, spec.env)
+    cwd = Path(spec.cwd or os.getcwd())
+    if not cwd.is_dir():
+        raise TaskError(f"working directory {cwd} does not exist")
+    parent = host.find_agent(spec.resume) if spec.resume else None
+    asked = spec.model or (parent.model if parent is not None else None)
+    model = choose_model(asked, None, env, host.layout.home)
+    check_model(model, env, cwd)
+    task_id = new_task_id(TaskType.LOCAL_AGENT)
+    agent_id = parent.agent_id if parent is not None else task_id
+    limits = dict(parent.limits or {}) if parent is not None else {}
+    for key in ("max_turns", "max_tokens", "max_tool_uses", "timeout"):
+        value = getattr(spec, key)
+        if value is not None:
+            limits[key] = value
+    transcript = (
+        parent.transcript
+        if parent is not None and parent.transcript
+        else str(transcript_path(host.session.dir, agent_id))
+    )
+    first = spec.prompt.strip().splitlines()[0]
+    return LocalAgentTaskState(
+        id=task_id,
+        description=spec.description or (first[:77] + "…" if len(first) > 78 else first),
+        output_file=str(host.session.output_file(task_id)),
+        owner=LEAD_NAME,
+        agent_id=agent_id,
+        prompt=spec.prompt,
+        agent_type=spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE),
+        model=str(model),
+        backend=_backend(spec.backend, env),
+        cwd=str(cwd),
+        env=spec.env or None,
+        permission_mode=spec.permission_mode,
+        tools=_tools(spec),
+        limits=limits or None,
+        transcript=transcript,
+        resumed_from=parent.id if parent is not None else None,
+    )

@@ -1,0 +1,126 @@
+"""What the leader and an agent's runner share on disk: the job it runs and the status it
+reports (`sessions/{s}/agents/{task_id}.job.json` and `.status.json`), plus the agent's
+maildir inbox of pending messages (`sessions/{s}/agents/{task_id}.inbox/`).
+
+The leader writes the job once, before the runner starts; the runner writes its status (the
+progress at each round, then the outcome) with an atomic replace, and is its only writer. A
+runner killed -9 leaves its last status and its transcript: the leader settles the task from
+them, and a resume continues the conversation from the transcript.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shoal.core.errors import CorruptFileError, NotFoundError
+from shoal.core.jsonio import atomic_write
+
+AGENTS_DIR = "agents"
+
+
+class JobLimits(BaseModel):
+    """Caps of one agent run (None: no cap)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_turns: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_tool_uses: int | None = Field(None, ge=1)
+    timeout: float | None = Field(None, gt=0)
+
+
+class AgentJob(BaseModel):
+    """Everything a runner needs to run one `local_agent` task."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    task_id: str
+    agent_id: str
+    team: str
+    home: str
+    session_id: str
+    prompt: str
+    model: str
+    agent_type: str = "general-purpose"
+    instructions: str = ""
+    tools: tuple[str, ...] | None = None
+    permission_mode: str = "default"
+    limits: JobLimits = JobLimits()
+    cwd: str
+    env: dict[str, str] = Field(default_factory=dict)
+    output_file: str
+    transcript: str
+    status_file: str
+    inbox: str | None = None
+    resume: bool = False
+    echo: bool = False  # also print the readable transcript on stdout (a tmux pane)
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
+
+    @classmethod
+    def load(cls, path: Path) -> AgentJob:
+        return cls.model_validate(_read(path, "agent job"))
+
+
+class JobOutcome(BaseModel):
+    """How a run ended (see loop.Outcome)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: Literal["completed", "failed", "killed"]
+    result: str = ""
+    error: str | None = None
+    total_tokens: int = 0
+    tool_uses: int = 0
+    turns: int = 0
+    duration_ms: int = 0
+
+
+class AgentStatus(BaseModel):
+    """What the runner reports: progress while it runs, the outcome at the end, and the
+    messages that reached it too late to be drained (the leader resumes the agent with them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    state: Literal["running", "done"] = "running"
+    pid: int | None = None
+    progress: dict[str, Any] = Field(default_factory=dict)
+    outcome: JobOutcome | None = None
+    undrained: tuple[str, ...] = ()
+    note: str | None = None  # e.g. what was wrong with the transcript it resumed from
+    updated_at: float = 0.0
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
+
+    @classmethod
+    def load(cls, path: Path) -> AgentStatus | None:
+        """The runner's last status; None when it never wrote one (or wrote garbage)."""
+        try:
+            return cls.model_validate(_read(path, "agent status"))
+        except (NotFoundError, CorruptFileError, ValidationError):
+            return None
+
+
+def _read(path: Path, what: str) -> Any:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise NotFoundError(f"no {what} at {path}") from None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptFileError(path, f"the {what} is not JSON ({exc})") from None
+
+
+def job_paths(session_dir: Path, task_id: str) -> tuple[Path, Path, Path]:
+    """(job file, status file, inbox directory) of agent task `task_id`."""
+    base = session_dir / AGENTS_DIR
+    return base / f"{task_id}.job.json", base / f"{task_id}.status.json", base / f"{task_id}.inbox"

@@ -1,0 +1,543 @@
+"""`local_agent` tasks for the leader's loop: start a runner on a backend, read its progress,
+settle it from its status file, kill it without waiting, resume it with late messages.
+
+Backends: `process` (a runner process in a session of its own, logged beside its job),
+`tmux` (the same runner in a pane of the team's window, printing the live readable
+transcript), `in-process` (runners as coroutines on one event loop inside the leader: cheap
+enough for hundreds). The runner writes only its status file, output file and transcript; the
+registry is changed here, on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from shoal.core.errors import ShoalError
+from shoal.core.events import TaskProgress, task_started
+from shoal.core.procs import Termination, is_alive, process_start_time
+from shoal.core.tasks import (
+    AgentProgress,
+    AnyTaskState,
+    LocalAgentTaskState,
+    TaskStatus,
+    TaskType,
+    TaskUsage,
+    ToolActivity,
+)
+from shoal.mailbox.router import deliver_to, make_message
+from shoal.workers.agent.job import AgentJob, AgentStatus, JobLimits, job_paths
+from shoal.workers.agent.runner import Feed, StatusWriter, run_job
+from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.shell import ShellProcess
+
+AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
+# task_progress events of one agent are emitted at most this often.
+PROGRESS_EVENT_INTERVAL_S: Final = 1.0
+# What a tmux pane's runner gets of the leader's environment (with the task's own variables).
+PANE_ENV: Final = ("SHOAL_", "ANTHROPIC_", "OPENAI_", "PATH", "HOME", "LANG", "LC_")
+# Messages a running agent has been sent but not yet drained, kept in its record.
+PENDING_CAP: Final = 50
+
+
+class AgentStartError(ShoalError):
+    """An agent's runner could not be started."""
+
+
+@dataclass
+class _Live:
+    """What the kind holds in memory about one running agent."""
+
+    task_id: str
+    status_file: Path
+    inbox: Path
+    proc: ShellProcess | None = None  # process and tmux backends
+    future: Future[Any] | None = None  # in-process
+    feed: Feed | None = None  # in-process
+    ending: Termination | None = None
+    status_mtime: int = 0
+    last_event: float = 0.0
+    handle: Any = None  # the tmux pane's backend handle
+    done: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _InProcessHost:
+    """One event loop on a daemon thread that runs every in-process agent of a leader."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                threading.Thread(target=serve, name="shoal-agents", daemon=True).start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+
+class AgentKind:
+    """The `local_agent` task kind (see the module docstring)."""
+
+    types = frozenset({TaskType.LOCAL_AGENT})
+
+    def __init__(self, home: Path, team: str) -> None:
+        self.home = home
+        self.team = team
+        self.runs: dict[str, _Live] = {}
+        self._exited: set[str] = set()
+        self._host = _InProcessHost()
+        self._tmux: Any = None
+        # Set by the leader: resume a finished agent with messages that came too late.
+        self.resume_with: Callable[[LocalAgentTaskState, list[str]], Any] | None = None
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def start(self, task: AnyTaskState, store: TaskStore) -> None:
+        assert isinstance(task, LocalAgentTaskState)
+        job_file, status_file, inbox = job_paths(session_dir_of(task), task.id)
+        live = _Live(task.id, status_file, inbox)
+        try:
+            job = self._job(task, status_file, inbox)
+            job_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            job.save(job_file)
+            if task.backend == "in-process":
+                self._start_in_process(live, job, store)
+                changes: dict[str, Any] = {"pid": os.getpid()}
+            elif task.backend == "tmux":
+                changes = self._start_tmux(live, job, job_file, task, store)
+            else:
+                changes = self._start_process(live, job_file, task, store)
+        except (ShoalError, OSError) as exc:
+            store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the agent: {exc}")
+            store.emit(task_started(store.get(task.id) or task))
+            return
+        self.runs[task.id] = live
+        store.move_task(task.id, TaskStatus.RUNNING, start_time=time.time(), **changes)
+        if live.proc is not None:
+            store.watch_pid(task.id, live.proc.pid)
+        store.emit(task_started(store.get(task.id) or task))
+
+    def poll(
+        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
+    ) -> None:
+        ids = list(self.runs) if only is None else [i for i in only if i in self.runs]
+        if what is Poll.REAP:
+            for task_id in ids:
+                self._reap(task_id, store)
+        elif what is Poll.OUTPUT:
+            for task_id in ids:
+                live = self.runs.get(task_id)
+                if live is not None:
+                    self._read_status(live, store)
+
+    def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
+        if task.is_terminal:
+            return
+        live = self.runs.get(task.id)
+        store.set_task(task.id, kill_reason=reason)
+        if live is None:  # never started
+            store.move_task(task.id, TaskStatus.KILLED, error=reason)
+            return
+        if live.future is not None:
+            live.future.cancel()
+            return  # its done callback wakes the loop; REAP settles it
+        if live.proc is not None and live.ending is None:
+            live.ending = Termination(
+                live.proc.pid, live.proc.started_at, grace=store.limits.kill_grace, group=True
+            )
+            if not live.ending.begin():
+                live.proc.poll()
+            store.wake()
+
+    def orphans(
+        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
+    ) -> None:
+        return  # an agent started from the CLI is owned by the lead, who never departs
+
+    def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
+        """A task of an earlier leader: watch its runner if it still runs, else settle it from
+        the status it left (a runner that died mid-run leaves a failed task and its transcript,
+        from which `shoal agent --resume` continues)."""
+        assert isinstance(task, LocalAgentTaskState)
+        _job, status_file, inbox = job_paths(session_dir_of(task), task.id)
+        live = _Live(task.id, status_file, inbox)
+        if (
+            task.backend != "in-process"
+            and task.pid is not None
+            and is_alive(task.pid, task.pid_started_at)
+        ):
+            live.proc = ShellProcess(task.pid, task.pid_started_at, child=False)
+            self.runs[task.id] = live
+            store.watch_pid(task.id, task.pid)
+            store.note(f"adopted agent {task.id} (pid {task.pid})")
+            return
+        if task.status == TaskStatus.PENDING:
+            return  # (queued again by the caller)
+        self.runs[task.id] = live
+        self._settle(live, store, unattended=True)
+
+    def notification(self, task: AnyTaskState) -> dict[str, Any]:
+        if not isinstance(task, LocalAgentTaskState):
+            return {}
+        return {"result": task.result, "usage": task.usage}
+
+    def live(self) -> Iterable[str]:
+        return list(self.runs)
+
+    def signalled(self) -> Iterable[str]:
+        exited, self._exited = self._exited, set()
+        now = time.monotonic()
+        due = {
+            i for i, v in self.runs.items() if v.ending is not None and v.ending.next_due() <= now
+        }
+        done = {i for i, v in self.runs.items() if v.future is not None and v.future.done()}
+        return [i for i in self.runs if i in exited or i in due or i in done]
+
+    def on_exit(self, key: str) -> bool:
+        if key in self.runs:
+            self._exited.add(key)
+            return True
+        return False
+
+    def next_due(self) -> float | None:
+        return min(
+            (v.ending.next_due() for v in self.runs.values() if v.ending is not None),
+            default=None,
+        )
+
+    def running(self) -> int:
+        return len(self.runs)
+
+    def send(self, task: LocalAgentTaskState, text: str, store: TaskStore) -> None:
+        """Queue `text` for a running agent: drained at its next tool-round boundary."""
+        live = self.runs.get(task.id)
+        if live is not None and live.feed is not None:
+            live.feed.put(text)
+        else:
+            deliver_to(
+                live.inbox if live is not None else job_paths(session_dir_of(task), task.id)[2],
+                make_message(sender="team-lead", to=task.id, kind="text", text=text),
+            )
+        pending = (*task.pending_messages, text)[-PENDING_CAP:]
+        store.set_task(task.id, pending_messages=pending)
+
+    def kill_all_now(self, grace: float) -> None:
+        """Stop every runner, waiting (for cleanup at exit, when no loop runs)."""
+        for live in list(self.runs.values()):
+            if live.future is not None:
+                live.future.cancel()
+            elif live.proc is not None:
+                from shoal.core.procs import terminate
+
+                terminate(live.proc.pid, live.proc.started_at, grace=grace, group=True)
+                live.proc.poll()
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def _job(self, task: LocalAgentTaskState, status_file: Path, inbox: Path) -> AgentJob:
+        return AgentJob(
+            task_id=task.id,
+            agent_id=task.agent_id,
+            team=self.team,
+            home=str(self.home),
+            session_id=session_dir_of(task).name,
+            prompt=task.prompt,
+            model=task.model or "scripted:",
+            agent_type=task.agent_type,
+            instructions=str((task.limits or {}).get("instructions") or ""),
+            tools=task.tools,
+            permission_mode=task.permission_mode,
+            limits=JobLimits(
+                **{k: v for k, v in (task.limits or {}).items() if k in JobLimits.model_fields}
+            ),
+            cwd=task.cwd or os.getcwd(),
+            env=dict(task.env or {}),
+            output_file=task.output_file,
+            transcript=task.transcript or str(transcript_path(session_dir_of(task), task.agent_id)),
+            status_file=str(status_file),
+            inbox=None if task.backend == "in-process" else str(inbox),
+            resume=task.resumed_from is not None,
+            echo=task.backend == "tmux",
+        )
+
+    def _argv(self, job_file: Path) -> list[str]:
+        return [sys.executable, "-m", "shoal.workers.agent.runner", str(job_file)]
+
+    def _environ(self, store: TaskStore, task: LocalAgentTaskState) -> dict[bytes, bytes]:
+        env = dict(store.environ)
+        for key, value in (task.env or {}).items():
+            env[os.fsencode(key)] = os.fsencode(value)
+        return env
+
+    def _start_process(
+        self, live: _Live, job_file: Path, task: LocalAgentTaskState, store: TaskStore
+    ) -> dict[str, Any]:
+        log = job_file.with_suffix(".log")
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            argv = self._argv(job_file)
+            pid = os.posix_spawn(
+                argv[0],
+                argv,
+                self._environ(store, task),
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, fd, 1),
+                    (os.POSIX_SPAWN_DUP2, fd, 2),
+                ],
+                setsid=True,
+            )
+        finally:
+            os.close(fd)
+        live.proc = ShellProcess(pid, process_start_time(pid), child=True)
+        return {"pid": pid, "pid_started_at": live.proc.started_at}
+
+    def _start_tmux(
+        self,
+        live: _Live,
+        job: AgentJob,
+        job_file: Path,
+        task: LocalAgentTaskState,
+        store: TaskStore,
+    ) -> dict[str, Any]:
+        from shoal.teams.backends.base import SpawnSpec
+        from shoal.teams.backends.tmux import TmuxBackend
+
+        if self._tmux is None:
+            self._tmux = TmuxBackend()
+        ok, why = self._tmux.available()
+        if not ok:
+            raise AgentStartError(f"the tmux backend cannot run here: {why}")
+        env = {os.fsdecode(k): os.fsdecode(v) for k, v in self._environ(store, task).items()}
+        own = set(task.env or {})
+        handle = self._tmux.spawn(
+            SpawnSpec(
+                team=self.team,
+                name=task.id,
+                argv=self._argv(job_file),
+                cwd=job.cwd,
+                home=self.home,
+                env={k: v for k, v in env.items() if k.startswith(PANE_ENV) or k in own},
+            )
+        )
+        live.handle = handle
+        live.proc = ShellProcess(handle.pid, process_start_time(handle.pid), child=False)
+        return {
+            "pid": handle.pid,
+            "pid_started_at": live.proc.started_at,
+            "pane_id": handle.pane_id,
+        }
+
+    def _start_in_process(self, live: _Live, job: AgentJob, store: TaskStore) -> None:
+        env = {os.fsdecode(k): os.fsdecode(v) for k, v in store.environ.items()}
+        env.update(job.env)
+        feed = Feed()
+        status = StatusWriter(Path(job.status_file), None)
+        live.feed = feed
+
+        async def main() -> None:
+            outcome = await run_job(job, env, feed, status)
+            status.done(outcome, list(feed.late))
+
+        live.future = asyncio.run_coroutine_threadsafe(main(), self._host.loop())
+        live.future.add_done_callback(lambda _f: store.wake())
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def _reap(self, task_id: str, store: TaskStore) -> None:
+        live = self.runs[task_id]
+        if live.future is not None:
+            if live.future.done():
+                self._settle(live, store)
+            return
+        assert live.proc is not None
+        alive = live.proc.poll()
+        if live.ending is not None:
+            if live.ending.advance(alive=alive):
+                self._settle(live, store)
+        elif not alive:
+            self._settle(live, store)
+
+    def _read_status(self, live: _Live, store: TaskStore) -> AgentStatus | None:
+        try:
+            mtime = live.status_file.stat().st_mtime_ns
+        except OSError:
+            return None
+        if mtime == live.status_mtime:
+            return None
+        live.status_mtime = mtime
+        status = AgentStatus.load(live.status_file)
+        if status is None:
+            return None
+        progress = _progress(status.progress)
+        task = store.get(live.task_id)
+        if progress is not None and isinstance(task, LocalAgentTaskState):
+            store.set_task(live.task_id, progress=progress)
+            now = time.monotonic()
+            if now - live.last_event >= PROGRESS_EVENT_INTERVAL_S and status.state == "running":
+                live.last_event = now
+                store.emit(
+                    TaskProgress(
+                        task_id=live.task_id,
+                        tool_use_count=progress.tool_use_count,
+                        token_count=progress.token_count,
+                        activity=progress.last_activity.description
+                        if progress.last_activity
+                        else None,
+                        summary=progress.summary,
+                    )
+                )
+        return status
+
+    def _settle(self, live: _Live, store: TaskStore, *, unattended: bool = False) -> None:
+        """Give an ended agent its final state from its status file."""
+        self.runs.pop(live.task_id, None)
+        self._exited.discard(live.task_id)
+        store.unwatch_pid(live.task_id)
+        if live.handle is not None and self._tmux is not None:
+            with contextlib.suppress(ShoalError, OSError):
+                self._tmux.kill(live.handle)
+        live.status_mtime = 0
+        self._read_status(live, store)
+        status = AgentStatus.load(live.status_file)
+        task = store.get(live.task_id)
+        if not isinstance(task, LocalAgentTaskState) or task.is_terminal:
+            return
+        outcome = status.outcome if status is not None else None
+        late = list(status.undrained) if status is not None else []
+        late += _unread(live.inbox)
+        if status is not None and status.note:
+            store.note(f"agent {task.id} resumed from a damaged transcript: {status.note}")
+        if outcome is not None:
+            usage = TaskUsage(
+                total_tokens=outcome.total_tokens,
+                tool_uses=outcome.tool_uses,
+                duration_ms=outcome.duration_ms,
+            )
+            progress = (task.progress or AgentProgress()).model_copy(
+                update={"summary": outcome.error or _first_line(outcome.result)}
+            )
+            if outcome.status == "killed" or task.kill_reason:
+                store.move_task(
+                    task.id,
+                    TaskStatus.KILLED,
+                    usage=usage,
+                    progress=progress,
+                    error=task.kill_reason or outcome.error,
+                    pending_messages=(),
+                )
+                if not late:
+                    return
+            elif outcome.status == "completed":
+                store.move_task(
+                    task.id,
+                    TaskStatus.COMPLETED,
+                    result=outcome.result,
+                    usage=usage,
+                    progress=progress,
+                    pending_messages=(),
+                )
+            else:
+                store.move_task(
+                    task.id,
+                    TaskStatus.FAILED,
+                    result=outcome.result or None,
+                    error=outcome.error,
+                    usage=usage,
+                    progress=progress,
+                    pending_messages=(),
+                )
+        else:
+            code = live.proc.returncode() if live.proc is not None else None
+            if task.kill_reason:
+                store.move_task(task.id, TaskStatus.KILLED, error=task.kill_reason)
+                return
+            how = (
+                "ended while no leader was running, without an outcome"
+                if unattended
+                else f"exited with code {code} without an outcome"
+                if code is not None
+                else "ended without an outcome (killed?)"
+            )
+            store.move_task(
+                task.id,
+                TaskStatus.FAILED,
+                error=f"the agent's runner {how}; its transcript is kept (shoal agent "
+                f"--resume {task.id} continues it)",
+            )
+        if late and self.resume_with is not None:
+            final = store.get(task.id)
+            if isinstance(final, LocalAgentTaskState):
+                self.resume_with(final, late)
+
+
+def session_dir_of(task: AnyTaskState) -> Path:
+    """The session directory a task's files live in (its output file is in tasks/)."""
+    return Path(task.output_file).parent.parent
+
+
+def transcript_path(session_dir: Path, agent_id: str) -> Path:
+    """Where agent `agent_id`'s transcript (sidechain) is kept."""
+    return session_dir / "transcripts" / f"{agent_id}.jsonl"
+
+
+def _unread(inbox: Path) -> list[str]:
+    """Texts of messages still waiting in an agent's inbox (it ended before draining them)."""
+    texts: list[str] = []
+    new = inbox / "new"
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.listdir(new)):
+            path = new / entry
+            with contextlib.suppress(OSError, ValueError):
+                import orjson
+
+                record = orjson.loads(path.read_bytes())
+                if isinstance(record, dict) and record.get("text"):
+                    texts.append(str(record["text"]))
+                path.unlink()
+    return texts
+
+
+def _first_line(text: str) -> str | None:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:200] or None
+
+
+def _progress(raw: Mapping[str, Any]) -> AgentProgress | None:
+    if not raw:
+        return None
+    recent = tuple(
+        ToolActivity(tool_name=a.split("(", 1)[0], description=a)
+        for a in raw.get("recent_activities") or ()
+        if isinstance(a, str)
+    )
+    last = raw.get("last_activity")
+    return AgentProgress(
+        tool_use_count=int(raw.get("tool_use_count") or 0),
+        token_count=int(raw.get("token_count") or 0),
+        last_activity=ToolActivity(tool_name=last.split("(", 1)[0], description=last)
+        if isinstance(last, str)
+        else None,
+        recent_activities=recent,
+        summary=raw.get("summary") if isinstance(raw.get("summary"), str) else None,
+    )

@@ -1,0 +1,243 @@
+"""Runs one `local_agent` job: the same code in a process of its own (`python -m
+shoal.workers.agent.runner JOB`, the process and tmux backends) and inside the leader (the
+in-process backend, many jobs on one event loop).
+
+The runner builds the model and the tools from the job, continues the transcript when the job
+is a resume, drains pending messages into the conversation at tool-round boundaries, and
+reports to its status file: progress each round (throttled), then the outcome. It never
+touches the leader's registry; the leader reads the status file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from shoal.core.errors import ShoalError
+from shoal.core.paths import Layout
+from shoal.mailbox.inbox import Inbox
+from shoal.mailbox.store import Maildir
+from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
+from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
+from shoal.workers.agent.models import ModelSpec, build_model
+from shoal.workers.agent.tools import Workspace
+from shoal.workers.agent.transcript import Transcript
+
+# Progress is written at most this often (the outcome at once).
+STATUS_INTERVAL_S: Final = 0.25
+KILLED_ERROR: Final = "stopped"
+
+
+class StatusWriter:
+    """The runner's side of the status file: progress (throttled), then the outcome."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        self.note: str | None = None
+        self._written = 0.0
+        self._progress: dict[str, Any] = {}
+
+    def progress(self, progress: Progress, *, force: bool = False) -> None:
+        self._progress = progress.to_record()
+        now = time.monotonic()
+        if force or now - self._written >= STATUS_INTERVAL_S:
+            self._written = now
+            self._save(AgentStatus(pid=self.pid, progress=self._progress))
+
+    def done(self, outcome: JobOutcome, undrained: list[str]) -> None:
+        self._save(
+            AgentStatus(
+                state="done",
+                pid=self.pid,
+                progress=self._progress,
+                outcome=outcome,
+                undrained=tuple(undrained),
+            )
+        )
+
+    def _save(self, status: AgentStatus) -> None:
+        status = status.model_copy(update={"note": self.note, "updated_at": time.time()})
+        with contextlib.suppress(ShoalError, OSError):  # (a full disk: the next write retries)
+            status.save(self.path)
+
+
+class Feed:
+    """Pending messages for a running agent: `put` from any thread, drained into the loop at
+    the next tool-round boundary (or kept for the next run once it is over)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._agent: AgentLoop | None = None
+        self.late: list[str] = []
+
+    def attach(self, loop: asyncio.AbstractEventLoop, agent: AgentLoop) -> None:
+        self._loop, self._agent = loop, agent
+
+    def put(self, text: str) -> None:
+        if self._loop is None or self._agent is None:
+            self.late.append(text)
+            return
+        self._loop.call_soon_threadsafe(self._agent.enqueue, text)
+
+
+def _watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> threading.Thread:
+    """Drain the agent's maildir inbox into `feed` on a thread (a message is acked once fed)."""
+
+    def run() -> None:
+        maildir = Maildir.create(path, home)
+        with Inbox(maildir) as inbox:
+            while not stop.is_set():
+                delivery = inbox.receive(timeout=0.2)
+                if delivery is None:
+                    continue
+                text = delivery.message.text or ""
+                if text:
+                    feed.put(text)
+                inbox.ack(delivery)
+
+    thread = threading.Thread(target=run, name="agent-inbox", daemon=True)
+    thread.start()
+    return thread
+
+
+def _background_starter(job: AgentJob) -> Callable[[str, str | None], Any]:
+    """Bash(run_in_background): a `local_bash` task of the team's leader, owned by this agent."""
+    from shoal.orchestrator import control
+
+    layout = Layout(job.home)
+
+    async def start(command: str, description: str | None) -> str:
+        args = {
+            "command": ["sh", "-c", command],
+            "description": description or command[:80],
+            "agent": job.task_id,
+            "cwd": job.cwd,
+        }
+        record = await asyncio.to_thread(control.call, layout, job.team, "sh", args)
+        return str(record["id"])
+
+    return start
+
+
+async def run_job(
+    job: AgentJob,
+    env: Mapping[str, str],
+    feed: Feed,
+    status: StatusWriter,
+) -> JobOutcome:
+    """Run `job` to its outcome (a cancel ends it `killed`; the transcript keeps what was said)."""
+    started = time.monotonic()
+    loop: AgentLoop | None = None
+    try:
+        cwd = Path(job.cwd)
+        model = build_model(ModelSpec.parse(job.model), env, cwd)
+        workspace = Workspace(
+            cwd=cwd,
+            mode=job.permission_mode,
+            env=dict(job.env),
+            start_background=_background_starter(job),
+        )
+        transcript = Transcript(Path(job.transcript))
+        history: list[Any] = []
+        if job.resume:
+            loaded = Transcript.load(transcript.path)
+            history = loaded.messages
+            status.note = loaded.problem
+        loop = AgentLoop(
+            model,
+            instructions=job.instructions,
+            tools=make_tools(workspace, job.tools),
+            transcript=transcript,
+            output=Output(Path(job.output_file), echo=job.echo),
+            history=history,
+            limits=Limits(**job.limits.model_dump()),
+            on_progress=status.progress,
+        )
+        if status.note:
+            loop.output.write(f"[resumed: {status.note}]\n")
+        for text in feed.late:
+            loop.enqueue(text)
+        feed.late.clear()
+        feed.attach(asyncio.get_running_loop(), loop)
+        outcome = await loop.run(job.prompt)
+        status.progress(loop.progress, force=True)
+        return JobOutcome(
+            status="completed" if outcome.status == "completed" else "failed",
+            result=outcome.result,
+            error=outcome.error,
+            total_tokens=outcome.total_tokens,
+            tool_uses=outcome.tool_uses,
+            turns=outcome.turns,
+            duration_ms=outcome.duration_ms,
+        )
+    except asyncio.CancelledError:
+        if loop is not None:
+            loop.output.write(f"\n[{KILLED_ERROR}]\n")
+        return JobOutcome(
+            status="killed",
+            error=KILLED_ERROR,
+            total_tokens=loop.progress.token_count if loop else 0,
+            tool_uses=loop.progress.tool_use_count if loop else 0,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+    except (ShoalError, OSError, ValueError) as exc:  # a model that cannot be built, a bad file
+        if loop is not None:
+            loop.output.write(f"\n[failed: {exc}]\n")
+        else:
+            Output(Path(job.output_file), echo=job.echo).write(f"[failed: {exc}]\n")
+        return JobOutcome(
+            status="failed",
+            error=str(exc),
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+    finally:
+        if loop is not None:  # messages queued after the run ended: the leader resumes with them
+            feed.late.extend(loop.pending())
+
+
+async def _main_async(job: AgentJob) -> int:
+    status = StatusWriter(Path(job.status_file), os.getpid())
+    feed = Feed()
+    stop = threading.Event()
+    if job.inbox:
+        _watch_inbox(Path(job.inbox), Path(job.home), feed, stop)
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, task.cancel)
+    outcome: JobOutcome
+    try:
+        outcome = await run_job(job, os.environ, feed, status)
+    except asyncio.CancelledError:  # (a signal before the run began)
+        outcome = JobOutcome(status="killed", error=KILLED_ERROR)
+    stop.set()
+    status.done(outcome, list(feed.late))
+    return 0 if outcome.status == "completed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The process entry: run the job file given as the one argument."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m shoal.workers.agent.runner JOB_FILE", file=sys.stderr)
+        return 2
+    try:
+        job = AgentJob.load(Path(args[0]))
+    except (ShoalError, ValueError) as exc:
+        print(f"shoal: error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_main_async(job))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
