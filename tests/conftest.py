@@ -6,10 +6,12 @@ Waiting for a condition: `tests.polling.wait_until`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -147,3 +149,18 @@ def group_gone(pgid: int) -> bool:
         except (ProcessLookupError, psutil.NoSuchProcess):
             continue
     return True
+
+
+@pytest.fixture
+def tmux_socket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private tmux server for the leader's panes (killed at the end), as from a plain
+    terminal."""
+    sock = f"shoal-test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("SHOAL_TMUX_SOCKET", sock)
+    monkeypatch.delenv("TMUX", raising=False)
+    monkeypatch.delenv("TMUX_PANE", raising=False)
+    yield sock
+    subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False)
+    tmpdir = os.environ.get("TMUX_TMPDIR") or "/tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(tmpdir, f"tmux-{os.getuid()}", sock))

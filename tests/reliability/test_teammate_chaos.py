@@ -18,8 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,21 +36,6 @@ TEAM = "chaos"
 TASKS = 60
 KILLS = 22
 TEAMMATES = {"process": 2, "tmux": 2}
-
-
-@pytest.fixture
-def tmux_socket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A private tmux server for the leader's panes (killed at the end), as from a plain
-    terminal."""
-    sock = f"shoal-test-{uuid.uuid4().hex[:12]}"
-    monkeypatch.setenv("SHOAL_TMUX_SOCKET", sock)
-    monkeypatch.delenv("TMUX", raising=False)
-    monkeypatch.delenv("TMUX_PANE", raising=False)
-    yield sock
-    subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False)
-    tmpdir = os.environ.get("TMUX_TMPDIR") or "/tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(tmpdir, f"tmux-{os.getuid()}", sock))
 
 
 def task_command(work: Path, task_id: int, seconds: float) -> str:

@@ -1,0 +1,254 @@
+"""`local_agent` tasks through the real CLI and a real leader, on the scripted model: on each
+backend an agent runs its tools, its record gets result, usage and progress, its notification
+<result> and <usage>; a message to a running agent is drained at its next tool round, to a
+finished one it resumes it; stop, limits, kill -9 and resume, and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.core.paths import Layout
+from shoal.orchestrator.session import current_session
+from tests.conftest import Cli, group_gone
+from tests.polling import wait_until
+
+TEAM = "ag"
+FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
+BACKENDS = [
+    "process",
+    pytest.param("tmux", marks=pytest.mark.tmux),
+    "in-process",
+]
+
+
+@pytest.fixture
+def leader(cli: Cli, home: Path, tmux_socket: str) -> Iterator[Cli]:
+    up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield cli
+    finally:
+        cli("down", "--team", TEAM)
+
+
+def script(tmp_path: Path, text: str, name: str = "script.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return f"scripted:{path}"
+
+
+def record(cli: Cli, task_id: str) -> dict[str, Any]:
+    out = cli("ps", "--team", TEAM, "--all", "--json")
+    assert out.returncode == 0, out.stderr
+    (task,) = [t for t in json.loads(out.stdout) if t["id"] == task_id]
+    return task
+
+
+def ended(cli: Cli, task_id: str, timeout: float = 30) -> dict[str, Any]:
+    return wait_until(
+        lambda: (t := record(cli, task_id))["status"] in ("completed", "failed", "killed") and t,
+        timeout=timeout,
+        what=f"agent {task_id} to end",
+    )
+
+
+def events(cli: Cli) -> list[dict[str, Any]]:
+    out = cli("events", "--team", TEAM)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+WRITE_AND_READ = """
+[[turn]]
+text = "Writing the file."
+[[turn.call]]
+tool = "Write"
+args = { file_path = "note.txt", content = "{prompt}" }
+[[turn.call]]
+tool = "Bash"
+args = { command = "cat note.txt", description = "show the note" }
+
+[[turn]]
+text = "The note says {last}"
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_agent_runs_its_tools_and_reports(
+    leader: Cli, tmp_path: Path, home: Path, backend: str
+) -> None:
+    model = script(tmp_path, WRITE_AND_READ)
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--backend", backend,
+        "--cwd", str(tmp_path), "--json", "hello from the prompt",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    started = json.loads(out.stdout)
+    assert started["type"] == "local_agent" and started["backend"] == backend
+    task = ended(leader, started["id"])
+    assert task["status"] == "completed", task
+    assert (tmp_path / "note.txt").read_text() == "hello from the prompt"
+    assert task["result"] == "The note says hello from the prompt"
+    assert task["usage"]["tool_uses"] == 2 and task["usage"]["total_tokens"] > 0
+    assert task["progress"]["tool_use_count"] == 2
+    assert task["agent_id"] == task["id"] and task["resumed_from"] is None
+    readable = Path(task["output_file"]).read_text()
+    assert "> hello from the prompt" in readable and "● Bash(show the note)" in readable
+    session = current_session(Layout(home), TEAM)
+    assert session is not None
+    assert (session.dir / "transcripts" / f"{task['agent_id']}.jsonl").stat().st_size > 0
+    (note,) = [e for e in events(leader) if e.get("subtype") == "task_notification"]
+    assert "<result>The note says hello from the prompt</result>" in note["notification"]
+    assert "<tool_uses>2</tool_uses>" in note["notification"]
+    kinds = [e.get("subtype") for e in events(leader) if e.get("task_id") == task["id"]]
+    assert kinds[0] == "task_started" and "task_terminated" in kinds
+
+
+WAIT_THEN_ECHO = """
+[[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { command = "touch started; while [ ! -f go ]; do sleep 0.05; done", description = "wait" }
+
+[[turn]]
+text = "latest: {prompt}"
+"""
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_a_message_to_a_running_agent_is_drained_at_its_next_round(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    model = script(tmp_path, WAIT_THEN_ECHO)
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--backend", backend,
+        "--cwd", str(tmp_path), "first",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    task_id = out.stdout.strip()
+    wait_until(lambda: (tmp_path / "started").exists(), what="the agent's first tool call")
+    sent = leader("send", "--team", TEAM, task_id, "the queued one")
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.strip() == task_id  # queued for this task, not a new one
+    assert "the queued one" in record(leader, task_id)["pending_messages"]
+    (tmp_path / "go").touch()
+    task = ended(leader, task_id)
+    assert task["status"] == "completed", task
+    assert task["result"] == "latest: the queued one"
+    assert task["pending_messages"] == []
+
+
+def test_a_message_to_a_finished_agent_resumes_it(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, '[[turn]]\ntext = "turn {turn}: {prompt}"\n')
+    out = leader("agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path), "one")
+    assert out.returncode == 0, out.stderr
+    first = ended(leader, out.stdout.strip())
+    assert first["result"] == "turn 1: one"
+    sent = leader("send", "--team", TEAM, first["id"], "two")
+    assert sent.returncode == 0, sent.stderr
+    second = ended(leader, sent.stdout.strip())
+    assert second["id"] != first["id"]
+    assert second["resumed_from"] == first["id"] and second["agent_id"] == first["agent_id"]
+    assert second["transcript"] == first["transcript"]
+    # The script's final answer once its one turn is used: the conversation went on.
+    assert second["status"] == "completed" and second["result"] != "turn 1: two"
+    again = leader("agent", "--team", TEAM, "--resume", second["id"], "three", "--json")
+    assert again.returncode == 0, again.stderr
+    third = ended(leader, json.loads(again.stdout)["task_id"])
+    assert third["resumed_from"] == second["id"]
+
+
+def test_foreground_exit_codes_and_limits(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, '[[turn]]\ntext = "ok {prompt}"\n')
+    ok = leader("agent", "--team", TEAM, "--model", model, "-f", "fine")
+    assert ok.returncode == 0, ok.stderr
+    assert "ok fine" in ok.stdout
+    looping = script(
+        tmp_path,
+        '[[turn]]\n[[turn.call]]\ntool = "Bash"\nargs = { command = "true" }\n' * 5,
+        "loop.toml",
+    )
+    capped = leader(
+        "agent", "--team", TEAM, "--model", looping, "--max-turns", "2", "-f", "go"
+    )  # fmt: skip
+    assert capped.returncode == 1, (capped.stdout, capped.stderr)
+    assert "max turns (2)" in capped.stderr
+
+
+def test_stop_kills_the_agent_and_its_command(leader: Cli, tmp_path: Path) -> None:
+    model = script(
+        tmp_path,
+        '[[turn]]\n[[turn.call]]\ntool = "Bash"\n'
+        'args = { command = "echo $$ > pid; sleep 300", timeout = 600000 }\n',
+    )
+    out = leader("agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path), "go")
+    task_id = out.stdout.strip()
+    pid = wait_until(
+        lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip(),
+        what="the agent's command",
+    )
+    stopped = leader("stop", "--team", TEAM, task_id)
+    assert stopped.returncode == 0, stopped.stderr
+    task = ended(leader, task_id)
+    assert task["status"] == "killed"
+    wait_until(lambda: group_gone(int(pid)), timeout=10, what="the agent's command to die")
+
+
+def test_kill_9_of_the_runner_then_resume(leader: Cli, tmp_path: Path) -> None:
+    model = script(
+        tmp_path,
+        '[[turn]]\ntext = "looking"\n[[turn.call]]\ntool = "Bash"\n'
+        'args = { command = "echo seen" }\n\n'
+        '[[turn]]\n[[turn.call]]\ntool = "Bash"\n'
+        'args = { command = "touch waiting; while [ ! -f go ]; do sleep 0.05; done" }\n\n'
+        '[[turn]]\ntext = "finished after {result_1}"\n',
+    )
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path),
+        "--backend", "process", "go",
+    )  # fmt: skip
+    task_id = out.stdout.strip()
+    wait_until(lambda: (tmp_path / "waiting").exists(), what="the agent's second round")
+    pid = record(leader, task_id)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    task = ended(leader, task_id)
+    assert task["status"] == "failed"
+    assert f"--resume {task_id}" in task["error"]
+    (tmp_path / "go").touch()
+    again = leader("agent", "--team", TEAM, "--resume", task_id, "-f")
+    assert again.returncode == 0, again.stderr
+    assert "finished after seen" in again.stdout
+
+
+def test_bad_input(leader: Cli, tmp_path: Path) -> None:
+    unknown = leader("agent", "--team", TEAM, "--model", "gemini:x", "hi")
+    assert unknown.returncode == 2 and "anthropic:, openai:, scripted:, replay:" in unknown.stderr
+    no_key = leader(
+        "agent", "--team", TEAM, "--model", "anthropic:claude-x", "hi",
+        env={"ANTHROPIC_API_KEY": ""},
+    )  # fmt: skip
+    assert no_key.returncode == 1 and "ANTHROPIC_API_KEY" in no_key.stderr
+    assert "Traceback" not in no_key.stderr
+    tools = leader("agent", "--team", TEAM, "--tools", "Read,Teleport", "hi")
+    assert tools.returncode == 2 and "Teleport" in tools.stderr
+    empty = leader("agent", "--team", TEAM, "")
+    assert empty.returncode == 2
+    missing = leader("agent", "--team", TEAM, "--model", "scripted:nope.toml", "hi")
+    assert missing.returncode == 1 and "nope.toml" in missing.stderr
+    stdin = leader("agent", "--team", TEAM, "-", input="")
+    assert stdin.returncode == 2
+    nobody = leader("send", "--team", TEAM, "a00000000", "hi")
+    assert nobody.returncode == 1 and "a00000000" in nobody.stderr
+    listed = leader("ps", "--team", TEAM, "--all", "--json")
+    assert json.loads(listed.stdout) == []  # nothing was created
+
+
+def test_no_leader(cli: Cli) -> None:
+    out = cli("agent", "--team", "nobody", "hi")
+    assert out.returncode == 1 and "shoal up" in out.stderr
