@@ -47,16 +47,18 @@ def script(tmp_path: Path, text: str, name: str = "script.toml") -> str:
 def record(cli: Cli, task_id: str) -> dict[str, Any]:
     out = cli("ps", "--team", TEAM, "--all", "--json")
     assert out.returncode == 0, out.stderr
-    (task,) = [t for t in json.loads(out.stdout) if t["id"] == task_id]
+    tasks: list[dict[str, Any]] = json.loads(out.stdout)
+    (task,) = [t for t in tasks if t["id"] == task_id]
     return task
 
 
 def ended(cli: Cli, task_id: str, timeout: float = 30) -> dict[str, Any]:
-    return wait_until(
-        lambda: (t := record(cli, task_id))["status"] in ("completed", "failed", "killed") and t,
-        timeout=timeout,
-        what=f"agent {task_id} to end",
-    )
+
+    def final() -> dict[str, Any] | None:
+        task = record(cli, task_id)
+        return task if task["status"] in ("completed", "failed", "killed") else None
+
+    return wait_until(final, timeout=timeout, what=f"agent {task_id} to end")
 
 
 def events(cli: Cli) -> list[dict[str, Any]]:
@@ -189,8 +191,9 @@ def test_stop_kills_the_agent_and_its_command(leader: Cli, tmp_path: Path) -> No
     )
     out = leader("agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path), "go")
     task_id = out.stdout.strip()
+    pid_file = tmp_path / "pid"
     pid = wait_until(
-        lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip(),
+        lambda: pid_file.read_text().strip() or None if pid_file.exists() else None,
         what="the agent's command",
     )
     stopped = leader("stop", "--team", TEAM, task_id)

@@ -29,7 +29,7 @@ CAP = 2 << 20  # 2 MiB
 # with over a second of scheduling delay of the watch on a loaded machine; flat-out `yes` is
 # the in-process test's writer.
 PACED_WRITER = (
-    "python3 -c \"import os, time; "
+    'python3 -c "import os, time; '
     "[(os.write(1, b'y' * 262144), time.sleep(0.005)) for _ in iter(int, 1)]\""
 )
 TEAM = "capped"
