@@ -255,3 +255,44 @@ def test_bad_input(leader: Cli, tmp_path: Path) -> None:
 def test_no_leader(cli: Cli) -> None:
     out = cli("agent", "--team", "nobody", "hi")
     assert out.returncode == 1 and "shoal up" in out.stderr
+
+
+TEAM_WORK = """
+[[turn]]
+[[turn.call]]
+tool = "TaskCreate"
+args = { subject = "Write the report", description = "from {prompt}" }
+[[turn.call]]
+tool = "TaskGet"
+args = { taskId = "99" }
+[[turn.call]]
+tool = "SendMessage"
+args = { to = "bob", message = "hello bob" }
+[[turn.call]]
+tool = "Teleport"
+args = { where = "mars" }
+
+[[turn]]
+[[turn.call]]
+tool = "TaskList"
+args = {}
+
+[[turn]]
+text = "list: {last} | missing: {result_2}"
+"""
+
+
+def test_team_tools_and_tool_errors(leader: Cli, tmp_path: Path) -> None:
+    joined = leader("team", "join", TEAM, "bob", "--pid", str(os.getpid()))
+    assert joined.returncode == 0, joined.stderr
+    model = script(tmp_path, TEAM_WORK)
+    out = leader("agent", "--team", TEAM, "--model", model, "the notes")
+    assert out.returncode == 0, out.stderr
+    task = ended(leader, out.stdout.strip())
+    assert task["status"] == "completed", task
+    assert task["result"].startswith("list: #1 [pending] Write the report")
+    assert "no task" in task["result"].split("missing: ")[1].lower()
+    listed = leader("task", "list", "--team", TEAM, "--json")
+    assert [t["description"] for t in json.loads(listed.stdout)] == ["from the notes"]
+    inbox = leader("inbox", "--team", TEAM, "bob", "--json")
+    assert [m["text"] for m in json.loads(inbox.stdout)] == ["hello bob"]

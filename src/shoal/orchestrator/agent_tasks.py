@@ -15,13 +15,14 @@ from shoal.core.tasks import LocalAgentTaskState, TaskType, new_task_id
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.models import check_model, choose_model
+from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
 from shoal.workers.agent.tools import TOOL_SPECS
 
 if TYPE_CHECKING:
     from shoal.orchestrator.requests import LeaderRequests
 
 PERMISSION_MODES: Final = ("default", "acceptEdits", "plan", "bypassPermissions", "bubble")
-KNOWN_TOOLS: Final = tuple(name for name, _model, _text in TOOL_SPECS)
+KNOWN_TOOLS: Final = tuple(name for name, _model, _text in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
 DEFAULT_AGENT_TYPE: Final = "general-purpose"
 
 

@@ -49,6 +49,7 @@ class AgentJob(BaseModel):
     agent_type: str = "general-purpose"
     instructions: str = ""
     tools: tuple[str, ...] | None = None
+    custom: bool = False  # from a user's agent definition (see filters.py)
     permission_mode: str = "default"
     limits: JobLimits = JobLimits()
     cwd: str

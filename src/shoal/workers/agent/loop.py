@@ -126,12 +126,13 @@ def _short(text: str, lines: int = 6) -> str:
     return body + (f"\n    … {more} more line(s)" if more > 0 else "")
 
 
-def _tool_function(workspace: Workspace, name: str, model: Any) -> Callable[..., Any]:
+def _tool_function(handlers: Sequence[Any], name: str, model: Any) -> Callable[..., Any]:
     """The function pydantic-ai calls for tool `name`: validates, runs, turns a ToolFailure
-    into a tool error and bad arguments into a retry prompt."""
+    (or a refusal of shoal's: a missing list task, a stopped leader) into a tool error and bad
+    arguments into a retry prompt."""
     from pydantic_ai import ModelRetry
 
-    handler = getattr(workspace, name.lower())
+    handler = next(getattr(h, name.lower()) for h in handlers if hasattr(h, name.lower()))
 
     async def run(**kwargs: Any) -> str:
         try:
@@ -142,7 +143,7 @@ def _tool_function(workspace: Workspace, name: str, model: Any) -> Callable[...,
             result = handler(args)
             if asyncio.iscoroutine(result):
                 result = await result
-        except ToolFailure as exc:
+        except (ToolFailure, ShoalError) as exc:
             return tool_error(str(exc))
         except OSError as exc:
             return tool_error(f"{name}: {exc}")
@@ -151,13 +152,20 @@ def _tool_function(workspace: Workspace, name: str, model: Any) -> Callable[...,
     return run
 
 
-def make_tools(workspace: Workspace, allowed: Sequence[str] | None = None) -> list[Tool[Any]]:
-    """pydantic-ai tools for this module's specs (only `allowed` ones, when given)."""
+def make_tools(
+    workspace: Workspace, allowed: Sequence[str] | None = None, team: Any = None
+) -> list[Tool[Any]]:
+    """pydantic-ai tools: the file tools, and the team tools when `team` (a TeamTools) is
+    given; only the `allowed` ones, when given."""
     from pydantic_ai import Tool
 
+    from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
+
+    specs = [*TOOL_SPECS, *(TEAM_TOOL_SPECS if team is not None else ())]
+    handlers = [workspace, *([team] if team is not None else [])]
     return [
-        Tool.from_schema(_tool_function(workspace, name, model), name, text, schema_of(model))
-        for name, model, text in TOOL_SPECS
+        Tool.from_schema(_tool_function(handlers, name, model), name, text, schema_of(model))
+        for name, model, text in specs
         if allowed is None or name in allowed
     ]
 

@@ -25,15 +25,18 @@ from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.store import Maildir
+from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
 from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
 from shoal.workers.agent.models import ModelSpec, build_model
-from shoal.workers.agent.tools import Workspace
+from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS, TeamTools
+from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import Transcript
 
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25
 KILLED_ERROR: Final = "stopped"
+ALL_TOOL_NAMES: Final = tuple(name for name, _m, _t in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
 
 
 class StatusWriter:
@@ -155,7 +158,16 @@ async def run_job(
         loop = AgentLoop(
             model,
             instructions=job.instructions,
-            tools=make_tools(workspace, job.tools),
+            tools=make_tools(
+                workspace,
+                filter_tools(
+                    ALL_TOOL_NAMES,
+                    custom=job.custom,
+                    plan_mode=job.permission_mode == "plan",
+                    only=job.tools,
+                ),
+                TeamTools(Path(job.home), job.team, job.task_id),
+            ),
             transcript=transcript,
             output=Output(Path(job.output_file), echo=job.echo),
             history=history,

@@ -1,0 +1,204 @@
+"""The team tools an agent sees beside the file tools: SendMessage, TaskCreate, TaskGet,
+TaskList, TaskUpdate (the team's shared task list), TaskOutput and TaskStop (tasks of the
+team's leader). Names and argument names are what the model sees; keep them exactly.
+
+They work on the team's files (the list, the inboxes, the session's output files) and, for
+what changes a running task, ask the leader through its control channel. A refusal is a
+ToolFailure: a tool error for the model, never a crash of the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from pydantic import AliasChoices, Field
+
+from shoal.core.errors import ShoalError
+from shoal.core.paths import Layout
+from shoal.teams.models import LEAD_NAME
+from shoal.workers.agent.tools import ToolFailure, _Args
+
+TASK_OUTPUT_MAX_CHARS: Final = 30_000
+
+
+class SendMessageArgs(_Args):
+    to: str = Field(description="A member's name, '*' for every member, or an agent task id")
+    message: str = Field(min_length=1, description="The text to send")
+
+
+class TaskCreateArgs(_Args):
+    subject: str = Field(min_length=1, description="A short title, in the imperative")
+    description: str = Field("", description="What has to be done")
+    activeForm: str | None = Field(None, description="Present continuous form for spinners")
+    metadata: dict[str, Any] | None = Field(None, description="Free-form data")
+
+
+class TaskGetArgs(_Args):
+    taskId: str = Field(description="The id of a task of the shared list")
+
+
+class TaskListArgs(_Args):
+    pass
+
+
+class TaskUpdateArgs(_Args):
+    taskId: str = Field(description="The id of a task of the shared list")
+    status: str | None = Field(None, description="pending, in_progress or completed")
+    owner: str | None = Field(None, description="The member that owns it")
+    subject: str | None = None
+    description: str | None = None
+    activeForm: str | None = None
+    metadata: dict[str, Any] | None = None
+    addBlockedBy: list[str] | None = None
+    addBlocks: list[str] | None = None
+
+
+class TaskOutputArgs(_Args):
+    task_id: str = Field(description="The id of a background task (e.g. b1a2b3c4d)")
+
+
+class TaskStopArgs(_Args):
+    task_id: str = Field(
+        validation_alias=AliasChoices("task_id", "shell_id"),
+        description="The id of the background task to stop",
+    )
+
+
+TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
+    ("SendMessage", SendMessageArgs, "Send a message to a teammate, everyone, or an agent."),
+    ("TaskCreate", TaskCreateArgs, "Add a task to the team's shared task list."),
+    ("TaskGet", TaskGetArgs, "Read one task of the team's shared task list."),
+    ("TaskList", TaskListArgs, "List the team's shared task list."),
+    ("TaskUpdate", TaskUpdateArgs, "Change a task of the team's shared task list."),
+    ("TaskOutput", TaskOutputArgs, "Read the output of a background task."),
+    ("TaskStop", TaskStopArgs, "Stop a running background task."),
+)
+
+
+def _list_id(raw: str) -> int:
+    text = raw.strip().lstrip("#")
+    if not text.isdigit():
+        raise ToolFailure(f"{raw!r} is not a task id of the shared list (a number)")
+    return int(text)
+
+
+@dataclass
+class TeamTools:
+    """The team tools of one agent task (`task_id`) of team `team`."""
+
+    home: Path
+    team: str
+    task_id: str
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.home)
+
+    def _tasklist(self) -> Any:
+        from shoal.teams.store import Teams
+        from shoal.teams.tasklist import TaskList
+
+        return TaskList(Teams(self.layout), self.team)
+
+    async def sendmessage(self, args: SendMessageArgs) -> str:
+        from shoal.core.tasks import TASK_ID_PATTERN
+
+        if TASK_ID_PATTERN.fullmatch(args.to) and args.to[0] == "a":
+            from shoal.orchestrator import control
+
+            call = control.call
+            answer = await asyncio.to_thread(
+                call,
+                self.layout,
+                self.team,
+                "agent_send",
+                {"task_id": args.to, "text": args.message},
+            )
+            return f"sent to agent {args.to} (task {answer['task_id']})"
+        from shoal.mailbox.router import send
+        from shoal.teams.store import Teams
+
+        result = await asyncio.to_thread(
+            send,
+            Teams(self.layout).directory(self.team),
+            to=args.to,
+            sender=LEAD_NAME,
+            text=args.message,
+            summary=f"from agent {self.task_id}",
+        )
+        return f"sent to {', '.join(result.recipients) or args.to} (message {result.id})"
+
+    def taskcreate(self, args: TaskCreateArgs) -> str:
+        item = self._tasklist().add(
+            args.subject,
+            description=args.description,
+            active_form=args.activeForm,
+            metadata=args.metadata,
+        )
+        return f"created task #{item.id}: {item.subject}"
+
+    def taskget(self, args: TaskGetArgs) -> str:
+        return json.dumps(self._tasklist().get(_list_id(args.taskId)).to_json(), indent=1)
+
+    def tasklist(self, args: TaskListArgs) -> str:
+        items = self._tasklist().list()
+        if not items:
+            return "the task list is empty"
+        return "\n".join(
+            f"#{t.id} [{t.status}] {t.subject}" + (f" (owner {t.owner})" if t.owner else "")
+            for t in items
+        )
+
+    def taskupdate(self, args: TaskUpdateArgs) -> str:
+        changes: dict[str, Any] = {}
+        for field_name, key in (
+            ("status", "status"),
+            ("subject", "subject"),
+            ("description", "description"),
+            ("metadata", "metadata"),
+        ):
+            value = getattr(args, field_name)
+            if value is not None:
+                changes[key] = value
+        if args.owner is not None:
+            changes["owner"] = args.owner or None
+        if args.activeForm is not None:
+            changes["active_form"] = args.activeForm
+        changes["add_blocked_by"] = [_list_id(i) for i in args.addBlockedBy or ()]
+        changes["add_blocks"] = [_list_id(i) for i in args.addBlocks or ()]
+        item = self._tasklist().update(_list_id(args.taskId), **changes)
+        return f"updated task #{item.id}: [{item.status}] {item.subject}"
+
+    def taskoutput(self, args: TaskOutputArgs) -> str:
+        from shoal.orchestrator.session import current_session
+
+        session = current_session(self.layout, self.team)
+        if session is None:
+            raise ToolFailure(f"team {self.team} has no session")
+        records = {**session.history(), **session.read_tasks_raw()}
+        task = records.get(args.task_id)
+        if task is None:
+            raise ToolFailure(f"no task {args.task_id} in team {self.team}")
+        try:
+            text = Path(task["output_file"]).read_text(errors="replace")
+        except OSError as exc:
+            raise ToolFailure(f"cannot read the output of {args.task_id}: {exc}") from None
+        more = len(text) - TASK_OUTPUT_MAX_CHARS
+        if more > 0:
+            text = f"[{more:,} earlier characters not shown]\n" + text[-TASK_OUTPUT_MAX_CHARS:]
+        return f"status: {task['status']}\n{text}" if text else f"status: {task['status']}"
+
+    async def taskstop(self, args: TaskStopArgs) -> str:
+        from shoal.orchestrator import control
+
+        try:
+            final = await asyncio.to_thread(
+                control.call, self.layout, self.team, "stop", {"task_id": args.task_id}
+            )
+        except ShoalError as exc:
+            raise ToolFailure(str(exc)) from None
+        return f"task {args.task_id} is {final['status']}"
