@@ -296,3 +296,28 @@ def test_team_tools_and_tool_errors(leader: Cli, tmp_path: Path) -> None:
     assert [t["description"] for t in json.loads(listed.stdout)] == ["from the notes"]
     inbox = leader("inbox", "--team", TEAM, "bob", "--json")
     assert [m["text"] for m in json.loads(inbox.stdout)] == ["hello bob"]
+
+
+def test_agents_lists_definitions_and_type_uses_one(
+    leader: Cli, tmp_path: Path, home: Path
+) -> None:
+    agents_dir = tmp_path / ".shoal" / "agents"
+    agents_dir.mkdir(parents=True)
+    model = script(tmp_path, '[[turn]]\ntext = "reviewed {prompt}"\n')
+    (agents_dir / "reviewer.md").write_text(
+        f"---\nname: reviewer\ndescription: Reviews\ntools: Read\nmodel: {model}\n---\nBe strict.\n"
+    )
+    (agents_dir / "bad.md").write_text("---\nname: bad\n---\n")
+    listed = leader("agents", "--cwd", str(tmp_path), "--json")
+    assert listed.returncode == 0, listed.stderr
+    names = {d["name"]: d for d in json.loads(listed.stdout)}
+    assert set(names) == {"general-purpose", "fork", "reviewer"}
+    assert names["reviewer"]["source"] == str(agents_dir / "reviewer.md")
+    assert f"{agents_dir / 'bad.md'}:2: description: missing" in listed.stderr
+    out = leader("agent", "--team", TEAM, "--type", "reviewer", "--cwd", str(tmp_path), "pr 7")
+    assert out.returncode == 0, out.stderr
+    task = ended(leader, out.stdout.strip())
+    assert task["result"] == "reviewed pr 7" and task["agent_type"] == "reviewer"
+    assert task["tools"] == ["Read"] and task["custom"] and task["instructions"] == "Be strict."
+    unknown = leader("agent", "--team", TEAM, "--type", "nope", "hi")
+    assert unknown.returncode == 2 and "unknown agent type 'nope'" in unknown.stderr

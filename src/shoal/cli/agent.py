@@ -1,9 +1,10 @@
-"""`shoal agent`: start a `local_agent` task under the team's leader (or resume one)."""
+"""`shoal agent` (start a `local_agent` task, or resume one) and `shoal agents` (definitions)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -41,9 +42,9 @@ def _tool_list(text: str | None) -> list[str] | None:
 @click.option("--disallowed-tools", default=None, metavar="T,..", help="Not these tools.")
 @click.option(
     "--permission-mode",
-    default="default",
+    default=None,
     type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions", "bubble"]),
-    help="What the agent may do without asking.",
+    help="What the agent may do without asking (default: its definition's, else default).",
 )
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Model requests.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Token budget.")
@@ -74,7 +75,7 @@ def agent(
     agent_type: str | None,
     tools: str | None,
     disallowed_tools: str | None,
-    permission_mode: str,
+    permission_mode: str | None,
     max_turns: int | None,
     max_tokens: int | None,
     max_tool_uses: int | None,
@@ -157,3 +158,39 @@ def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
         why = final.get("error") or final.get("kill_reason") or final["status"]
         click.echo(f"shoal: agent {task_id} {final['status']}: {why}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+@click.command()
+@click.option(
+    "--cwd",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The project whose .shoal/agents/ and .claude/agents/ are read (default: here).",
+)
+@json_option
+@common_options
+def agents(cwd: str | None, as_json: bool) -> None:
+    """List the agent definitions (built-in, SHOAL_HOME/agents/, the project's .claude/agents/
+    and .shoal/agents/), with the file each comes from. A malformed one is reported (file:line)
+    on standard error and skipped."""
+    from shoal.workers.agent.definitions import load_catalog
+
+    env = get_env(click.get_current_context())
+    catalog = load_catalog(env.layout.home, Path(cwd or os.getcwd()))
+    for problem in catalog.problems:
+        click.echo(f"shoal: warning: {problem}", err=True)
+    found = sorted(catalog.agents.values(), key=lambda d: d.name)
+    if as_json:
+        print_json([d.to_json() for d in found])
+        return
+    width = max(len(d.name) for d in found)
+    for d in found:
+        click.echo(f"{d.name:<{width}}  {d.description}")
+        details = [f"source: {d.source}"]
+        if d.model:
+            details.append(f"model: {d.model}")
+        if d.tools is not None:
+            details.append(f"tools: {', '.join(d.tools) or '(none)'}")
+        if d.permission_mode:
+            details.append(f"permission mode: {d.permission_mode}")
+        click.echo(f"{'':<{width}}  " + "; ".join(details))

@@ -290,6 +290,10 @@ class LocalAgentTaskState(TaskStateBase):
     env: dict[str, str] | None = None
     permission_mode: str = "default"
     tools: tuple[str, ...] | None = None
+    custom: bool = False
+    """Of a user's agent definition (see workers/agent/filters.py)."""
+    instructions: str | None = None
+    """The system prompt (its definition's body)."""
     limits: JsonDict | None = None
     transcript: str | None = None
     kill_reason: str | None = None

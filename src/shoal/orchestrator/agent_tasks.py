@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.tasks import LocalAgentTaskState, TaskType, new_task_id
 from shoal.teams.models import LEAD_NAME
+from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.models import check_model, choose_model
 from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
@@ -21,7 +22,6 @@ from shoal.workers.agent.tools import TOOL_SPECS
 if TYPE_CHECKING:
     from shoal.orchestrator.requests import LeaderRequests
 
-PERMISSION_MODES: Final = ("default", "acceptEdits", "plan", "bypassPermissions", "bubble")
 KNOWN_TOOLS: Final = tuple(name for name, _model, _text in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
 DEFAULT_AGENT_TYPE: Final = "general-purpose"
 
@@ -36,7 +36,7 @@ class AgentSpec(BaseModel):
     agent_type: str | None = None
     tools: list[str] | None = None
     disallowed_tools: list[str] | None = None
-    permission_mode: str = "default"
+    permission_mode: str | None = None
     max_turns: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     max_tool_uses: int | None = Field(None, ge=1)
@@ -82,7 +82,7 @@ def new_agent_task(host: LeaderRequests, spec: AgentSpec) -> LocalAgentTaskState
     """A checked, pending `local_agent` task for `spec` (nothing registered yet)."""
     if not spec.prompt.strip():
         raise UsageError("the agent's prompt is empty (give PROMPT, or - to read it from stdin)")
-    if spec.permission_mode not in PERMISSION_MODES:
+    if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
         raise UsageError(
             f"unknown permission mode {spec.permission_mode!r} "
             f"(choose from {', '.join(PERMISSION_MODES)})"
@@ -92,9 +92,14 @@ def new_agent_task(host: LeaderRequests, spec: AgentSpec) -> LocalAgentTaskState
     if not cwd.is_dir():
         raise TaskError(f"working directory {cwd} does not exist")
     parent = host.find_agent(spec.resume) if spec.resume else None
+    agent_type = spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE)
+    definition = load_catalog(host.layout.home, cwd).get(agent_type)
     asked = spec.model or (parent.model if parent is not None else None)
-    model = choose_model(asked, None, env, host.layout.home)
+    model = choose_model(asked, definition.model, env, host.layout.home)
     check_model(model, env, cwd)
+    tools = _tools(spec)
+    if tools is None and definition.tools is not None:
+        tools = tuple(t for t in definition.tools if t not in set(spec.disallowed_tools or ()))
     task_id = new_task_id(TaskType.LOCAL_AGENT)
     agent_id = parent.agent_id if parent is not None else task_id
     limits = dict(parent.limits or {}) if parent is not None else {}
@@ -102,6 +107,7 @@ def new_agent_task(host: LeaderRequests, spec: AgentSpec) -> LocalAgentTaskState
         value = getattr(spec, key)
         if value is not None:
             limits[key] = value
+
     transcript = (
         parent.transcript
         if parent is not None and parent.transcript
@@ -115,13 +121,15 @@ def new_agent_task(host: LeaderRequests, spec: AgentSpec) -> LocalAgentTaskState
         owner=LEAD_NAME,
         agent_id=agent_id,
         prompt=spec.prompt,
-        agent_type=spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE),
+        agent_type=agent_type,
         model=str(model),
         backend=_backend(spec.backend, env),
         cwd=str(cwd),
         env=spec.env or None,
-        permission_mode=spec.permission_mode,
-        tools=_tools(spec),
+        permission_mode=spec.permission_mode or definition.permission_mode or "default",
+        tools=tools,
+        custom=definition.custom,
+        instructions=definition.prompt or None,
         limits=limits or None,
         transcript=transcript,
         resumed_from=parent.id if parent is not None else None,

@@ -264,8 +264,9 @@ class AgentKind:
             prompt=task.prompt,
             model=task.model or "scripted:",
             agent_type=task.agent_type,
-            instructions=str((task.limits or {}).get("instructions") or ""),
+            instructions=task.instructions or "",
             tools=task.tools,
+            custom=task.custom,
             permission_mode=task.permission_mode,
             limits=JobLimits(
                 **{k: v for k, v in (task.limits or {}).items() if k in JobLimits.model_fields}
