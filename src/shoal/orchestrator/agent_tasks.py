@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.core.errors import TaskError, UsageError
+from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState, TaskType, new_task_id
+from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
@@ -19,8 +21,21 @@ from shoal.workers.agent.models import check_model, choose_model
 from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
 from shoal.workers.agent.tools import TOOL_SPECS
 
-if TYPE_CHECKING:
-    from shoal.orchestrator.requests import LeaderRequests
+
+class AgentHost(Protocol):
+    """What building an agent task needs of the leader."""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def environ(self) -> dict[bytes, bytes]: ...
+
+    @property
+    def session(self) -> Session: ...
+
+    def find_agent(self, task_id: str) -> LocalAgentTaskState: ...
+
 
 KNOWN_TOOLS: Final = tuple(name for name, _model, _text in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
 DEFAULT_AGENT_TYPE: Final = "general-purpose"
@@ -49,7 +64,7 @@ class AgentSpec(BaseModel):
     resume: str | None = None  # the agent task this one continues
 
 
-def _environ(host: LeaderRequests, extra: dict[str, str] | None) -> dict[str, str]:
+def _environ(host: AgentHost, extra: dict[str, str] | None) -> dict[str, str]:
     env = {os.fsdecode(k): os.fsdecode(v) for k, v in host.environ.items()}
     env.update(extra or {})
     return env
@@ -78,7 +93,7 @@ def _tools(spec: AgentSpec) -> tuple[str, ...] | None:
     return tuple(t for t in allowed if t not in set(spec.disallowed_tools or ()))
 
 
-def new_agent_task(host: LeaderRequests, spec: AgentSpec) -> LocalAgentTaskState:
+def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     """A checked, pending `local_agent` task for `spec` (nothing registered yet)."""
     if not spec.prompt.strip():
         raise UsageError("the agent's prompt is empty (give PROMPT, or - to read it from stdin)")

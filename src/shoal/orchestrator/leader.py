@@ -35,6 +35,7 @@ from shoal.core.tasks import STOPPED_ON_REQUEST, TaskStatus, TaskType
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator.agent_runner import ControlPort
 from shoal.orchestrator.control import ControlServer
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
 from shoal.orchestrator.requests import LeaderRequests
@@ -77,7 +78,7 @@ class Leader(LeaderRequests):
         self.queue = deque()  # pending tasks, in order, waiting for a job slot
         self.shell = shell.ShellKind()
         self.swarm = Swarm(self)
-        self.agents = AgentKind(layout.home, team)
+        self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
         self.agents.resume_with = self.resume_agent
         self.kinds: dict[TaskType, TaskKind] = {}
         for kind in (self.shell, self.swarm, self.agents):

@@ -37,10 +37,13 @@ from shoal.core.tasks import (
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobLimits, job_paths
 from shoal.workers.agent.runner import Feed, StatusWriter, run_job
+from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
 from shoal.workers.shell import ShellProcess
 
 AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
+# The process entry of a runner (in the orchestrator: it gives the runner its leader port).
+RUNNER_MODULE: Final = "shoal.orchestrator.agent_runner"
 # task_progress events of one agent are emitted at most this often.
 PROGRESS_EVENT_INTERVAL_S: Final = 1.0
 # What a tmux pane's runner gets of the leader's environment (with the task's own variables).
@@ -100,9 +103,10 @@ class AgentKind:
 
     types = frozenset({TaskType.LOCAL_AGENT})
 
-    def __init__(self, home: Path, team: str) -> None:
+    def __init__(self, home: Path, team: str, leader: LeaderPort) -> None:
         self.home = home
         self.team = team
+        self.leader = leader  # what an in-process runner reaches its leader through
         self.runs: dict[str, _Live] = {}
         self._exited: set[str] = set()
         self._host = _InProcessHost()
@@ -282,7 +286,7 @@ class AgentKind:
         )
 
     def _argv(self, job_file: Path) -> list[str]:
-        return [sys.executable, "-m", "shoal.workers.agent.runner", str(job_file)]
+        return [sys.executable, "-m", RUNNER_MODULE, str(job_file)]
 
     def _environ(self, store: TaskStore, task: LocalAgentTaskState) -> dict[bytes, bytes]:
         env = dict(store.environ)
@@ -357,7 +361,7 @@ class AgentKind:
         live.feed = feed
 
         async def main() -> None:
-            outcome = await run_job(job, env, feed, status)
+            outcome = await run_job(job, env, feed, status, self.leader)
             status.done(outcome, list(feed.late))
 
         live.future = asyncio.run_coroutine_threadsafe(main(), self._host.loop())

@@ -1,6 +1,6 @@
 """Runs one `local_agent` job: the same code in a process of its own (`python -m
-shoal.workers.agent.runner JOB`, the process and tmux backends) and inside the leader (the
-in-process backend, many jobs on one event loop).
+shoal.orchestrator.agent_runner JOB`, the process and tmux backends) and inside the leader
+(the in-process backend, many jobs on one event loop).
 
 The runner builds the model and the tools from the job, continues the transcript when the job
 is a resume, drains pending messages into the conversation at tool-round boundaries, and
@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,14 +19,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.errors import ShoalError
-from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.store import Maildir
 from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
 from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
 from shoal.workers.agent.models import ModelSpec, build_model
-from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS, TeamTools
+from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import Transcript
 
@@ -92,7 +88,7 @@ class Feed:
         self._loop.call_soon_threadsafe(self._agent.enqueue, text)
 
 
-def _watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> threading.Thread:
+def watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> threading.Thread:
     """Drain the agent's maildir inbox into `feed` on a thread (a message is acked once fed)."""
 
     def run() -> None:
@@ -112,11 +108,8 @@ def _watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> t
     return thread
 
 
-def _background_starter(job: AgentJob) -> Callable[[str, str | None], Any]:
+def _background_starter(job: AgentJob, leader: LeaderPort) -> Callable[[str, str | None], Any]:
     """Bash(run_in_background): a `local_bash` task of the team's leader, owned by this agent."""
-    from shoal.orchestrator import control
-
-    layout = Layout(job.home)
 
     async def start(command: str, description: str | None) -> str:
         args = {
@@ -125,7 +118,7 @@ def _background_starter(job: AgentJob) -> Callable[[str, str | None], Any]:
             "agent": job.task_id,
             "cwd": job.cwd,
         }
-        record = await asyncio.to_thread(control.call, layout, job.team, "sh", args)
+        record = await asyncio.to_thread(leader.call, "sh", args)
         return str(record["id"])
 
     return start
@@ -136,6 +129,7 @@ async def run_job(
     env: Mapping[str, str],
     feed: Feed,
     status: StatusWriter,
+    leader: LeaderPort,
 ) -> JobOutcome:
     """Run `job` to its outcome (a cancel ends it `killed`; the transcript keeps what was said)."""
     started = time.monotonic()
@@ -147,7 +141,7 @@ async def run_job(
             cwd=cwd,
             mode=job.permission_mode,
             env=dict(job.env),
-            start_background=_background_starter(job),
+            start_background=_background_starter(job, leader),
         )
         transcript = Transcript(Path(job.transcript))
         history: list[Any] = []
@@ -166,7 +160,7 @@ async def run_job(
                     plan_mode=job.permission_mode == "plan",
                     only=job.tools,
                 ),
-                TeamTools(Path(job.home), job.team, job.task_id),
+                TeamTools(Path(job.home), job.team, job.task_id, leader),
             ),
             transcript=transcript,
             output=Output(Path(job.output_file), echo=job.echo),
@@ -214,42 +208,3 @@ async def run_job(
     finally:
         if loop is not None:  # messages queued after the run ended: the leader resumes with them
             feed.late.extend(loop.pending())
-
-
-async def _main_async(job: AgentJob) -> int:
-    status = StatusWriter(Path(job.status_file), os.getpid())
-    feed = Feed()
-    stop = threading.Event()
-    if job.inbox:
-        _watch_inbox(Path(job.inbox), Path(job.home), feed, stop)
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, task.cancel)
-    outcome: JobOutcome
-    try:
-        outcome = await run_job(job, os.environ, feed, status)
-    except asyncio.CancelledError:  # (a signal before the run began)
-        outcome = JobOutcome(status="killed", error=KILLED_ERROR)
-    stop.set()
-    status.done(outcome, list(feed.late))
-    return 0 if outcome.status == "completed" else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The process entry: run the job file given as the one argument."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m shoal.workers.agent.runner JOB_FILE", file=sys.stderr)
-        return 2
-    try:
-        job = AgentJob.load(Path(args[0]))
-    except (ShoalError, ValueError) as exc:
-        print(f"shoal: error: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(_main_async(job))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic import AliasChoices, Field
 
@@ -23,6 +23,19 @@ from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.tools import ToolFailure, _Args
 
 TASK_OUTPUT_MAX_CHARS: Final = 30_000
+
+
+class LeaderPort(Protocol):
+    """How an agent reaches its team's leader (its control channel, its session's records);
+    given by the orchestrator, which this layer does not import."""
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        """Ask the leader to carry out `op` (blocking); raises its refusal."""
+        ...
+
+    def task_records(self) -> dict[str, dict[str, Any]]:
+        """The session's task records by id (live and evicted)."""
+        ...
 
 
 class SendMessageArgs(_Args):
@@ -93,6 +106,7 @@ class TeamTools:
     home: Path
     team: str
     task_id: str
+    leader: LeaderPort
 
     @property
     def layout(self) -> Layout:
@@ -108,15 +122,8 @@ class TeamTools:
         from shoal.core.tasks import TASK_ID_PATTERN
 
         if TASK_ID_PATTERN.fullmatch(args.to) and args.to[0] == "a":
-            from shoal.orchestrator import control
-
-            call = control.call
             answer = await asyncio.to_thread(
-                call,
-                self.layout,
-                self.team,
-                "agent_send",
-                {"task_id": args.to, "text": args.message},
+                self.leader.call, "agent_send", {"task_id": args.to, "text": args.message}
             )
             return f"sent to agent {args.to} (task {answer['task_id']})"
         from shoal.mailbox.router import send
@@ -174,13 +181,7 @@ class TeamTools:
         return f"updated task #{item.id}: [{item.status}] {item.subject}"
 
     def taskoutput(self, args: TaskOutputArgs) -> str:
-        from shoal.orchestrator.session import current_session
-
-        session = current_session(self.layout, self.team)
-        if session is None:
-            raise ToolFailure(f"team {self.team} has no session")
-        records = {**session.history(), **session.read_tasks_raw()}
-        task = records.get(args.task_id)
+        task = self.leader.task_records().get(args.task_id)
         if task is None:
             raise ToolFailure(f"no task {args.task_id} in team {self.team}")
         try:
@@ -193,12 +194,8 @@ class TeamTools:
         return f"status: {task['status']}\n{text}" if text else f"status: {task['status']}"
 
     async def taskstop(self, args: TaskStopArgs) -> str:
-        from shoal.orchestrator import control
-
         try:
-            final = await asyncio.to_thread(
-                control.call, self.layout, self.team, "stop", {"task_id": args.task_id}
-            )
+            final = await asyncio.to_thread(self.leader.call, "stop", {"task_id": args.task_id})
         except ShoalError as exc:
             raise ToolFailure(str(exc)) from None
         return f"task {args.task_id} is {final['status']}"
