@@ -21,6 +21,7 @@ from tests.polling import wait_until
 
 TEAM = "ag"
 FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
+BYPASS = ("--permission-mode", "bypassPermissions")  # (the permission tests ask)
 BACKENDS = [
     "process",
     pytest.param("tmux", marks=pytest.mark.tmux),
@@ -87,7 +88,7 @@ def test_an_agent_runs_its_tools_and_reports(
 ) -> None:
     model = script(tmp_path, WRITE_AND_READ)
     out = leader(
-        "agent", "--team", TEAM, "--model", model, "--backend", backend,
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--backend", backend,
         "--cwd", str(tmp_path), "--json", "hello from the prompt",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -129,7 +130,7 @@ def test_a_message_to_a_running_agent_is_drained_at_its_next_round(
 ) -> None:
     model = script(tmp_path, WAIT_THEN_ECHO)
     out = leader(
-        "agent", "--team", TEAM, "--model", model, "--backend", backend,
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--backend", backend,
         "--cwd", str(tmp_path), "first",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -148,7 +149,7 @@ def test_a_message_to_a_running_agent_is_drained_at_its_next_round(
 
 def test_a_message_to_a_finished_agent_resumes_it(leader: Cli, tmp_path: Path) -> None:
     model = script(tmp_path, '[[turn]]\ntext = "turn {turn}: {prompt}"\n')
-    out = leader("agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path), "one")
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "--cwd", str(tmp_path), "one")
     assert out.returncode == 0, out.stderr
     first = ended(leader, out.stdout.strip())
     assert first["result"] == "turn 1: one"
@@ -168,7 +169,7 @@ def test_a_message_to_a_finished_agent_resumes_it(leader: Cli, tmp_path: Path) -
 
 def test_foreground_exit_codes_and_limits(leader: Cli, tmp_path: Path) -> None:
     model = script(tmp_path, '[[turn]]\ntext = "ok {prompt}"\n')
-    ok = leader("agent", "--team", TEAM, "--model", model, "-f", "fine")
+    ok = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "-f", "fine")
     assert ok.returncode == 0, ok.stderr
     assert "ok fine" in ok.stdout
     looping = script(
@@ -177,7 +178,7 @@ def test_foreground_exit_codes_and_limits(leader: Cli, tmp_path: Path) -> None:
         "loop.toml",
     )
     capped = leader(
-        "agent", "--team", TEAM, "--model", looping, "--max-turns", "2", "-f", "go"
+        "agent", "--team", TEAM, *BYPASS, "--model", looping, "--max-turns", "2", "-f", "go"
     )  # fmt: skip
     assert capped.returncode == 1, (capped.stdout, capped.stderr)
     assert "max turns (2)" in capped.stderr
@@ -189,7 +190,7 @@ def test_stop_kills_the_agent_and_its_command(leader: Cli, tmp_path: Path) -> No
         '[[turn]]\n[[turn.call]]\ntool = "Bash"\n'
         'args = { command = "echo $$ > pid; sleep 300", timeout = 600000 }\n',
     )
-    out = leader("agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path), "go")
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "--cwd", str(tmp_path), "go")
     task_id = out.stdout.strip()
     pid_file = tmp_path / "pid"
     pid = wait_until(
@@ -213,7 +214,7 @@ def test_kill_9_of_the_runner_then_resume(leader: Cli, tmp_path: Path) -> None:
         '[[turn]]\ntext = "finished after {result_1}"\n',
     )
     out = leader(
-        "agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path),
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--cwd", str(tmp_path),
         "--backend", "process", "go",
     )  # fmt: skip
     task_id = out.stdout.strip()
@@ -230,10 +231,10 @@ def test_kill_9_of_the_runner_then_resume(leader: Cli, tmp_path: Path) -> None:
 
 
 def test_bad_input(leader: Cli, tmp_path: Path) -> None:
-    unknown = leader("agent", "--team", TEAM, "--model", "gemini:x", "hi")
+    unknown = leader("agent", "--team", TEAM, *BYPASS, "--model", "gemini:x", "hi")
     assert unknown.returncode == 2 and "anthropic:, openai:, scripted:, replay:" in unknown.stderr
     no_key = leader(
-        "agent", "--team", TEAM, "--model", "anthropic:claude-x", "hi",
+        "agent", "--team", TEAM, *BYPASS, "--model", "anthropic:claude-x", "hi",
         env={"ANTHROPIC_API_KEY": ""},
     )  # fmt: skip
     assert no_key.returncode == 1 and "ANTHROPIC_API_KEY" in no_key.stderr
@@ -242,7 +243,7 @@ def test_bad_input(leader: Cli, tmp_path: Path) -> None:
     assert tools.returncode == 2 and "Teleport" in tools.stderr
     empty = leader("agent", "--team", TEAM, "")
     assert empty.returncode == 2
-    missing = leader("agent", "--team", TEAM, "--model", "scripted:nope.toml", "hi")
+    missing = leader("agent", "--team", TEAM, *BYPASS, "--model", "scripted:nope.toml", "hi")
     assert missing.returncode == 1 and "nope.toml" in missing.stderr
     stdin = leader("agent", "--team", TEAM, "-", input="")
     assert stdin.returncode == 2
@@ -286,7 +287,7 @@ def test_team_tools_and_tool_errors(leader: Cli, tmp_path: Path) -> None:
     joined = leader("team", "join", TEAM, "bob", "--pid", str(os.getpid()))
     assert joined.returncode == 0, joined.stderr
     model = script(tmp_path, TEAM_WORK)
-    out = leader("agent", "--team", TEAM, "--model", model, "the notes")
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "the notes")
     assert out.returncode == 0, out.stderr
     task = ended(leader, out.stdout.strip())
     assert task["status"] == "completed", task
@@ -321,3 +322,91 @@ def test_agents_lists_definitions_and_type_uses_one(
     assert task["tools"] == ["Read"] and task["custom"] and task["instructions"] == "Be strict."
     unknown = leader("agent", "--team", TEAM, "--type", "nope", "hi")
     assert unknown.returncode == 2 and "unknown agent type 'nope'" in unknown.stderr
+
+
+GATED = """
+[[turn]]
+[[turn.call]]
+tool = "Write"
+args = { file_path = "a.txt", content = "one" }
+
+[[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { command = "echo two > b.txt" }
+
+[[turn]]
+text = "write: {result_1} | bash: {result_2}"
+"""
+
+
+def waiting_on(cli: Cli, task_id: str) -> dict[str, Any]:
+    return wait_until(
+        lambda: record(cli, task_id).get("waiting_for"), what=f"{task_id} to ask the lead"
+    )
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_default_mode_asks_the_lead(leader: Cli, tmp_path: Path, backend: str) -> None:
+    model = script(tmp_path, GATED)
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path),
+        "--backend", backend, "go",
+    )  # fmt: skip
+    task_id = out.stdout.strip()
+    first = waiting_on(leader, task_id)
+    assert first["tool"] == "Write" and first["request_id"] == f"{task_id}.1"
+    assert not (tmp_path / "a.txt").exists()
+    assert f"shoal approve {task_id}.1 (Write)" in leader("ps", "--team", TEAM).stdout
+    ok = leader("approve", "--team", TEAM, f"{task_id}.1")
+    assert ok.returncode == 0, ok.stderr
+    second = wait_until(
+        lambda: (w := record(leader, task_id).get("waiting_for")) and w["tool"] == "Bash" and w,
+        what="the second request",
+    )
+    no = leader("reject", "--team", TEAM, second["request_id"], "--feedback", "not that")
+    assert no.returncode == 0, no.stderr
+    task = ended(leader, task_id)
+    assert (tmp_path / "a.txt").read_text() == "one" and not (tmp_path / "b.txt").exists()
+    assert "the lead rejected Bash: not that" in task["result"]
+    stale = leader("approve", "--team", TEAM, f"{task_id}.1")
+    assert stale.returncode == 1 and "not running" in stale.stderr
+
+
+PLANNED = """
+[[turn]]
+[[turn.call]]
+tool = "Write"
+args = { file_path = "a.txt", content = "early" }
+[[turn.call]]
+tool = "ExitPlanMode"
+args = { plan = "write a.txt" }
+
+[[turn]]
+[[turn.call]]
+tool = "Write"
+args = { file_path = "a.txt", content = "planned" }
+
+[[turn]]
+text = "before: {result_1}"
+"""
+
+
+def test_plan_mode_refuses_writes_until_the_plan_is_approved(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, PLANNED)
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--cwd", str(tmp_path),
+        "--permission-mode", "plan", "go",
+    )  # fmt: skip
+    task_id = out.stdout.strip()
+    plan = waiting_on(leader, task_id)
+    assert plan["tool"] == "ExitPlanMode" and plan["input"]["plan"] == "write a.txt"
+    assert leader("approve", "--team", TEAM, plan["request_id"]).returncode == 0
+    write = wait_until(
+        lambda: (w := record(leader, task_id).get("waiting_for")) and w["tool"] == "Write" and w,
+        what="the write after the plan to ask (default mode now)",
+    )
+    assert leader("approve", "--team", TEAM, write["request_id"]).returncode == 0
+    task = ended(leader, task_id)
+    assert "plan" in task["result"] and "refused" in task["result"]
+    assert (tmp_path / "a.txt").read_text() == "planned"

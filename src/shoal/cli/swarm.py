@@ -102,6 +102,11 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
 
     env = get_env(click.get_current_context())
     team = env.team()
+    if "." in name:  # `{agent task id}.{n}`: an agent's permission request
+        from shoal.orchestrator.control import call
+
+        args = {"request_id": name, "approve": approve, "reason": feedback}
+        return str(call(env.layout, team, "permission", args)["request_id"])
     teams = Teams(env.layout)
     if teams.read(team).member(name) is None:
         raise NotFoundError(f"no member {name!r} in team {team!r} (see `shoal team show {team}`)")
@@ -124,12 +129,13 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
 @json_option
 @common_options
 def approve(name: str, feedback: str | None, as_json: bool) -> None:
-    """Approve the plan teammate NAME is waiting on."""
+    """Approve the plan teammate NAME is waiting on, or an agent's permission request (NAME is
+    then its id, `a1b2c3d4e.1`, shown by `shoal ps`)."""
     request_id = _answer_plan(name, True, feedback)
     if as_json:
         print_json({"name": name, "request_id": request_id, "approve": True})
     else:
-        click.echo(f"approved the plan of {name}")
+        click.echo(f"approved {name}" if "." in name else f"approved the plan of {name}")
 
 
 @click.command()
@@ -138,12 +144,13 @@ def approve(name: str, feedback: str | None, as_json: bool) -> None:
 @json_option
 @common_options
 def reject(name: str, feedback: str, as_json: bool) -> None:
-    """Reject the plan teammate NAME is waiting on, with feedback."""
+    """Reject the plan teammate NAME is waiting on, or an agent's permission request (its id,
+    shown by `shoal ps`), with feedback the model is told."""
     request_id = _answer_plan(name, False, feedback)
     if as_json:
         print_json({"name": name, "request_id": request_id, "approve": False})
     else:
-        click.echo(f"rejected the plan of {name}")
+        click.echo(f"rejected {name}" if "." in name else f"rejected the plan of {name}")
 
 
 @click.command()

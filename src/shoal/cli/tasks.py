@@ -184,6 +184,14 @@ def sh(
         sys.exit(EXIT_FAILED)
 
 
+def _waiting(task: dict[str, Any]) -> str:
+    """`  [waits: approve a1b2c3d4e.1 (Bash)]` for an agent waiting on a permission request."""
+    waiting = task.get("waiting_for")
+    if not isinstance(waiting, dict) or not waiting.get("request_id"):
+        return ""
+    return f"  [waits: shoal approve {waiting['request_id']} ({waiting.get('tool')})]"
+
+
 def _exit_code(task: dict[str, Any]) -> int | None:
     """The exit code in a task's result, if it has one: a shell task's result is a table with
     `code`, a teammate's is the text it ended with (or nothing)."""
@@ -256,7 +264,7 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
             status = f"failed({code})"
         click.echo(
             f"{t['id']:<10} {type_label(t):<10} {status:<12} "
-            f"{_age(t):>7}  {t.get('description', '')}"
+            f"{_age(t):>7}  {t.get('description', '')}{_waiting(t)}"
         )
 
 

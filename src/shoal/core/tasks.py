@@ -297,6 +297,8 @@ class LocalAgentTaskState(TaskStateBase):
     limits: JsonDict | None = None
     transcript: str | None = None
     kill_reason: str | None = None
+    waiting_for: JsonDict | None = None
+    """The permission request it waits on ({request_id, tool, input}): `shoal approve ID`."""
 
 
 class RemoteAgentTaskState(TaskStateBase):

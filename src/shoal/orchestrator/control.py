@@ -6,7 +6,7 @@ leader running it fails at once, naming `shoal up`.
 
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
 request is validated into one model per operation (`ping, sh, stop, spawn, down, agent,
-agent_send`), carried out
+agent_send, permission`), carried out
 through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
 code is a declared field. `stop` and `spawn` answer later (once the task has ended, once the
 teammates are ready), so the loop never waits for them.
@@ -190,6 +190,15 @@ class AgentSendRequest(_Request):
     text: str = Field(min_length=1)
 
 
+class PermissionRequest(_Request):
+    """The lead's answer to an agent's permission request."""
+
+    op: Literal["permission"] = "permission"
+    request_id: str
+    approve: bool
+    reason: str | None = None
+
+
 ControlRequest = Annotated[
     PingRequest
     | ShRequest
@@ -197,11 +206,12 @@ ControlRequest = Annotated[
     | SpawnRequest
     | DownRequest
     | AgentRequest
-    | AgentSendRequest,
+    | AgentSendRequest
+    | PermissionRequest,
     Field(discriminator="op"),
 ]
 _REQUESTS: TypeAdapter[ControlRequest] = TypeAdapter(ControlRequest)
-OPERATIONS = ("ping", "sh", "stop", "spawn", "down", "agent", "agent_send")
+OPERATIONS = ("ping", "sh", "stop", "spawn", "down", "agent", "agent_send", "permission")
 
 
 def check_sizes(specs: Sequence[ShellSpec], *, batch: bool) -> None:
@@ -310,6 +320,12 @@ class ControlTarget(Protocol):
         """Queue a message for a running agent, or resume a finished one with it."""
         ...
 
+    def answer_permission(
+        self, request_id: str, approve: bool, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Answer an agent's permission request."""
+        ...
+
     def note(self, text: str) -> None: ...
 
 
@@ -383,6 +399,11 @@ class ControlServer:
             answer(target.start_agent(spec).model_dump(mode="json"), None)
         elif isinstance(request, AgentSendRequest):
             answer(target.send_to_agent(request.task_id, request.text), None)
+        elif isinstance(request, PermissionRequest):
+            answer(
+                target.answer_permission(request.request_id, request.approve, request.reason),
+                None,
+            )
         else:
             answer(target.request_stop(), None)
 

@@ -155,6 +155,19 @@ class LeaderRequests(LeaderStore, ABC):
         )
         return self.start_agent(spec.model_copy(update={"resume": task.id}))
 
+    def answer_permission(
+        self, request_id: str, approve: bool, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Approve or reject permission request `request_id` (`{agent task id}.{n}`)."""
+        if not self._owns():
+            return self.call(lambda: self.answer_permission(request_id, approve, reason)).result()
+        task = self.find_agent(request_id.split(".", 1)[0])
+        waiting = (task.waiting_for or {}).get("request_id")
+        if waiting is not None and waiting != request_id:
+            raise TaskError(f"agent {task.id} waits on {waiting}, not on {request_id}")
+        self.agents.answer(task, request_id, approve, reason, self)
+        return {"request_id": request_id, "task_id": task.id, "approve": approve}
+
     def find_agent(self, task_id: str) -> LocalAgentTaskState:
         """The agent task `task_id` (live, or from the session's history)."""
         task = self.registry.get(task_id)

@@ -95,6 +95,7 @@ class AgentStatus(BaseModel):
     progress: dict[str, Any] = Field(default_factory=dict)
     outcome: JobOutcome | None = None
     undrained: tuple[str, ...] = ()
+    waiting: dict[str, Any] | None = None  # the permission request it waits on, if any
     note: str | None = None  # e.g. what was wrong with the transcript it resumed from
     updated_at: float = 0.0
 

@@ -53,7 +53,7 @@ PENDING_CAP: Final = 50
 
 
 class AgentStartError(ShoalError):
-    """An agent's runner could not be started."""
+    """An agent's runner could not be started (or asked something it cannot do)."""
 
 
 @dataclass
@@ -245,6 +245,33 @@ class AgentKind:
         pending = (*task.pending_messages, text)[-PENDING_CAP:]
         store.set_task(task.id, pending_messages=pending)
 
+    def answer(
+        self,
+        task: LocalAgentTaskState,
+        request_id: str,
+        approve: bool,
+        reason: str | None,
+        store: TaskStore,
+    ) -> None:
+        """Give a waiting agent the lead's answer to its permission request `request_id`."""
+        live = self.runs.get(task.id)
+        if live is None or task.is_terminal:
+            raise AgentStartError(f"agent {task.id} is not running; nothing waits on {request_id}")
+        if live.feed is not None:
+            if not live.feed.answer(request_id, approve, reason):
+                raise AgentStartError(f"agent {task.id} is not waiting on {request_id}")
+        else:
+            deliver_to(
+                live.inbox,
+                make_message(
+                    sender="team-lead",
+                    to=task.id,
+                    kind="permission_response",
+                    data={"request_id": request_id, "approve": approve, "reason": reason},
+                ),
+            )
+        store.set_task(task.id, waiting_for=None)
+
     def kill_all_now(self, grace: float) -> None:
         """Stop every runner, waiting (for cleanup at exit, when no loop runs)."""
         for live in list(self.runs.values()):
@@ -396,6 +423,8 @@ class AgentKind:
             return None
         progress = _progress(status.progress)
         task = store.get(live.task_id)
+        if isinstance(task, LocalAgentTaskState) and task.waiting_for != status.waiting:
+            store.set_task(live.task_id, waiting_for=status.waiting)
         if progress is not None and isinstance(task, LocalAgentTaskState):
             store.set_task(live.task_id, progress=progress)
             now = time.monotonic()

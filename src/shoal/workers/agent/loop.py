@@ -126,7 +126,9 @@ def _short(text: str, lines: int = 6) -> str:
     return body + (f"\n    … {more} more line(s)" if more > 0 else "")
 
 
-def _tool_function(handlers: Sequence[Any], name: str, model: Any) -> Callable[..., Any]:
+def _tool_function(
+    handlers: Sequence[Any], name: str, model: Any, gate: Any = None
+) -> Callable[..., Any]:
     """The function pydantic-ai calls for tool `name`: validates, runs, turns a ToolFailure
     (or a refusal of shoal's: a missing list task, a stopped leader) into a tool error and bad
     arguments into a retry prompt."""
@@ -140,6 +142,8 @@ def _tool_function(handlers: Sequence[Any], name: str, model: Any) -> Callable[.
         except ValueError as exc:
             raise ModelRetry(f"{name}: {exc}") from None
         try:
+            if gate is not None:
+                await gate.check(name, kwargs)
             result = handler(args)
             if asyncio.iscoroutine(result):
                 result = await result
@@ -153,18 +157,27 @@ def _tool_function(handlers: Sequence[Any], name: str, model: Any) -> Callable[.
 
 
 def make_tools(
-    workspace: Workspace, allowed: Sequence[str] | None = None, team: Any = None
+    workspace: Workspace,
+    allowed: Sequence[str] | None = None,
+    team: Any = None,
+    gate: Any = None,
 ) -> list[Tool[Any]]:
-    """pydantic-ai tools: the file tools, and the team tools when `team` (a TeamTools) is
-    given; only the `allowed` ones, when given."""
+    """pydantic-ai tools: the file tools, the team tools when `team` (a TeamTools) is given,
+    ExitPlanMode and the permission check when `gate` (a permissions.Gate) is; only the
+    `allowed` ones, when given."""
     from pydantic_ai import Tool
 
+    from shoal.workers.agent.permissions import PLAN_TOOL_SPECS
     from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
 
-    specs = [*TOOL_SPECS, *(TEAM_TOOL_SPECS if team is not None else ())]
-    handlers = [workspace, *([team] if team is not None else [])]
+    specs = [
+        *TOOL_SPECS,
+        *(TEAM_TOOL_SPECS if team is not None else ()),
+        *(PLAN_TOOL_SPECS if gate is not None else ()),
+    ]
+    handlers = [workspace, *([team] if team is not None else []), *([gate] if gate else [])]
     return [
-        Tool.from_schema(_tool_function(handlers, name, model), name, text, schema_of(model))
+        Tool.from_schema(_tool_function(handlers, name, model, gate), name, text, schema_of(model))
         for name, model, text in specs
         if allowed is None or name in allowed
     ]

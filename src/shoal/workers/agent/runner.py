@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.errors import ShoalError
+from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
+from shoal.mailbox.router import deliver_to, make_message
+from shoal.mailbox.schema import PermissionResponseMessage
 from shoal.mailbox.store import Maildir
+from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
 from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
 from shoal.workers.agent.models import ModelSpec, build_model
+from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
 from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import Transcript
@@ -32,7 +37,9 @@ from shoal.workers.agent.transcript import Transcript
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25
 KILLED_ERROR: Final = "stopped"
-ALL_TOOL_NAMES: Final = tuple(name for name, _m, _t in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
+ALL_TOOL_NAMES: Final = tuple(
+    name for name, _m, _t in (*TOOL_SPECS, *TEAM_TOOL_SPECS, *PLAN_TOOL_SPECS)
+)
 
 
 class StatusWriter:
@@ -42,6 +49,7 @@ class StatusWriter:
         self.path = path
         self.pid = pid
         self.note: str | None = None
+        self.waiting: dict[str, Any] | None = None  # the permission request it waits on
         self._written = 0.0
         self._progress: dict[str, Any] = {}
 
@@ -51,6 +59,11 @@ class StatusWriter:
         if force or now - self._written >= STATUS_INTERVAL_S:
             self._written = now
             self._save(AgentStatus(pid=self.pid, progress=self._progress))
+
+    def flush(self) -> None:
+        """Write the latest progress (and what it waits on) now."""
+        self._written = time.monotonic()
+        self._save(AgentStatus(pid=self.pid, progress=self._progress))
 
     def done(self, outcome: JobOutcome, undrained: list[str]) -> None:
         self._save(
@@ -64,7 +77,8 @@ class StatusWriter:
         )
 
     def _save(self, status: AgentStatus) -> None:
-        status = status.model_copy(update={"note": self.note, "updated_at": time.time()})
+        update = {"note": self.note, "waiting": self.waiting, "updated_at": time.time()}
+        status = status.model_copy(update=update)
         with contextlib.suppress(ShoalError, OSError):  # (a full disk: the next write retries)
             status.save(self.path)
 
@@ -77,6 +91,7 @@ class Feed:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._agent: AgentLoop | None = None
         self.late: list[str] = []
+        self.waiting: dict[str, asyncio.Future[tuple[bool, str | None]]] = {}
 
     def attach(self, loop: asyncio.AbstractEventLoop, agent: AgentLoop) -> None:
         self._loop, self._agent = loop, agent
@@ -86,6 +101,60 @@ class Feed:
             self.late.append(text)
             return
         self._loop.call_soon_threadsafe(self._agent.enqueue, text)
+
+    def answer(self, request_id: str, approve: bool, reason: str | None) -> bool:
+        """The lead's answer to permission request `request_id` (from any thread); False
+        when nothing waits on it."""
+        future = self.waiting.get(request_id)
+        if future is None or self._loop is None:
+            return False
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result((approve, reason))
+
+        self._loop.call_soon_threadsafe(settle)
+        return True
+
+
+class Consent:
+    """How a background agent asks the lead: a `permission_request` in the lead's inbox, then
+    a wait for the answer (`Feed.answer`); its status says what it waits on meanwhile."""
+
+    def __init__(self, job: AgentJob, feed: Feed, status: StatusWriter) -> None:
+        self.job = job
+        self.feed = feed
+        self.status = status
+        self.asked = 0
+
+    async def ask(self, tool: str, shown: dict[str, Any]) -> tuple[bool, str | None]:
+        self.asked += 1
+        request_id = f"{self.job.task_id}.{self.asked}"
+        future: asyncio.Future[tuple[bool, str | None]] = asyncio.get_running_loop().create_future()
+        self.feed.waiting[request_id] = future
+        layout = Layout(self.job.home)
+        try:
+            self.status.waiting = {"request_id": request_id, "tool": tool, "input": shown}
+            self.status.flush()
+            deliver_to(
+                layout.inbox_dir(self.job.team, LEAD_NAME),
+                make_message(
+                    sender=LEAD_NAME,
+                    to=LEAD_NAME,
+                    kind="permission_request",
+                    summary=f"agent {self.job.task_id} asks to run {tool}",
+                    data={
+                        "request_id": request_id,
+                        "tool": tool,
+                        "input": {"agent": self.job.task_id, **shown},
+                    },
+                ),
+            )
+            return await future
+        finally:
+            self.feed.waiting.pop(request_id, None)
+            self.status.waiting = None
+            self.status.flush()
 
 
 def watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> threading.Thread:
@@ -98,9 +167,11 @@ def watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> th
                 delivery = inbox.receive(timeout=0.2)
                 if delivery is None:
                     continue
-                text = delivery.message.text or ""
-                if text:
-                    feed.put(text)
+                msg = delivery.message
+                if isinstance(msg, PermissionResponseMessage):
+                    feed.answer(msg.data.request_id, msg.data.approve, msg.data.reason)
+                elif msg.text:
+                    feed.put(msg.text)
                 inbox.ack(delivery)
 
     thread = threading.Thread(target=run, name="agent-inbox", daemon=True)
@@ -161,6 +232,7 @@ async def run_job(
                     only=job.tools,
                 ),
                 TeamTools(Path(job.home), job.team, job.task_id, leader),
+                Gate(job.permission_mode, Consent(job, feed, status).ask),
             ),
             transcript=transcript,
             output=Output(Path(job.output_file), echo=job.echo),
