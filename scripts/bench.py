@@ -1457,6 +1457,128 @@ def select(only: str | None) -> list[Section]:
     return [SECTIONS[n] for n in names]
 
 
+def _round_script(rounds: int) -> Any:
+    """A FunctionModel that calls Read `rounds` times, then answers (no network)."""
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    def answer(messages: list[Any], _info: Any) -> ModelResponse:
+        done = sum(1 for m in messages if getattr(m, "kind", "") == "response")
+        if done < rounds:
+            return ModelResponse(parts=[ToolCallPart("Read", {"file_path": "f.txt"})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(answer)
+
+
+async def _shoal_rounds(work: Path, rounds: int, tag: str) -> float:
+    from shoal.workers.agent.loop import AgentLoop, Output, make_tools
+    from shoal.workers.agent.tools import Workspace
+    from shoal.workers.agent.transcript import Transcript
+
+    loop = AgentLoop(
+        _round_script(rounds),
+        instructions="",
+        tools=make_tools(Workspace(cwd=work, mode="bypassPermissions"), ["Read"]),
+        transcript=Transcript(work / f"{tag}.jsonl"),
+        output=Output(work / f"{tag}.output"),
+    )
+    t0 = time.perf_counter()
+    outcome = await loop.run("go")
+    if outcome.status != "completed":
+        raise BenchError(f"agent bench run failed: {outcome.error}")
+    return time.perf_counter() - t0
+
+
+async def _bare_rounds(work: Path, rounds: int) -> float:
+    from pydantic_ai import Agent
+
+    agent: Agent[None, str] = Agent(_round_script(rounds))
+
+    @agent.tool_plain(name="Read")
+    def read(file_path: str) -> str:
+        return (work / file_path).read_text()
+
+    from pydantic_ai.usage import UsageLimits
+
+    t0 = time.perf_counter()
+    await agent.run("go", usage_limits=UsageLimits(request_limit=None))
+    return time.perf_counter() - t0
+
+
+@section("agent", "agents: loop overhead, 100 in-process agents, time to the first request")
+def bench_agent(cfg: Config) -> SectionResult:
+    import asyncio
+
+    import psutil
+
+    result = SectionResult()
+    work = cfg.workdir / "agent-work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "f.txt").write_text("one line\n")
+    rounds = 50 if cfg.quick else 200
+    shoal_t = min(asyncio.run(_shoal_rounds(work, rounds, f"r{i}")) for i in range(cfg.repeats))
+    bare_t = min(asyncio.run(_bare_rounds(work, rounds)) for _ in range(cfg.repeats))
+    result.rows.append(
+        Row(f"time per tool round ({rounds} rounds of Read)", "ms", shoal_t / rounds * 1000,
+            bare_t / rounds * 1000, "lower", "<= 3x", shoal_t / bare_t <= 3)
+    )  # fmt: skip
+    result.notes.append(
+        "the baseline is a bare pydantic-ai Agent.run of the same FunctionModel script; shoal "
+        "adds the transcript append per node, the readable output and progress"
+    )
+    # 100 concurrent agents on one event loop.
+    n, per = 100, 10
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+
+    async def many() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_shoal_rounds(work, per, f"m{i}") for i in range(n)))
+        return time.perf_counter() - t0
+
+    elapsed = asyncio.run(many())
+    per_agent = (proc.memory_info().rss - before) / n / (1 << 20)
+    result.rows.append(
+        Row(f"{n} concurrent in-process agents, tool rounds/s", "rounds/s",
+            n * per / elapsed, None, "higher")
+    )  # fmt: skip
+    result.rows.append(
+        Row("RSS per in-process agent", "MiB", max(per_agent, 0.0), None, "lower", "< 2 MiB",
+            per_agent < 2)
+    )  # fmt: skip
+    # From `shoal agent` to the first model request (the output file's "> prompt" line is
+    # written just before it), with a leader running.
+    home = cfg.workdir / "agent-home"
+    _shoal_cli(home, "up", "--team", "bench", "--detach", "--quiet")
+    try:
+        for backend in ("in-process", "process"):
+            times = []
+            for _ in range(cfg.repeats):
+                t0 = time.perf_counter()
+                record = json.loads(_shoal_cli(
+                    home, "agent", "--team", "bench", "--backend", backend,
+                    "--permission-mode", "bypassPermissions", "--json", "hi",
+                ).stdout)  # fmt: skip
+                output = Path(record["output_file"])
+                while not output.exists() or b"> " not in output.read_bytes():
+                    time.sleep(0.002)
+                times.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            python_s = time.perf_counter() - t1
+            result.rows.append(
+                Row(f"`shoal agent` to the first model request, {backend}", "ms",
+                    min(times) * 1000, python_s * 1000, "lower", "< 300 ms",
+                    min(times) < 0.3)
+            )  # fmt: skip
+        _shoal_cli(home, "wait", "--team", "bench")
+    finally:
+        _shoal_cli(home, "down", "--team", "bench")
+    result.notes.append("the first-request baseline is one bare `python -c pass`")
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:

@@ -34,7 +34,6 @@ from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import ControlMessage
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.agent_tasks import AgentSpec
 from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.models import LEAD_NAME
 
@@ -312,8 +311,8 @@ class ControlTarget(Protocol):
         """Begin shutting down; returns what is being stopped."""
         ...
 
-    def start_agent(self, spec: AgentSpec) -> AnyTaskState:
-        """Check, register and start one agent task."""
+    def start_agent(self, spec: Any) -> AnyTaskState:
+        """Check, register and start one agent task (`spec`: an agent_tasks.AgentSpec)."""
         ...
 
     def send_to_agent(self, task_id: str, text: str) -> dict[str, Any]:
@@ -390,6 +389,8 @@ class ControlServer:
 
             target.spawn(request.members(), spawned)
         elif isinstance(request, AgentRequest):
+            from shoal.orchestrator.agent_tasks import AgentSpec  # (leader side only)
+
             try:
                 spec = AgentSpec.model_validate(request.spec)
             except ValidationError as exc:
