@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -410,3 +411,50 @@ def test_plan_mode_refuses_writes_until_the_plan_is_approved(leader: Cli, tmp_pa
     task = ended(leader, task_id)
     assert "plan" in task["result"] and "refused" in task["result"]
     assert (tmp_path / "a.txt").read_text() == "planned"
+
+
+MCP_TIME = """
+[[turn]]
+[[turn.call]]
+tool = "mcp__time__get_current_time"
+args = { timezone = "UTC" }
+[[turn.call]]
+tool = "mcp__broken__anything"
+args = {}
+
+[[turn]]
+text = "time: {result_1} | broken: {result_2}"
+"""
+
+
+def test_mcp_tools_from_a_real_server(leader: Cli, tmp_path: Path) -> None:
+    """The real `mcp-server-time` from PyPI (a test extra), beside a server that exits at
+    start: its tools are left out (a call to one is a tool error), and the output says why."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "time": {"command": sys.executable, "args": ["-m", "mcp_server_time",
+                                                     "--local-timezone", "UTC"]},
+        "broken": {"command": "false"},
+    }}))  # fmt: skip
+    model = script(tmp_path, MCP_TIME)
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--mcp-config", str(config), "now?"
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    task = ended(leader, out.stdout.strip(), timeout=60)
+    assert task["status"] == "completed", task
+    time_part, broken_part = task["result"].split(" | broken: ")
+    assert '"timezone": "UTC"' in time_part and '"datetime"' in time_part
+    assert "tool_use_error" in broken_part or "Unknown tool" in broken_part
+    readable = Path(task["output_file"]).read_text()
+    assert "MCP server broken could not start (false)" in readable
+
+
+def test_a_bad_mcp_config_is_refused(leader: Cli, tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {"time": {"args": []}}}')
+    out = leader("agent", "--team", TEAM, "--mcp-config", str(config), "hi")
+    assert out.returncode == 2 and f"MCP config {config}: time.command" in out.stderr
+    config.write_text("{not json")
+    out = leader("agent", "--team", TEAM, "--mcp-config", str(config), "hi")
+    assert out.returncode == 2 and f"MCP config {config}" in out.stderr

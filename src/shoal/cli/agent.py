@@ -60,6 +60,12 @@ def _tool_list(text: str | None) -> list[str] | None:
 )
 @click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
+@click.option(
+    "--mcp-config",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help='MCP servers ({"mcpServers": ...}; default: the project\'s .shoal/mcp.json).',
+)
 @click.option("--resume", default=None, metavar="ID", help="Continue agent task ID's conversation.")
 @click.option(
     "--foreground",
@@ -83,6 +89,7 @@ def agent(
     backend: str,
     cwd: str | None,
     env_pairs: tuple[str, ...],
+    mcp_config: str | None,
     resume: str | None,
     foreground: bool,
     as_json: bool,
@@ -117,6 +124,7 @@ def agent(
         "backend": backend,
         "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
         "env": _env_pairs(env_pairs) or None,
+        "mcp_config": os.path.abspath(mcp_config) if mcp_config else None,
     }
     if resume is not None:
         text = (prompt or "").strip() or "Continue."

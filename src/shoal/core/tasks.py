@@ -294,6 +294,8 @@ class LocalAgentTaskState(TaskStateBase):
     """Of a user's agent definition (see workers/agent/filters.py)."""
     instructions: str | None = None
     """The system prompt (its definition's body)."""
+    mcp_servers: dict[str, JsonDict] | None = None
+    """Stdio MCP servers by name ({command, args, env}), from its MCP config."""
     limits: JsonDict | None = None
     transcript: str | None = None
     kill_reason: str | None = None

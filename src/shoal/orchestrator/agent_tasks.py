@@ -17,6 +17,7 @@ from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
+from shoal.workers.agent.mcp_tools import McpServer, find_config
 from shoal.workers.agent.models import check_model, choose_model
 from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
 from shoal.workers.agent.tools import TOOL_SPECS
@@ -61,6 +62,7 @@ class AgentSpec(BaseModel):
     env: dict[str, str] | None = None
     description: str | None = None
     limits: dict[str, Any] | None = None  # (a resume carries its parent's)
+    mcp_config: str | None = None  # an MCP config file (default: the project's .shoal/mcp.json)
     resume: str | None = None  # the agent task this one continues
 
 
@@ -113,6 +115,9 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     model = choose_model(asked, definition.model, env, host.layout.home)
     check_model(model, env, cwd)
     tools = _tools(spec)
+    servers = find_config(cwd, spec.mcp_config)
+    if parent is not None and not servers:
+        servers = {k: McpServer.model_validate(v) for k, v in (parent.mcp_servers or {}).items()}
     if tools is None and definition.tools is not None:
         tools = tuple(t for t in definition.tools if t not in set(spec.disallowed_tools or ()))
     task_id = new_task_id(TaskType.LOCAL_AGENT)
@@ -144,6 +149,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         permission_mode=spec.permission_mode or definition.permission_mode or "default",
         tools=tools,
         custom=definition.custom,
+        mcp_servers={k: v.model_dump() for k, v in servers.items()} or None,
         instructions=definition.prompt or None,
         limits=limits or None,
         transcript=transcript,

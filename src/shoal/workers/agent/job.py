@@ -58,6 +58,7 @@ class AgentJob(BaseModel):
     transcript: str
     status_file: str
     inbox: str | None = None
+    mcp_servers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     resume: bool = False
     echo: bool = False  # also print the readable transcript on stdout (a tmux pane)
 

@@ -298,6 +298,7 @@ class AgentKind:
             instructions=task.instructions or "",
             tools=task.tools,
             custom=task.custom,
+            mcp_servers=dict(task.mcp_servers or {}),
             permission_mode=task.permission_mode,
             limits=JobLimits(
                 **{k: v for k, v in (task.limits or {}).items() if k in JobLimits.model_fields}

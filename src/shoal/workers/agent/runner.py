@@ -28,6 +28,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
 from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
+from shoal.workers.agent.mcp_tools import McpServer, open_servers
 from shoal.workers.agent.models import ModelSpec, build_model
 from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
 from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS, LeaderPort, TeamTools
@@ -220,33 +221,47 @@ async def run_job(
             loaded = Transcript.load(transcript.path)
             history = loaded.messages
             status.note = loaded.problem
-        loop = AgentLoop(
-            model,
-            instructions=job.instructions,
-            tools=make_tools(
-                workspace,
-                filter_tools(
-                    ALL_TOOL_NAMES,
-                    custom=job.custom,
-                    plan_mode=job.permission_mode == "plan",
-                    only=job.tools,
-                ),
-                TeamTools(Path(job.home), job.team, job.task_id, leader),
-                Gate(job.permission_mode, Consent(job, feed, status).ask),
-            ),
-            transcript=transcript,
-            output=Output(Path(job.output_file), echo=job.echo),
-            history=history,
-            limits=Limits(**job.limits.model_dump()),
-            on_progress=status.progress,
-        )
-        if status.note:
-            loop.output.write(f"[resumed: {status.note}]\n")
-        for text in feed.late:
-            loop.enqueue(text)
-        feed.late.clear()
-        feed.attach(asyncio.get_running_loop(), loop)
-        outcome = await loop.run(job.prompt)
+        async with contextlib.AsyncExitStack() as stack:
+            notes: list[str] = []
+            mcp = await open_servers(
+                {k: McpServer.model_validate(v) for k, v in job.mcp_servers.items()},
+                stack,
+                dict(env),
+                cwd,
+                notes.append,
+            )
+            loop = AgentLoop(
+                model,
+                instructions=job.instructions,
+                tools=[
+                    *make_tools(
+                        workspace,
+                        filter_tools(
+                            ALL_TOOL_NAMES,
+                            custom=job.custom,
+                            plan_mode=job.permission_mode == "plan",
+                            only=job.tools,
+                        ),
+                        TeamTools(Path(job.home), job.team, job.task_id, leader),
+                        Gate(job.permission_mode, Consent(job, feed, status).ask),
+                    ),
+                    *mcp,  # (MCP tools are always allowed)
+                ],
+                transcript=transcript,
+                output=Output(Path(job.output_file), echo=job.echo),
+                history=history,
+                limits=Limits(**job.limits.model_dump()),
+                on_progress=status.progress,
+            )
+            if status.note:
+                loop.output.write(f"[resumed: {status.note}]\n")
+            for line in notes:
+                loop.output.write(f"[{line}]\n")
+            for text in feed.late:
+                loop.enqueue(text)
+            feed.late.clear()
+            feed.attach(asyncio.get_running_loop(), loop)
+            outcome = await loop.run(job.prompt)
         status.progress(loop.progress, force=True)
         return JobOutcome(
             status="completed" if outcome.status == "completed" else "failed",

@@ -1,0 +1,155 @@
+"""MCP tools for an agent: stdio servers from `.shoal/mcp.json` (in the agent's working
+directory) or `--mcp-config FILE`, in the format Claude Code users have:
+
+    {"mcpServers": {"time": {"command": "mcp-server-time", "args": [], "env": {}}}}
+
+Each server's tools are offered to the model as `mcp__{server}__{tool}` through the mcp SDK's
+stdio client. A server that cannot start is noted in the agent's output and its tools are left
+out; one that fails or exits during a call gives that call a tool error. Never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shoal.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from pydantic_ai import Tool
+
+PROJECT_CONFIG: Final = Path(".shoal") / "mcp.json"
+SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+START_TIMEOUT_S: Final = 30.0
+CALL_TIMEOUT_S: Final = 120.0
+
+
+class McpServer(BaseModel):
+    """How to start one stdio MCP server."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    command: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+def load_config(path: Path) -> dict[str, McpServer]:
+    """The servers of an MCP config file; a UsageError naming the file and what is wrong."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"MCP config {path} not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"MCP config {path}: {exc}") from None
+    servers = raw.get("mcpServers") if isinstance(raw, dict) else None
+    if not isinstance(servers, dict):
+        raise UsageError(f'MCP config {path}: no "mcpServers" object')
+    found: dict[str, McpServer] = {}
+    for name, spec in servers.items():
+        if not SERVER_NAME.fullmatch(name):
+            raise UsageError(f"MCP config {path}: bad server name {name!r} (letters, digits, _-)")
+        try:
+            found[name] = McpServer.model_validate(spec)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "server"
+            raise UsageError(f"MCP config {path}: {name}.{where}: {first['msg']}") from None
+    return found
+
+
+def find_config(cwd: Path, explicit: str | None) -> dict[str, McpServer]:
+    """`--mcp-config FILE` if given, else the project's `.shoal/mcp.json` if there is one."""
+    if explicit:
+        return load_config(Path(explicit))
+    project = cwd / PROJECT_CONFIG
+    return load_config(project) if project.is_file() else {}
+
+
+def _text_of(result: Any) -> str:
+    parts = []
+    for item in getattr(result, "content", None) or ():
+        text = getattr(item, "text", None)
+        parts.append(text if isinstance(text, str) else f"[{getattr(item, 'type', 'content')}]")
+    structured = getattr(result, "structured_content", None)
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured))
+    return "\n".join(parts) or "(no content)"
+
+
+async def open_servers(
+    servers: dict[str, McpServer],
+    stack: contextlib.AsyncExitStack,
+    env: dict[str, str],
+    cwd: Path,
+    note: Callable[[str], None],
+) -> list[Tool[Any]]:
+    """Start every server inside `stack` and return their tools (a failed one is noted)."""
+    import asyncio
+
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from pydantic_ai import Tool
+
+    from shoal.workers.agent.tools import tool_error
+
+    tools: list[Tool[Any]] = []
+    for name, spec in servers.items():
+        params = StdioServerParameters(
+            command=spec.command, args=spec.args, env={**env, **spec.env}, cwd=cwd
+        )
+        inner = contextlib.AsyncExitStack()
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                read, write = await inner.enter_async_context(stdio_client(params))
+                session = await inner.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                listed = await session.list_tools()
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            with contextlib.suppress(BaseException):
+                await inner.aclose()
+            note(f"MCP server {name} could not start ({spec.command}): {_why(exc)}")
+            continue
+        stack.push_async_callback(inner.aclose)
+        for tool in listed.tools:
+            tools.append(
+                Tool.from_schema(
+                    _caller(session, name, tool.name, tool_error),
+                    f"mcp__{name}__{tool.name}",
+                    tool.description or "",
+                    dict(tool.input_schema or {"type": "object", "properties": {}}),
+                )
+            )
+    return tools
+
+
+def _caller(session: Any, server: str, tool: str, tool_error: Callable[[str], str]) -> Any:
+    import asyncio
+
+    async def call(**kwargs: Any) -> str:
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                result = await session.call_tool(tool, kwargs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            return tool_error(f"MCP server {server} failed during {tool}: {_why(exc)}")
+        text = _text_of(result)
+        return tool_error(text) if getattr(result, "is_error", False) else text
+
+    return call
+
+
+def _why(exc: BaseException) -> str:
+    """The innermost useful message of an exception (task groups wrap them)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
