@@ -458,3 +458,53 @@ def test_a_bad_mcp_config_is_refused(leader: Cli, tmp_path: Path) -> None:
     config.write_text("{not json")
     out = leader("agent", "--team", TEAM, "--mcp-config", str(config), "hi")
     assert out.returncode == 2 and f"MCP config {config}" in out.stderr
+
+
+FORKING = """
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "a fork", prompt = "go deeper" }
+
+[[turn]]
+text = "got: {last}"
+"""
+
+
+def test_a_fork_inherits_and_cannot_fork_again(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, FORKING)
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "--fork", "top")
+    assert out.returncode == 0, out.stderr
+    parent = ended(leader, out.stdout.strip(), timeout=60)
+    assert parent["status"] == "completed", parent
+    assert "a fork cannot fork again" in parent["result"]
+    listed = json.loads(leader("ps", "--team", TEAM, "--all", "--json").stdout)
+    (child,) = [t for t in listed if t.get("forked_from") == parent["id"]]
+    assert child["agent_type"] == "fork" and child["permission_mode"] == "bubble"
+    assert child["model"] == parent["model"] and child["status"] == "completed"
+    assert child["agent_id"] != parent["agent_id"]
+
+
+SUBAGENT = """
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "helper", prompt = "say hi", subagent_type = "general-purpose" }
+
+[[turn]]
+text = "parent saw: {last}"
+"""
+
+
+def test_a_subagent_runs_on_the_parents_model(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, SUBAGENT)
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "top")
+    parent = ended(leader, out.stdout.strip(), timeout=60)
+    assert parent["status"] == "completed", parent
+    # The child runs the same script, but has no Agent tool: its call is a tool error.
+    assert "parent saw: agent a" in parent["result"]
+    assert "Agent" in parent["result"] and "tool" in parent["result"].lower()
+    listed = json.loads(leader("ps", "--team", TEAM, "--all", "--json").stdout)
+    (child,) = [t for t in listed if t["id"] != parent["id"]]
+    assert child["model"] == parent["model"] and child["subagent"]
+    assert child["status"] == "completed"

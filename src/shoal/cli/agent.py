@@ -61,6 +61,9 @@ def _tool_list(text: str | None) -> list[str] | None:
 @click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
 @click.option(
+    "--fork", is_flag=True, help="Its Agent tool without subagent_type forks it (a copy)."
+)
+@click.option(
     "--mcp-config",
     default=None,
     type=click.Path(dir_okay=False),
@@ -89,6 +92,7 @@ def agent(
     backend: str,
     cwd: str | None,
     env_pairs: tuple[str, ...],
+    fork: bool,
     mcp_config: str | None,
     resume: str | None,
     foreground: bool,
@@ -125,6 +129,7 @@ def agent(
         "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
         "env": _env_pairs(env_pairs) or None,
         "mcp_config": os.path.abspath(mcp_config) if mcp_config else None,
+        "fork": fork,
     }
     if resume is not None:
         text = (prompt or "").strip() or "Continue."

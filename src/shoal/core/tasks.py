@@ -294,6 +294,12 @@ class LocalAgentTaskState(TaskStateBase):
     """Of a user's agent definition (see workers/agent/filters.py)."""
     instructions: str | None = None
     """The system prompt (its definition's body)."""
+    fork: bool = False
+    """Forking is on: Agent without subagent_type forks this agent."""
+    subagent: bool = False
+    """Started by another agent's Agent tool: it has no Agent tool (subagents do not nest)."""
+    forked_from: str | None = None
+    """The agent task this fork copies (tools, model, history)."""
     mcp_servers: dict[str, JsonDict] | None = None
     """Stdio MCP servers by name ({command, args, env}), from its MCP config."""
     limits: JsonDict | None = None

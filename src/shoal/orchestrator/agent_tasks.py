@@ -5,6 +5,8 @@ so a bad request is one clear error and nothing is created."""
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -12,14 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.paths import Layout
-from shoal.core.tasks import LocalAgentTaskState, TaskType, new_task_id
+from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType, new_task_id
 from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.mcp_tools import McpServer, find_config
 from shoal.workers.agent.models import check_model, choose_model
-from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
+from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS
 from shoal.workers.agent.tools import TOOL_SPECS
 
 
@@ -62,6 +64,10 @@ class AgentSpec(BaseModel):
     env: dict[str, str] | None = None
     description: str | None = None
     limits: dict[str, Any] | None = None  # (a resume carries its parent's)
+    fork: bool = False  # Agent without subagent_type forks the agent
+    subagent: bool = False  # started by an agent's Agent tool (it gets no Agent tool)
+    inherit_model: str | None = None  # a subagent's: its parent's model, unless it names one
+    fork_of: str | None = None  # make this a fork of that agent task (its Agent tool asked)
     mcp_config: str | None = None  # an MCP config file (default: the project's .shoal/mcp.json)
     resume: str | None = None  # the agent task this one continues
 
@@ -95,10 +101,69 @@ def _tools(spec: AgentSpec) -> tuple[str, ...] | None:
     return tuple(t for t in allowed if t not in set(spec.disallowed_tools or ()))
 
 
+def _describe(spec: AgentSpec) -> str:
+    first = spec.prompt.strip().splitlines()[0]
+    return spec.description or (first[:77] + "…" if len(first) > 78 else first)
+
+
+def new_fork_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
+    """A fork of agent `spec.fork_of`: its tools, model, instructions and history so far (its
+    transcript copied), permission `bubble`; its first message carries FORK_TAG, so it cannot
+    fork again."""
+    assert spec.fork_of is not None
+    source = host.find_agent(spec.fork_of)
+    if source.forked_from is not None:
+        raise UsageError(f"agent {source.id} is a fork; a fork cannot fork")
+    task_id = new_task_id(TaskType.LOCAL_AGENT)
+    transcript = transcript_path(host.session.dir, task_id)
+    host.layout.ensure(transcript.parent)
+    if source.transcript and Path(source.transcript).is_file():
+        shutil.copyfile(source.transcript, transcript)
+        os.chmod(transcript, 0o600)
+    prompt = (
+        f"{FORK_TAG}You are a fork of agent {source.id}: you have its tools and its "
+        f"conversation so far. Do only this, then answer with the result.</fork-boilerplate>"
+        f"\n\n{spec.prompt}"
+    )
+    return source.model_copy(
+        update={
+            "id": task_id,
+            "status": TaskStatus.PENDING,
+            "description": _describe(spec),
+            "output_file": str(host.session.output_file(task_id)),
+            "owner": LEAD_NAME,
+            "agent_id": task_id,
+            "prompt": prompt,
+            "agent_type": "fork",
+            "permission_mode": "bubble",
+            "fork": False,
+            "forked_from": source.id,
+            "resumed_from": None,
+            "transcript": str(transcript),
+            "backend": _backend(spec.backend, _environ(host, source.env)),
+            "result": None,
+            "error": None,
+            "usage": None,
+            "progress": None,
+            "pending_messages": (),
+            "waiting_for": None,
+            "pid": None,
+            "pid_started_at": None,
+            "pane_id": None,
+            "kill_reason": None,
+            "notified": False,
+            "start_time": time.time(),
+            "end_time": None,
+        }
+    )
+
+
 def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     """A checked, pending `local_agent` task for `spec` (nothing registered yet)."""
     if not spec.prompt.strip():
         raise UsageError("the agent's prompt is empty (give PROMPT, or - to read it from stdin)")
+    if spec.fork_of is not None:
+        return new_fork_task(host, spec)
     if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
         raise UsageError(
             f"unknown permission mode {spec.permission_mode!r} "
@@ -112,7 +177,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     agent_type = spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE)
     definition = load_catalog(host.layout.home, cwd).get(agent_type)
     asked = spec.model or (parent.model if parent is not None else None)
-    model = choose_model(asked, definition.model, env, host.layout.home)
+    model = choose_model(asked, definition.model or spec.inherit_model, env, host.layout.home)
     check_model(model, env, cwd)
     tools = _tools(spec)
     servers = find_config(cwd, spec.mcp_config)
@@ -133,10 +198,9 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         if parent is not None and parent.transcript
         else str(transcript_path(host.session.dir, agent_id))
     )
-    first = spec.prompt.strip().splitlines()[0]
     return LocalAgentTaskState(
         id=task_id,
-        description=spec.description or (first[:77] + "…" if len(first) > 78 else first),
+        description=_describe(spec),
         output_file=str(host.session.output_file(task_id)),
         owner=LEAD_NAME,
         agent_id=agent_id,
@@ -149,6 +213,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         permission_mode=spec.permission_mode or definition.permission_mode or "default",
         tools=tools,
         custom=definition.custom,
+        fork=spec.fork or (parent.fork if parent is not None else False),
+        subagent=spec.subagent or (parent.subagent if parent is not None else False),
         mcp_servers={k: v.model_dump() for k, v in servers.items()} or None,
         instructions=definition.prompt or None,
         limits=limits or None,

@@ -155,6 +155,18 @@ class LeaderRequests(LeaderStore, ABC):
         )
         return self.start_agent(spec.model_copy(update={"resume": task.id}))
 
+    def notify_owner(
+        self, task: AnyTaskState, xml: str, summary: str, *, status: str, msg_id: str | None
+    ) -> None:
+        """A task owned by a running agent (its background shell, say) tells that agent: the
+        notification is queued for its next tool round. Other owners as LeaderStore does."""
+        owner = self.registry.get(task.owner) if task.owner else None
+        if isinstance(owner, LocalAgentTaskState):
+            if not owner.is_terminal and owner.status != TaskStatus.PENDING:
+                self.agents.send(owner, xml, self)
+            return
+        super().notify_owner(task, xml, summary, status=status, msg_id=msg_id)
+
     def answer_permission(
         self, request_id: str, approve: bool, reason: str | None = None
     ) -> dict[str, Any]:

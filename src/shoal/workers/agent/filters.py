@@ -23,11 +23,12 @@ ALL_AGENT_DISALLOWED_TOOLS: Final = frozenset(
 )
 # A user-defined agent does not start agents of its own.
 CUSTOM_AGENT_DISALLOWED_TOOLS: Final = ALL_AGENT_DISALLOWED_TOOLS | {"Agent"}
-# What a background agent may use: the file and shell tools and the team's shared list.
+# What a background agent may use: the file and shell tools, the team's shared list, and
+# subagents (a custom agent loses these by the layer above).
 ASYNC_AGENT_ALLOWED_TOOLS: Final = frozenset(
     {
         "Read", "Write", "Edit", "Glob", "Grep", "Bash",
-        "SendMessage", "TaskCreate", "TaskGet", "TaskList", "TaskUpdate",
+        "SendMessage", "TaskCreate", "TaskGet", "TaskList", "TaskUpdate", "Agent",
     }
 )  # fmt: skip
 # A teammate coordinates through the team: messages, the list, and synchronous subagents.

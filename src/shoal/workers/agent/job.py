@@ -50,6 +50,8 @@ class AgentJob(BaseModel):
     instructions: str = ""
     tools: tuple[str, ...] | None = None
     custom: bool = False  # from a user's agent definition (see filters.py)
+    fork: bool = False  # Agent without subagent_type forks it
+    subagent: bool = False  # started by an Agent tool: no Agent tool of its own
     permission_mode: str = "default"
     limits: JobLimits = JobLimits()
     cwd: str

@@ -298,6 +298,8 @@ class AgentKind:
             instructions=task.instructions or "",
             tools=task.tools,
             custom=task.custom,
+            fork=task.fork,
+            subagent=task.subagent,
             mcp_servers=dict(task.mcp_servers or {}),
             permission_mode=task.permission_mode,
             limits=JobLimits(
@@ -309,7 +311,7 @@ class AgentKind:
             transcript=task.transcript or str(transcript_path(session_dir_of(task), task.agent_id)),
             status_file=str(status_file),
             inbox=None if task.backend == "in-process" else str(inbox),
-            resume=task.resumed_from is not None,
+            resume=task.resumed_from is not None or task.forked_from is not None,
             echo=task.backend == "tmux",
         )
 

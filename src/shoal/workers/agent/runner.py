@@ -31,9 +31,9 @@ from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_t
 from shoal.workers.agent.mcp_tools import McpServer, open_servers
 from shoal.workers.agent.models import ModelSpec, build_model
 from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
-from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS, LeaderPort, TeamTools
+from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
-from shoal.workers.agent.transcript import Transcript
+from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
 
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25
@@ -221,6 +221,8 @@ async def run_job(
             loaded = Transcript.load(transcript.path)
             history = loaded.messages
             status.note = loaded.problem
+            if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):
+                status.note = None  # (a fork is copied mid-round: the round in flight is its own)
         async with contextlib.AsyncExitStack() as stack:
             notes: list[str] = []
             mcp = await open_servers(
@@ -241,8 +243,19 @@ async def run_job(
                             custom=job.custom,
                             plan_mode=job.permission_mode == "plan",
                             only=job.tools,
+                            without=("Agent",) if job.subagent else (),
                         ),
-                        TeamTools(Path(job.home), job.team, job.task_id, leader),
+                        TeamTools(
+                            Path(job.home),
+                            job.team,
+                            job.task_id,
+                            leader,
+                            cwd=job.cwd,
+                            model=job.model,
+                            fork=job.fork,
+                            in_fork=FORK_TAG in job.prompt
+                            or any(FORK_TAG in str(m) for m in history),
+                        ),
                         Gate(job.permission_mode, Consent(job, feed, status).ask),
                     ),
                     *mcp,  # (MCP tools are always allowed)

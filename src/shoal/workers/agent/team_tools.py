@@ -81,6 +81,19 @@ class TaskStopArgs(_Args):
     )
 
 
+class AgentArgs(_Args):
+    description: str = Field(min_length=1, description="A short (3-5 word) name for the task")
+    prompt: str = Field(min_length=1, description="The task for the agent to carry out")
+    subagent_type: str | None = Field(
+        None, description="The agent type (see `shoal agents`); omitted: a fork when forking is on"
+    )
+
+
+# Opens the first message of a fork: a fork's history carries it, so a fork cannot fork.
+FORK_TAG: Final = "<fork-boilerplate>"
+TERMINAL: Final = frozenset({"completed", "failed", "killed"})
+SUBAGENT_POLL_S: Final = 0.1
+
 TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
     ("SendMessage", SendMessageArgs, "Send a message to a teammate, everyone, or an agent."),
     ("TaskCreate", TaskCreateArgs, "Add a task to the team's shared task list."),
@@ -89,6 +102,7 @@ TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
     ("TaskUpdate", TaskUpdateArgs, "Change a task of the team's shared task list."),
     ("TaskOutput", TaskOutputArgs, "Read the output of a background task."),
     ("TaskStop", TaskStopArgs, "Stop a running background task."),
+    ("Agent", AgentArgs, "Run a subagent on a task and wait for its answer."),
 )
 
 
@@ -107,6 +121,10 @@ class TeamTools:
     team: str
     task_id: str
     leader: LeaderPort
+    cwd: str = "."
+    model: str | None = None  # what a subagent inherits
+    fork: bool = False  # Agent without subagent_type forks this agent
+    in_fork: bool = False  # this agent is a fork (it cannot fork again)
 
     @property
     def layout(self) -> Layout:
@@ -199,3 +217,43 @@ class TeamTools:
         except ShoalError as exc:
             raise ToolFailure(str(exc)) from None
         return f"task {args.task_id} is {final['status']}"
+
+    async def agent(self, args: AgentArgs) -> str:
+        """Start a subagent (a `local_agent` task of the leader, in-process) and wait for it."""
+        spec: dict[str, Any] = {
+            "prompt": args.prompt,
+            "description": args.description,
+            "agent_type": args.subagent_type,
+            "cwd": self.cwd,
+            "backend": "in-process",
+            "inherit_model": self.model,
+        }
+        if args.subagent_type is None and self.in_fork:
+            raise ToolFailure("a fork cannot fork again; give subagent_type to start an agent")
+        if args.subagent_type is None and self.fork:
+            spec["fork_of"] = self.task_id
+        else:
+            spec["subagent"] = True  # (it gets no Agent tool: subagents do not nest)
+        try:
+            record = await asyncio.to_thread(self.leader.call, "agent", {"spec": spec})
+        except ShoalError as exc:
+            raise ToolFailure(str(exc)) from None
+        child = str(record["id"])
+        try:
+            while True:
+                task = (await asyncio.to_thread(self.leader.task_records)).get(child) or {}
+                if task.get("status") in TERMINAL:
+                    break
+                await asyncio.sleep(SUBAGENT_POLL_S)
+        except asyncio.CancelledError:  # the parent was stopped: so is its subagent
+            import threading
+
+            threading.Thread(
+                target=lambda: self.leader.call("stop", {"task_id": child}), daemon=True
+            ).start()
+            raise
+        usage = task.get("usage") or {}
+        cost = f"{usage.get('total_tokens', 0)} tokens, {usage.get('tool_uses', 0)} tool uses"
+        if task["status"] == "completed":
+            return f"agent {child} completed ({cost}):\n{task.get('result') or ''}"
+        raise ToolFailure(f"agent {child} {task['status']}: {task.get('error') or 'no result'}")

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+# What `load` says of a last round whose tool calls have no results (it is dropped, redone).
+IN_FLIGHT_NOTE = "the last round's tool calls have no results; that round is redone"
+
+
 @dataclass
 class Loaded:
     """What `load` could use of a transcript, and what it could not."""
@@ -87,7 +91,7 @@ class Transcript:
                 break
         if _in_flight(loaded.messages):
             loaded.messages.pop()
-            note = "the last round's tool calls have no results; that round is redone"
+            note = IN_FLIGHT_NOTE
             loaded.problem = f"{loaded.problem}; {note}" if loaded.problem else f"{path}: {note}"
         return loaded
 
