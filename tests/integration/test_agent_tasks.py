@@ -508,3 +508,44 @@ def test_a_subagent_runs_on_the_parents_model(leader: Cli, tmp_path: Path) -> No
     (child,) = [t for t in listed if t["id"] != parent["id"]]
     assert child["model"] == parent["model"] and child["subagent"]
     assert child["status"] == "completed"
+
+
+TURNS = """
+[[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { command = "echo $$ > pid; sleep 300", timeout = 600000 }
+
+[[turn]]
+text = "went on with: {prompt}"
+"""
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_stop_turn_ends_the_turn_and_the_agent_waits(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    model = script(tmp_path, TURNS)
+    out = leader(
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--cwd", str(tmp_path),
+        "--backend", backend, "go",
+    )  # fmt: skip
+    task_id = out.stdout.strip()
+    pid_file = tmp_path / "pid"
+    pid = wait_until(
+        lambda: pid_file.read_text().strip() or None if pid_file.exists() else None,
+        what="the turn's command",
+    )
+    stopped = leader("stop", "--team", TEAM, "--turn", task_id)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: group_gone(int(pid)), timeout=10, what="the turn's command to die")
+    output = Path(record(leader, task_id)["output_file"])
+    wait_until(lambda: "[turn stopped" in output.read_text(), what="the turn to stop")
+    assert record(leader, task_id)["status"] == "running"  # it waits for a message
+    sent = leader("send", "--team", TEAM, task_id, "the next thing")
+    assert sent.returncode == 0 and sent.stdout.strip() == task_id, sent.stderr
+    task = ended(leader, task_id)
+    assert task["status"] == "completed", task
+    assert task["result"] == "went on with: the next thing"
+    not_agent = leader("stop", "--team", TEAM, "--turn", "b00000000")
+    assert not_agent.returncode == 1 and "--turn" in not_agent.stderr

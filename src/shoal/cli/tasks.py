@@ -334,16 +334,23 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
 
 @click.command()
 @click.argument("task_id")
+@click.option(
+    "--turn", is_flag=True, help="Stop only an agent's current turn; it waits for a message."
+)
 @json_option
 @common_options
-def stop(task_id: str, as_json: bool) -> None:
-    """Stop running task TASK_ID (TERM to its process group, then KILL)."""
+def stop(task_id: str, turn: bool, as_json: bool) -> None:
+    """Stop running task TASK_ID (TERM to its process group, then KILL; an agent with its
+    commands). With --turn, only the agent's turn in progress: it waits for the next message
+    (`shoal send TASK_ID ...`)."""
     from shoal.orchestrator.control import call
 
     env = get_env(click.get_current_context())
-    task = call(env.layout, env.team(), "stop", {"task_id": task_id})
+    task = call(env.layout, env.team(), "stop", {"task_id": task_id, "turn": turn})
     if as_json:
         print_json(task)
+    elif turn:
+        click.echo(f"stopped the turn of {task['id']}; it waits for the next message")
     else:
         click.echo(f"stopped {task['id']}")
 

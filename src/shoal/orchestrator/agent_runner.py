@@ -23,7 +23,14 @@ from shoal.core.paths import Layout
 from shoal.orchestrator import control
 from shoal.orchestrator.session import current_session
 from shoal.workers.agent.job import AgentJob, JobOutcome
-from shoal.workers.agent.runner import KILLED_ERROR, Feed, StatusWriter, run_job, watch_inbox
+from shoal.workers.agent.runner import (
+    KILLED_ERROR,
+    TURN_SIGNAL,
+    Feed,
+    StatusWriter,
+    run_job,
+    watch_inbox,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ async def _main_async(job: AgentJob) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, task.cancel)
+    loop.add_signal_handler(TURN_SIGNAL, feed.abort_turn_now)  # `shoal stop --turn`
     port = ControlPort(Layout(job.home), job.team)
     outcome: JobOutcome
     try:

@@ -153,6 +153,7 @@ class ShRequest(ShellSpec):
 class StopRequest(_Request):
     op: Literal["stop"] = "stop"
     task_id: str
+    turn: bool = False  # only an agent's turn in progress (it waits for the next message)
 
 
 class SpawnRequest(_Request):
@@ -303,6 +304,10 @@ class ControlTarget(Protocol):
         """Begin stopping a task; `on_done` gets its final state once it ended."""
         ...
 
+    def stop_turn(self, task_id: str) -> AnyTaskState:
+        """Stop an agent's turn in progress; answered at once."""
+        ...
+
     def spawn(self, members: list[dict[str, Any]], answer: Answer) -> None:
         """Start teammates; `answer` gets their records once all are ready, or the error."""
         ...
@@ -359,7 +364,9 @@ class ControlServer:
         later = False
         try:
             request = parse_request(msg.data.op, msg.data.args)
-            later = isinstance(request, StopRequest | SpawnRequest)
+            later = isinstance(request, SpawnRequest) or (
+                isinstance(request, StopRequest) and not request.turn
+            )
             if later:
                 self.pending += 1
             self._dispatch(request, answer)
@@ -378,6 +385,8 @@ class ControlServer:
             started = target.start_shell(list(specs))
             records = [t.model_dump(mode="json") for t in started]
             answer(records if request.batch is not None else records[0], None)
+        elif isinstance(request, StopRequest) and request.turn:
+            answer(target.stop_turn(request.task_id).model_dump(mode="json"), None)
         elif isinstance(request, StopRequest):
             target.stop(request.task_id, lambda final: answer(final.model_dump(mode="json"), None))
         elif isinstance(request, SpawnRequest):

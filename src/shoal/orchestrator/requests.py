@@ -167,6 +167,17 @@ class LeaderRequests(LeaderStore, ABC):
             return
         super().notify_owner(task, xml, summary, status=status, msg_id=msg_id)
 
+    def stop_turn(self, task_id: str) -> AnyTaskState:
+        """Stop only the current turn of agent task `task_id` (it waits for a message)."""
+        if not self._owns():
+            return self.call(lambda: self.stop_turn(task_id)).result()
+        task = self.registry.get(task_id)
+        if not isinstance(task, LocalAgentTaskState):
+            what = "no running task" if task is None else f"task {task_id} is not an agent;"
+            raise TaskError(f"{what} {task_id}: --turn stops an agent's turn (see `shoal ps`)")
+        self.agents.abort_turn(task)
+        return task
+
     def answer_permission(
         self, request_id: str, approve: bool, reason: str | None = None
     ) -> dict[str, Any]:

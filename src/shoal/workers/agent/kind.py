@@ -36,7 +36,7 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobLimits, job_paths
-from shoal.workers.agent.runner import Feed, StatusWriter, run_job
+from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
 from shoal.workers.shell import ShellProcess
@@ -271,6 +271,20 @@ class AgentKind:
                 ),
             )
         store.set_task(task.id, waiting_for=None)
+
+    def abort_turn(self, task: LocalAgentTaskState) -> None:
+        """Stop the agent's turn in progress (`shoal stop --turn`); it then waits for the
+        next message. Never waits itself."""
+        live = self.runs.get(task.id)
+        if live is None or task.is_terminal:
+            raise AgentStartError(f"agent {task.id} is not running")
+        if live.feed is not None:
+            live.feed.abort_turn()
+        elif live.proc is not None:
+            try:
+                os.kill(live.proc.pid, TURN_SIGNAL)
+            except ProcessLookupError:
+                raise AgentStartError(f"agent {task.id} has just ended") from None
 
     def kill_all_now(self, grace: float) -> None:
         """Stop every runner, waiting (for cleanup at exit, when no loop runs)."""

@@ -222,6 +222,19 @@ class AgentLoop:
         else:
             self._pending.append(text)
 
+    def drop_in_flight(self) -> None:
+        """After a stopped turn: forget a last response whose tool calls have no results (a
+        model must never see a call without its result)."""
+        from pydantic_ai.messages import ModelResponse, ToolCallPart
+
+        while self.history and (
+            isinstance(self.history[-1], ModelResponse)
+            and any(isinstance(p, ToolCallPart) for p in self.history[-1].parts)
+        ):
+            self.history.pop()
+        if self.transcript is not None:
+            self.transcript.written = min(self.transcript.written, len(self.history))
+
     def pending(self) -> list[str]:
         """Take the messages queued for a next run (they came after this one ended)."""
         texts, self._pending = self._pending, []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,7 @@ from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25
 KILLED_ERROR: Final = "stopped"
+TURN_SIGNAL: Final = signal.SIGUSR1  # stops a runner process's turn in progress
 ALL_TOOL_NAMES: Final = tuple(
     name for name, _m, _t in (*TOOL_SPECS, *TEAM_TOOL_SPECS, *PLAN_TOOL_SPECS)
 )
@@ -93,6 +95,9 @@ class Feed:
         self._agent: AgentLoop | None = None
         self.late: list[str] = []
         self.waiting: dict[str, asyncio.Future[tuple[bool, str | None]]] = {}
+        self.turn: asyncio.Future[Any] | None = None  # the turn in progress
+        self.turn_aborted = False
+        self._waiter: asyncio.Future[str] | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop, agent: AgentLoop) -> None:
         self._loop, self._agent = loop, agent
@@ -101,7 +106,39 @@ class Feed:
         if self._loop is None or self._agent is None:
             self.late.append(text)
             return
-        self._loop.call_soon_threadsafe(self._agent.enqueue, text)
+        self._loop.call_soon_threadsafe(self._deliver, text)
+
+    def _deliver(self, text: str) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(text)  # (the agent waits for a message after a stopped turn)
+        elif self._agent is not None:
+            self._agent.enqueue(text)
+
+    async def next_message(self) -> str:
+        """Wait for the next message (after a stopped turn)."""
+        assert self._agent is not None
+        queued = self._agent.pending()
+        if queued:
+            return "\n\n".join(queued)
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def abort_turn(self) -> bool:
+        """Stop the turn in progress (from any thread); the agent then waits for a message."""
+        if self._loop is None:
+            return False
+        self._loop.call_soon_threadsafe(self.abort_turn_now)
+        return True
+
+    def abort_turn_now(self) -> None:
+        """`abort_turn` on the agent's own event loop (its SIGUSR1 handler)."""
+        if self.turn is not None and not self.turn.done():
+            self.turn_aborted = True
+            self.turn.cancel()
 
     def answer(self, request_id: str, approve: bool, reason: str | None) -> bool:
         """The lead's answer to permission request `request_id` (from any thread); False
@@ -274,7 +311,21 @@ async def run_job(
                 loop.enqueue(text)
             feed.late.clear()
             feed.attach(asyncio.get_running_loop(), loop)
-            outcome = await loop.run(job.prompt)
+            prompt: str | None = job.prompt
+            while True:
+                feed.turn = asyncio.ensure_future(loop.run(prompt))
+                try:
+                    outcome = await feed.turn
+                except asyncio.CancelledError:
+                    if not feed.turn_aborted:
+                        raise  # the whole agent is stopped
+                    feed.turn_aborted = False
+                    loop.drop_in_flight()
+                    loop.output.write("\n[turn stopped; waiting for the next message]\n")
+                    status.progress(loop.progress, force=True)
+                    prompt = await feed.next_message()
+                    continue
+                break
         status.progress(loop.progress, force=True)
         return JobOutcome(
             status="completed" if outcome.status == "completed" else "failed",
