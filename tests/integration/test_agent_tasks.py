@@ -549,3 +549,50 @@ def test_stop_turn_ends_the_turn_and_the_agent_waits(
     assert task["result"] == "went on with: the next thing"
     not_agent = leader("stop", "--team", TEAM, "--turn", "b00000000")
     assert not_agent.returncode == 1 and "--turn" in not_agent.stderr
+
+
+LLM_TEAMMATE = """
+[[turn]]
+[[turn.call]]
+tool = "TaskList"
+args = {}
+
+[[turn]]
+[[turn.call]]
+tool = "SendMessage"
+args = { to = "team-lead", message = "seen: {result_1}" }
+
+[[turn]]
+text = "did turn {turn}"
+"""
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_an_llm_teammate_works_the_list_with_the_team_tools(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    added = leader("task", "add", "--team", TEAM, "write docs")
+    assert added.returncode == 0, added.stderr
+    model = script(tmp_path, LLM_TEAMMATE)
+    spawned = leader(
+        "spawn", "ana", "--team", TEAM, "--agent", "llm", "--model", model,
+        "--backend", backend, "--cwd", str(tmp_path),
+    )  # fmt: skip
+    assert spawned.returncode == 0, spawned.stderr
+
+    def done() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = json.loads(
+            leader("task", "list", "--team", TEAM, "--json").stdout
+        )
+        return items if items[0]["status"] == "completed" else None
+
+    (item,) = wait_until(done, timeout=30, what="ana to complete the task")
+    assert item["owner"] == "ana"
+    sent = [
+        e for e in events(leader)
+        if e.get("type") == "message" or e.get("subtype") == "message_received"
+    ]  # fmt: skip
+    texts = json.dumps(sent)
+    assert "seen: #1 [in_progress] write docs (owner ana)" in texts
+    bad = leader("spawn", "bo", "--team", TEAM, "--agent", "llm", "--model", "gemini:x")
+    assert bad.returncode == 2 and "unknown model" in bad.stderr

@@ -15,10 +15,13 @@ from shoal.teams.backends.base import BACKEND_NAMES
 @click.argument("names", metavar="NAME...", nargs=-1, required=True)
 @click.option(
     "--agent",
-    type=click.Choice(["scripted", "exec"]),
+    type=click.Choice(["scripted", "exec", "llm"]),
     default="scripted",
     show_default=True,
     help="The teammate's brain.",
+)
+@click.option(
+    "--model", default=None, help="The llm brain's model (anthropic:NAME, openai:NAME, ...)."
 )
 @click.option(
     "--script",
@@ -54,6 +57,7 @@ from shoal.teams.backends.base import BACKEND_NAMES
 def spawn(
     names: tuple[str, ...],
     agent: str,
+    model: str | None,
     script: str | None,
     cmd: str | None,
     prompt: str | None,
@@ -74,6 +78,7 @@ def spawn(
         "agent": agent,
         "script": os.path.abspath(script) if script else None,
         "cmd": cmd,
+        "model": model,
         "prompt": prompt,
         "backend": backend,
         "plan_mode": plan_mode,

@@ -21,11 +21,12 @@ def _options(fn: F) -> F:
             click.option("--name", required=True, help="Member name to join as."),
             click.option(
                 "--agent",
-                type=click.Choice(["scripted", "exec"]),
+                type=click.Choice(["scripted", "exec", "llm"]),
                 default="scripted",
                 show_default=True,
                 help="The brain.",
             ),
+            click.option("--model", default=None, help="The llm brain's model."),
             click.option(
                 "--script",
                 type=click.Path(dir_okay=False),

@@ -147,9 +147,17 @@ class Swarm(MemberRecords):
         if name == LEAD_NAME:
             raise ConflictError(f"{LEAD_NAME!r} is the lead's name; pick another")
         agent = args.get("agent") or "scripted"
-        if agent not in ("scripted", "exec"):
-            raise UsageError(f"unknown agent {agent!r} (scripted or exec)")
-        script, cmd = args.get("script"), args.get("cmd")
+        if agent not in ("scripted", "exec", "llm"):
+            raise UsageError(f"unknown agent {agent!r} (scripted, exec or llm)")
+        script, cmd, model = args.get("script"), args.get("cmd"), args.get("model")
+        if agent == "llm":
+            from shoal.workers.agent.models import ModelSpec, check_model
+
+            if model:
+                env = {os.fsdecode(k): os.fsdecode(v) for k, v in leader.environ.items()}
+                check_model(ModelSpec.parse(str(model)), env, Path(str(args.get("cwd") or ".")))
+        elif model:
+            raise UsageError("--model goes with --agent llm")
         if agent == "exec" and not cmd:
             raise UsageError("--agent exec needs --cmd TEMPLATE (e.g. 'claude -p {prompt}')")
         if script and not Path(script).is_file():
@@ -186,6 +194,7 @@ class Swarm(MemberRecords):
             agent=agent,
             script=str(Path(script).resolve()) if script else None,
             cmd=str(cmd) if cmd else None,
+            model=str(model) if model else None,
             plan_mode=plan_mode,
             task_id=task_id,
             output=str(output),

@@ -467,8 +467,13 @@ class ExecBrain:
         return TurnResult(True, tail, 1, code)
 
 
-def make_brain(agent: str, *, script: Path | None = None, cmd: str | None = None) -> Brain:
-    """The brain for `--agent` (scripted | exec) with its script or command template."""
+def make_brain(
+    agent: str, *, script: Path | None = None, cmd: str | None = None, model: str | None = None
+) -> Brain:
+    """The brain for `--agent` (scripted | exec) with its script or command template (the
+    llm brain is made by `workers/worker.py`, from workers/agent/llm_brain.py)."""
+    if model:
+        raise UsageError("--model goes with --agent llm")
     if agent == "scripted":
         if cmd:
             raise UsageError("--cmd goes with --agent exec, not scripted")
@@ -479,4 +484,4 @@ def make_brain(agent: str, *, script: Path | None = None, cmd: str | None = None
         if script:
             raise UsageError("--script goes with --agent scripted, not exec")
         return ExecBrain(cmd)
-    raise UsageError(f"unknown agent {agent!r} (scripted or exec)")
+    raise UsageError(f"unknown agent {agent!r} (scripted, exec or llm)")

@@ -15,7 +15,7 @@ from pathlib import Path
 from shoal.core.config import Limits
 from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
-from shoal.workers.brains import make_brain
+from shoal.workers.brains import Brain, make_brain
 from shoal.workers.runner import RunnerConfig, TeammateRunner
 
 
@@ -28,6 +28,7 @@ class WorkerOptions:
     agent: str = "scripted"
     script: str | None = None
     cmd: str | None = None
+    model: str | None = None  # the llm brain's
     plan_mode: bool = False
     task_id: str | None = None
     output: str | None = None
@@ -46,6 +47,7 @@ class WorkerOptions:
             ("--cwd", self.cwd),
             ("--script", self.script),
             ("--cmd", self.cmd),
+            ("--model", self.model),
         ):
             if value is not None:
                 argv += [flag, value]
@@ -60,7 +62,20 @@ class WorkerOptions:
 
 def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
     """A runner for `opts` (the brain and files checked here, before joining the team)."""
-    brain = make_brain(opts.agent, script=Path(opts.script) if opts.script else None, cmd=opts.cmd)
+    brain: Brain
+    if opts.agent == "llm":
+        if opts.cmd or opts.script:
+            raise UsageError("--agent llm takes --model, not --cmd or --script")
+        from shoal.workers.agent.llm_brain import make_llm_brain  # (only its teammates pay)
+
+        brain = make_llm_brain(opts.model)
+    else:
+        brain = make_brain(
+            opts.agent,
+            script=Path(opts.script) if opts.script else None,
+            cmd=opts.cmd,
+            model=opts.model,
+        )
     cwd = opts.cwd or os.getcwd()
     if not os.path.isdir(cwd):
         raise UsageError(f"working directory {cwd!r} does not exist")
