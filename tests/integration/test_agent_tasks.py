@@ -211,7 +211,8 @@ def test_kill_9_of_the_runner_then_resume(leader: Cli, tmp_path: Path) -> None:
         '[[turn]]\ntext = "looking"\n[[turn.call]]\ntool = "Bash"\n'
         'args = { command = "echo seen" }\n\n'
         '[[turn]]\n[[turn.call]]\ntool = "Bash"\n'
-        'args = { command = "touch waiting; while [ ! -f go ]; do sleep 0.05; done" }\n\n'
+        'args = { command = "echo $$ > loop.pid; touch waiting; '
+        'while [ ! -f go ]; do sleep 0.05; done" }\n\n'
         '[[turn]]\ntext = "finished after {result_1}"\n',
     )
     out = leader(
@@ -225,6 +226,9 @@ def test_kill_9_of_the_runner_then_resume(leader: Cli, tmp_path: Path) -> None:
     task = ended(leader, task_id)
     assert task["status"] == "failed"
     assert f"--resume {task_id}" in task["error"]
+    # The command it was running (a group of its own) did not outlive it.
+    loop_pid = int((tmp_path / "loop.pid").read_text())
+    wait_until(lambda: group_gone(loop_pid), timeout=10, what="the runner's command to die")
     (tmp_path / "go").touch()
     again = leader("agent", "--team", TEAM, "--resume", task_id, "-f")
     assert again.returncode == 0, again.stderr

@@ -99,6 +99,7 @@ class AgentStatus(BaseModel):
     outcome: JobOutcome | None = None
     undrained: tuple[str, ...] = ()
     waiting: dict[str, Any] | None = None  # the permission request it waits on, if any
+    commands: tuple[tuple[int, float | None], ...] = ()  # its running commands: (pgid, start)
     note: str | None = None  # e.g. what was wrong with the transcript it resumed from
     updated_at: float = 0.0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -474,6 +475,12 @@ class AgentKind:
         task = store.get(live.task_id)
         if not isinstance(task, LocalAgentTaskState) or task.is_terminal:
             return
+        for pgid, started in status.commands if status is not None else ():
+            # A runner killed -9 mid-command: the command (its own group) goes with it.
+            if is_alive(pgid, started):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+                store.note(f"killed the command agent {task.id} left running (group {pgid})")
         outcome = status.outcome if status is not None else None
         late = list(status.undrained) if status is not None else []
         late += _unread(live.inbox)

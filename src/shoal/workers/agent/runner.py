@@ -53,6 +53,7 @@ class StatusWriter:
         self.pid = pid
         self.note: str | None = None
         self.waiting: dict[str, Any] | None = None  # the permission request it waits on
+        self.commands: dict[int, float | None] = {}  # running foreground commands: pgid -> start
         self._written = 0.0
         self._progress: dict[str, Any] = {}
 
@@ -62,6 +63,16 @@ class StatusWriter:
         if force or now - self._written >= STATUS_INTERVAL_S:
             self._written = now
             self._save(AgentStatus(pid=self.pid, progress=self._progress))
+
+    def track(self, pgid: int, running: bool) -> None:
+        """A foreground command's process group started (listed at once) or ended."""
+        from shoal.core.procs import process_start_time
+
+        if running:
+            self.commands[pgid] = process_start_time(pgid)
+        else:
+            self.commands.pop(pgid, None)
+        self.flush()
 
     def flush(self) -> None:
         """Write the latest progress (and what it waits on) now."""
@@ -80,7 +91,12 @@ class StatusWriter:
         )
 
     def _save(self, status: AgentStatus) -> None:
-        update = {"note": self.note, "waiting": self.waiting, "updated_at": time.time()}
+        update = {
+            "note": self.note,
+            "waiting": self.waiting,
+            "commands": [[pgid, started] for pgid, started in self.commands.items()],
+            "updated_at": time.time(),
+        }
         status = status.model_copy(update=update)
         with contextlib.suppress(ShoalError, OSError):  # (a full disk: the next write retries)
             status.save(self.path)
@@ -251,6 +267,7 @@ async def run_job(
             mode=job.permission_mode,
             env=dict(job.env),
             start_background=_background_starter(job, leader),
+            track_command=status.track,
         )
         transcript = Transcript(Path(job.transcript))
         history: list[Any] = []

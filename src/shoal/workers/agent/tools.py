@@ -130,6 +130,7 @@ class Workspace:
     mode: str = "default"
     env: dict[str, str] = field(default_factory=dict)
     start_background: BackgroundStarter | None = None
+    track_command: Callable[[int, bool], None] | None = None
     read_files: dict[Path, tuple[int, int]] = field(default_factory=dict)
 
     # -- paths -----------------------------------------------------------------------------
@@ -257,7 +258,9 @@ class Workspace:
                 f"ends (TaskOutput {task_id} reads its output so far)"
             )
         timeout_ms = args.timeout or BASH_DEFAULT_TIMEOUT_MS
-        return await run_foreground(args.command, self.cwd, self.env, timeout_ms / 1000)
+        return await run_foreground(
+            args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
+        )
 
 
 def _files_under(base: Path, pattern: str | None) -> list[Path]:
@@ -309,9 +312,17 @@ def _ripgrep(args: GrepArgs, base: Path) -> list[str]:
     return out.stdout.splitlines()
 
 
-async def run_foreground(command: str, cwd: Path, env: dict[str, str], timeout: float) -> str:
+async def run_foreground(
+    command: str,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    track: Callable[[int, bool], None] | None = None,
+) -> str:
     """Run `command` in its own process group; its output (stdout+stderr) is kept up to
-    OUTPUT_KEEP_CHARS characters, the rest counted; past `timeout` the group is killed."""
+    OUTPUT_KEEP_CHARS characters, the rest counted; past `timeout` the group is killed.
+    `track(pgid, running)` hears of the group as it starts and once it is over (the runner
+    lists it in its status, so a runner killed -9 leaves nothing the leader cannot kill)."""
     proc = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -324,6 +335,8 @@ async def run_foreground(command: str, cwd: Path, env: dict[str, str], timeout: 
         start_new_session=True,
     )
     assert proc.stdout is not None
+    if track is not None:
+        track(proc.pid, True)
     kept = bytearray()
     dropped = 0
 
@@ -346,6 +359,8 @@ async def run_foreground(command: str, cwd: Path, env: dict[str, str], timeout: 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+        if track is not None:
+            track(proc.pid, False)
     text = kept.decode("utf-8", "replace")
     extra = len(text) - OUTPUT_KEEP_CHARS
     if extra > 0:
