@@ -48,3 +48,9 @@ def test_plan_mode_allows_exit_plan_mode() -> None:
 def test_explicit_lists_narrow_what_the_layers_kept() -> None:
     assert filter_tools(ALL, only=["Read", "TeamCreate"]) == ["Read"]
     assert "Bash" not in filter_tools(ALL, without=["Bash"])
+
+
+def test_team_management_stays_with_the_lead() -> None:
+    """TeamCreate and TeamDelete exist as tools, and no background agent or teammate gets them."""
+    assert {"TeamCreate", "TeamDelete"} <= set(ALL_TOOL_NAMES)
+    assert not {"TeamCreate", "TeamDelete"} & set(filter_tools(ALL_TOOL_NAMES, teammate=True))

@@ -11,6 +11,8 @@ import orjson
 import pytest
 
 from shoal.core.errors import NotFoundError, UsageError
+from shoal.core.paths import Layout
+from shoal.teams.store import Teams
 from shoal.workers.agent.loop import AgentLoop, Limits, Outcome, Output, make_tools
 from shoal.workers.agent.models import (
     MissingKeyError,
@@ -21,6 +23,7 @@ from shoal.workers.agent.models import (
 )
 from shoal.workers.agent.replay import replay_model
 from shoal.workers.agent.scripted import Script, scripted_model
+from shoal.workers.agent.team_tools import TeamCreateArgs, TeamDeleteArgs, TeamTools
 from shoal.workers.agent.tools import (
     OUTPUT_KEEP_CHARS,
     EditArgs,
@@ -335,3 +338,24 @@ def test_a_resumed_run_continues_the_conversation(tmp_path: Path) -> None:
     assert _run(second, "more").result == "again: more after 3 turns"
     records = [orjson.loads(line) for line in (tmp_path / "t.jsonl").read_bytes().splitlines()]
     assert len(records) == 6 and all(r["v"] == 1 for r in records)  # appended, not rewritten
+
+
+class _NoLeader:
+    def call(self, op: str, args: dict[str, object]) -> object:
+        raise AssertionError(f"{op} is not used here")
+
+    def task_records(self) -> dict[str, dict[str, object]]:
+        return {}
+
+
+def test_team_create_and_delete_tools(tmp_path: Path) -> None:
+    """TeamCreate/TeamDelete on real team files; an agent's own team cannot be deleted."""
+    teams = Teams(Layout(tmp_path))
+    teams.create("home")
+    tools = TeamTools(tmp_path, "home", "a00000000", _NoLeader())
+    assert "created team side" in tools.teamcreate(TeamCreateArgs(team_name="side"))
+    assert teams.exists("side")
+    assert "deleted team side" in tools.teamdelete(TeamDeleteArgs(team_name="side"))
+    assert not teams.exists("side")
+    with pytest.raises(ToolFailure, match="own team"):
+        tools.teamdelete(TeamDeleteArgs(team_name="home"))

@@ -81,6 +81,15 @@ class TaskStopArgs(_Args):
     )
 
 
+class TeamCreateArgs(_Args):
+    team_name: str = Field(description="The new team's name ([a-z][a-z0-9_-]*)")
+    description: str = Field("", description="What the team is for")
+
+
+class TeamDeleteArgs(_Args):
+    team_name: str = Field(description="The team to delete (it must have no active members)")
+
+
 class AgentArgs(_Args):
     description: str = Field(min_length=1, description="A short (3-5 word) name for the task")
     prompt: str = Field(min_length=1, description="The task for the agent to carry out")
@@ -103,6 +112,8 @@ TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
     ("TaskOutput", TaskOutputArgs, "Read the output of a background task."),
     ("TaskStop", TaskStopArgs, "Stop a running background task."),
     ("Agent", AgentArgs, "Run a subagent on a task and wait for its answer."),
+    ("TeamCreate", TeamCreateArgs, "Create a team (a lead, an empty list, no members yet)."),
+    ("TeamDelete", TeamDeleteArgs, "Delete a team that has no active members."),
 )
 
 
@@ -217,6 +228,20 @@ class TeamTools:
         except ShoalError as exc:
             raise ToolFailure(str(exc)) from None
         return f"task {args.task_id} is {final['status']}"
+
+    def teamcreate(self, args: TeamCreateArgs) -> str:
+        from shoal.teams.store import Teams
+
+        tf = Teams(self.layout).create(args.team_name, args.description)
+        return f"created team {tf.name} (lead {tf.lead_agent_id})"
+
+    def teamdelete(self, args: TeamDeleteArgs) -> str:
+        from shoal.teams.store import Teams
+
+        if args.team_name == self.team:
+            raise ToolFailure(f"team {self.team} is this agent's own team; it cannot delete it")
+        Teams(self.layout).delete(args.team_name)
+        return f"deleted team {args.team_name}"
 
     async def agent(self, args: AgentArgs) -> str:
         """Start a subagent (a `local_agent` task of the leader, in-process) and wait for it."""
