@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -600,3 +601,35 @@ def test_an_llm_teammate_works_the_list_with_the_team_tools(
     assert "seen: #1 [in_progress] write docs (owner ana)" in texts
     bad = leader("spawn", "bo", "--team", TEAM, "--agent", "llm", "--model", "gemini:x")
     assert bad.returncode == 2 and "unknown model" in bad.stderr
+
+
+def test_foreground_says_how_to_answer_a_permission_request(
+    leader: Cli, tmp_path: Path, home: Path
+) -> None:
+    """Without a terminal, `agent -f` prints how to answer; answered elsewhere, it goes on."""
+    model = script(
+        tmp_path, '[[turn]]\n[[turn.call]]\ntool = "Bash"\nargs = { command = "echo hi" }\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "agent", "--team", TEAM, "--model", model, "-f", "go"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SHOAL_HOME": str(home)},
+    )
+    try:
+        listed = wait_until(
+            lambda: json.loads(leader("ps", "--team", TEAM, "--json").stdout) or None,
+            what="the agent task",
+        )
+        request = waiting_on(leader, listed[0]["id"])
+        assert leader("approve", "--team", TEAM, request["request_id"]).returncode == 0
+        out, err = proc.communicate(timeout=60)
+        assert "hi" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "waits for consent to Bash(command='echo hi')" in err
+    assert f"shoal approve {request['request_id']}" in err

@@ -155,8 +155,38 @@ def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
     from shoal.orchestrator.control import call
 
     session = _session(layout, team)
+    asked: set[str] = set()
+
+    def consent(task: dict[str, Any]) -> None:
+        """On a terminal, ask here what the agent asks the lead; else say how to answer."""
+        waiting = task.get("waiting_for") or {}
+        request_id = waiting.get("request_id")
+        if not request_id or request_id in asked:
+            return
+        asked.add(request_id)
+        shown = ", ".join(
+            f"{k}={str(v)[:200]!r}" for k, v in (waiting.get("input") or {}).items()
+            if k != "agent"
+        )  # fmt: skip
+        if not sys.stdin.isatty():
+            click.echo(
+                f"shoal: agent {task_id} waits for consent to {waiting.get('tool')}({shown}): "
+                f"`shoal approve {request_id}` or `shoal reject {request_id} --feedback ...`",
+                err=True,
+            )
+            return
+        ok = click.confirm(f"\nAllow {waiting.get('tool')}({shown})?", default=False, err=True)
+        feedback = None if ok else click.prompt("Why not (told to the agent)", default="", err=True)
+        try:
+            call(
+                layout, team, "permission",
+                {"request_id": request_id, "approve": ok, "reason": feedback or None},
+            )  # fmt: skip
+        except ShoalError as exc:
+            click.echo(f"shoal: could not answer {request_id}: {exc}", err=True)
+
     try:
-        final = _follow(session, task_id, stream=True)
+        final = _follow(session, task_id, stream=True, on_poll=consent)
     except KeyboardInterrupt:
         try:
             call(layout, team, "stop", {"task_id": task_id}, timeout=30)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import click
@@ -268,7 +269,13 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
         )
 
 
-def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
+def _follow(
+    session: Session,
+    task_id: str,
+    *,
+    stream: bool,
+    on_poll: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     from shoal.orchestrator.liveness import leader_alive
 
     team: str | None = None
@@ -295,6 +302,8 @@ def _follow(session: Session, task_id: str, *, stream: bool) -> dict[str, Any]:
             return task
         time.sleep(POLL_S)
         task = _find(session, task_id)
+        if on_poll is not None:
+            on_poll(task)
         if team is None:
             team = session.team_name()  # read once, only when following
         if not is_terminal_task_status(task["status"]) and (
