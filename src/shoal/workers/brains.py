@@ -90,6 +90,7 @@ class TurnResult:
     result: str
     steps: int = 0
     exit_code: int | None = None
+    tokens: int = 0  # what the turn's model calls cost, when the brain knows
 
 
 class Brain(Protocol):

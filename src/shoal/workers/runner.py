@@ -521,7 +521,9 @@ class TeammateRunner:
             summary=summary,
             result=result.result,
             usage=TaskUsage(
-                tool_uses=result.steps, duration_ms=int((time.monotonic() - started) * 1000)
+                total_tokens=result.tokens,
+                tool_uses=result.steps,
+                duration_ms=int((time.monotonic() - started) * 1000),
             ),
         )
         task_id = self.config.task_id or f"{self.name}@{self.team}"

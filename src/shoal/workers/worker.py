@@ -63,7 +63,15 @@ class WorkerOptions:
 def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
     """A runner for `opts` (the brain and files checked here, before joining the team)."""
     brain: Brain
-    if opts.agent == "llm":
+    if opts.agent == "claude":
+        from shoal.workers.presets import ClaudeBrain
+
+        if opts.script or opts.model:
+            raise UsageError(
+                "--agent claude takes --cmd (the claude command), not --script/--model"
+            )
+        brain = ClaudeBrain(opts.cmd)
+    elif opts.agent == "llm":
         if opts.cmd or opts.script:
             raise UsageError("--agent llm takes --model, not --cmd or --script")
         from shoal.workers.agent.llm_brain import make_llm_brain  # (only its teammates pay)
