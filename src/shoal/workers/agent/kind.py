@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.errors import ShoalError
-from shoal.core.events import TaskProgress, task_started
+from shoal.core.events import TaskProgress, task_started, task_terminated
 from shoal.core.procs import Termination, is_alive, process_start_time
 from shoal.core.tasks import (
+    STOPPED_ON_REQUEST,
     AgentProgress,
     AnyTaskState,
     LocalAgentTaskState,
@@ -504,8 +505,8 @@ class AgentKind:
                     error=task.kill_reason or outcome.error,
                     pending_messages=(),
                 )
-                if not late:
-                    return
+                self._stopped(task, store, late)
+                return
             elif outcome.status == "completed":
                 store.move_task(
                     task.id,
@@ -529,6 +530,7 @@ class AgentKind:
             code = live.proc.returncode() if live.proc is not None else None
             if task.kill_reason:
                 store.move_task(task.id, TaskStatus.KILLED, error=task.kill_reason)
+                self._stopped(task, store, late)
                 return
             how = (
                 "ended while no leader was running, without an outcome"
@@ -547,6 +549,18 @@ class AgentKind:
             final = store.get(task.id)
             if isinstance(final, LocalAgentTaskState):
                 self.resume_with(final, late)
+
+
+    def _stopped(self, task: LocalAgentTaskState, store: TaskStore, late: list[str]) -> None:
+        """A killed agent is not resumed by messages that came too late (they are noted);
+        one stopped on request is not news: no notification, as for shells."""
+        if late:
+            store.note(f"agent {task.id} was stopped; {len(late)} message(s) to it were dropped")
+        if task.kill_reason in (None, STOPPED_ON_REQUEST):
+            store.mark_notified(task.id)
+            final = store.get(task.id)
+            if final is not None:
+                store.emit(task_terminated(final))
 
 
 def session_dir_of(task: AnyTaskState) -> Path:
