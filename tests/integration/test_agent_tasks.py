@@ -633,3 +633,37 @@ def test_foreground_says_how_to_answer_a_permission_request(
     assert proc.returncode == 0, err
     assert "waits for consent to Bash(command='echo hi')" in err
     assert f"shoal approve {request['request_id']}" in err
+
+
+NESTED = """
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "helper", prompt = "wait", subagent_type = "general-purpose" }
+
+[[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { command = "touch child_waiting; while [ ! -f gate ]; do sleep 0.05; done" }
+
+[[turn]]
+text = "done"
+"""
+
+
+def test_a_subagent_dies_with_its_parent(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, NESTED)
+    out = leader(
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--cwd", str(tmp_path),
+        "--backend", "process", "top",
+    )  # fmt: skip
+    parent_id = out.stdout.strip()
+    wait_until(lambda: (tmp_path / "child_waiting").exists(), what="the subagent's command")
+    listed = json.loads(leader("ps", "--team", TEAM, "--json").stdout)
+    (child,) = [t for t in listed if t.get("parent_agent") == parent_id]
+    assert child["permission_mode"] == "bypassPermissions"  # inherited from its parent
+    os.kill(record(leader, parent_id)["pid"], signal.SIGKILL)
+    assert ended(leader, parent_id)["status"] == "failed"
+    final = ended(leader, child["id"])
+    assert final["status"] == "killed"
+    assert final["error"] == f"its parent agent {parent_id} ended"

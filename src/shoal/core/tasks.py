@@ -296,6 +296,8 @@ class LocalAgentTaskState(TaskStateBase):
     """The system prompt (its definition's body)."""
     fork: bool = False
     """Forking is on: Agent without subagent_type forks this agent."""
+    parent_agent: str | None = None
+    """The agent task whose Agent tool started this one (it dies with it)."""
     subagent: bool = False
     """Started by another agent's Agent tool: it has no Agent tool (subagents do not nest)."""
     forked_from: str | None = None

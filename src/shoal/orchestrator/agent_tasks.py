@@ -66,6 +66,8 @@ class AgentSpec(BaseModel):
     limits: dict[str, Any] | None = None  # (a resume carries its parent's)
     fork: bool = False  # Agent without subagent_type forks the agent
     subagent: bool = False  # started by an agent's Agent tool (it gets no Agent tool)
+    parent_agent: str | None = None  # the agent task whose Agent tool asked (it dies with it)
+    inherit_permission_mode: str | None = None  # a subagent's: its parent's, unless defined
     inherit_model: str | None = None  # a subagent's: its parent's model, unless it names one
     fork_of: str | None = None  # make this a fork of that agent task (its Agent tool asked)
     mcp_config: str | None = None  # an MCP config file (default: the project's .shoal/mcp.json)
@@ -138,6 +140,7 @@ def new_fork_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
             "permission_mode": "bubble",
             "fork": False,
             "forked_from": source.id,
+            "parent_agent": spec.parent_agent or source.id,
             "resumed_from": None,
             "transcript": str(transcript),
             "backend": _backend(spec.backend, _environ(host, source.env)),
@@ -210,11 +213,15 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         backend=_backend(spec.backend, env),
         cwd=str(cwd),
         env=spec.env or None,
-        permission_mode=spec.permission_mode or definition.permission_mode or "default",
+        permission_mode=spec.permission_mode
+        or definition.permission_mode
+        or spec.inherit_permission_mode
+        or "default",
         tools=tools,
         custom=definition.custom,
         fork=spec.fork or (parent.fork if parent is not None else False),
         subagent=spec.subagent or (parent.subagent if parent is not None else False),
+        parent_agent=spec.parent_agent,
         mcp_servers={k: v.model_dump() for k, v in servers.items()} or None,
         instructions=definition.prompt or None,
         limits=limits or None,

@@ -178,7 +178,12 @@ class AgentKind:
     def orphans(
         self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
     ) -> None:
-        return  # an agent started from the CLI is owned by the lead, who never departs
+        """A subagent or fork dies with the agent that started it (its parent waits for it:
+        once the parent has ended, nobody will read its answer)."""
+        for task in tasks:
+            parent = task.parent_agent if isinstance(task, LocalAgentTaskState) else None
+            if parent and not task.is_terminal and departed(parent):
+                self.kill(task, store, f"its parent agent {parent} ended")
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A task of an earlier leader: watch its runner if it still runs, else settle it from
@@ -549,7 +554,6 @@ class AgentKind:
             final = store.get(task.id)
             if isinstance(final, LocalAgentTaskState):
                 self.resume_with(final, late)
-
 
     def _stopped(self, task: LocalAgentTaskState, store: TaskStore, late: list[str]) -> None:
         """A killed agent is not resumed by messages that came too late (they are noted);

@@ -306,6 +306,7 @@ async def run_job(
                             leader,
                             cwd=job.cwd,
                             model=job.model,
+                            permission_mode=job.permission_mode,
                             fork=job.fork,
                             in_fork=FORK_TAG in job.prompt
                             or any(FORK_TAG in str(m) for m in history),

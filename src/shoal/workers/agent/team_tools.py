@@ -134,6 +134,7 @@ class TeamTools:
     leader: LeaderPort
     cwd: str = "."
     model: str | None = None  # what a subagent inherits
+    permission_mode: str | None = None  # what a subagent inherits (unless defined)
     fork: bool = False  # Agent without subagent_type forks this agent
     in_fork: bool = False  # this agent is a fork (it cannot fork again)
 
@@ -252,6 +253,8 @@ class TeamTools:
             "cwd": self.cwd,
             "backend": "in-process",
             "inherit_model": self.model,
+            "parent_agent": self.task_id,
+            "inherit_permission_mode": self.permission_mode,
         }
         if args.subagent_type is None and self.in_fork:
             raise ToolFailure("a fork cannot fork again; give subagent_type to start an agent")
