@@ -490,6 +490,25 @@ def test_a_fork_inherits_and_cannot_fork_again(leader: Cli, tmp_path: Path) -> N
     assert child["agent_id"] != parent["agent_id"]
 
 
+def test_forking_is_on_by_config_and_off_by_flag(leader: Cli, home: Path, tmp_path: Path) -> None:
+    model = script(tmp_path, FORKING)
+    (home / "config.toml").write_text("fork = true\n")
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "top")
+    assert out.returncode == 0, out.stderr
+    parent = ended(leader, out.stdout.strip(), timeout=60)
+    assert parent["fork"] and parent["status"] == "completed", parent
+    out = leader("agent", "--team", TEAM, *BYPASS, "--model", model, "--no-fork", "top")
+    unforked = ended(leader, out.stdout.strip(), timeout=60)
+    assert not unforked["fork"], unforked
+    listed = json.loads(leader("ps", "--team", TEAM, "--all", "--json").stdout)
+    kinds = {t.get("parent_agent"): t["agent_type"] for t in listed if t.get("parent_agent")}
+    assert kinds[parent["id"]] == "fork" and kinds[unforked["id"]] != "fork", kinds
+    (home / "config.toml").write_text('fork = "yes"\n')
+    out = leader("agent", "--team", TEAM, "--model", model, "top")
+    assert out.returncode == 2, out
+    assert "config.toml: fork must be true or false, not 'yes'" in out.stderr
+
+
 SUBAGENT = """
 [[turn]]
 [[turn.call]]

@@ -61,7 +61,9 @@ def _tool_list(text: str | None) -> list[str] | None:
 @click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
 @click.option(
-    "--fork", is_flag=True, help="Its Agent tool without subagent_type forks it (a copy)."
+    "--fork/--no-fork",
+    default=None,
+    help="Its Agent tool without subagent_type forks it (a copy); default: `fork` in config.toml.",
 )
 @click.option(
     "--mcp-config",
@@ -92,7 +94,7 @@ def agent(
     backend: str,
     cwd: str | None,
     env_pairs: tuple[str, ...],
-    fork: bool,
+    fork: bool | None,
     mcp_config: str | None,
     resume: str | None,
     foreground: bool,

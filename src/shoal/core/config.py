@@ -1,9 +1,13 @@
-"""Tunable limits, from the environment (SHOAL_*) with the defaults of DESIGN.md."""
+"""Tunable limits, from the environment (SHOAL_*) with the defaults of DESIGN.md, and the
+settings of `SHOAL_HOME/config.toml` (`model`, `fork`, ...)."""
 
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from shoal.core.errors import UsageError
 from shoal.core.tasks import MAX_TASK_OUTPUT_BYTES
@@ -35,3 +39,24 @@ class Limits:
     output_cap: int = field(
         default_factory=lambda: int(_env_float("SHOAL_OUTPUT_CAP", MAX_TASK_OUTPUT_BYTES))
     )
+
+
+def config_file(home: Path) -> dict[str, Any]:
+    """The table of `SHOAL_HOME/config.toml` ({} when there is none); a file that does not
+    parse is a usage error naming it."""
+    path = home / "config.toml"
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def config_value(home: Path, key: str, kind: type, example: str) -> Any:
+    """`key` of config.toml, None when unset; a value of another type is a usage error that
+    names the file, the key and an `example` of a good value."""
+    value = config_file(home).get(key)
+    if value is not None and not isinstance(value, kind):
+        raise UsageError(f"{home / 'config.toml'}: {key} must be {example}, not {value!r}")
+    return value

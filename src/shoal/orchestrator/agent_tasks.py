@@ -12,6 +12,7 @@ from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shoal.core.config import config_value
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType, new_task_id
@@ -64,7 +65,7 @@ class AgentSpec(BaseModel):
     env: dict[str, str] | None = None
     description: str | None = None
     limits: dict[str, Any] | None = None  # (a resume carries its parent's)
-    fork: bool = False  # Agent without subagent_type forks the agent
+    fork: bool | None = None  # Agent without subagent_type forks it (None: config's `fork`)
     subagent: bool = False  # started by an agent's Agent tool (it gets no Agent tool)
     parent_agent: str | None = None  # the agent task whose Agent tool asked (it dies with it)
     inherit_permission_mode: str | None = None  # a subagent's: its parent's, unless defined
@@ -106,6 +107,16 @@ def _tools(spec: AgentSpec) -> tuple[str, ...] | None:
 def _describe(spec: AgentSpec) -> str:
     first = spec.prompt.strip().splitlines()[0]
     return spec.description or (first[:77] + "…" if len(first) > 78 else first)
+
+
+def _forking(host: AgentHost, spec: AgentSpec, parent: LocalAgentTaskState | None) -> bool:
+    """Whether the agent's Agent tool forks it when given no subagent_type: `--fork` or
+    `--no-fork`, else as the agent it resumes, else `fork` in config.toml (default off)."""
+    if spec.fork is not None:
+        return spec.fork
+    if parent is not None:
+        return parent.fork
+    return bool(config_value(host.layout.home, "fork", bool, "true or false"))
 
 
 def new_fork_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
@@ -219,7 +230,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         or "default",
         tools=tools,
         custom=definition.custom,
-        fork=spec.fork or (parent.fork if parent is not None else False),
+        fork=_forking(host, spec, parent),
         subagent=spec.subagent or (parent.subagent if parent is not None else False),
         parent_agent=spec.parent_agent,
         mcp_servers={k: v.model_dump() for k, v in servers.items()} or None,

@@ -10,12 +10,12 @@ checked spec into a pydantic-ai model; the providers' SDKs retry 429s and 5xxs w
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from shoal.core.config import config_value
 from shoal.core.errors import NotFoundError, ShoalError, UsageError
 
 if TYPE_CHECKING:
@@ -63,17 +63,7 @@ class ModelSpec:
 
 def config_model(home: Path) -> str | None:
     """`model` from `SHOAL_HOME/config.toml`, if the file sets it."""
-    path = home / "config.toml"
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{path}: {exc}") from None
-    value = data.get("model")
-    if value is not None and not isinstance(value, str):
-        raise UsageError(f"{path}: model must be a string like 'anthropic:NAME'")
-    return value or None
+    return config_value(home, "model", str, "a string like 'anthropic:NAME'") or None
 
 
 def choose_model(
