@@ -496,6 +496,21 @@ def test_next_claimable_and_claim_next_order(tl: TaskList) -> None:
     assert tl.next_claimable("alice") is None
 
 
+def test_claim_next_passes_over_a_task_that_failed_too_often(tl: TaskList) -> None:
+    tl.add("flaky")
+    tl.add("fine")
+    for _ in range(3):
+        assert tl.claim(1, "alice").id == 1
+        tl.settle_claim(1, "alice", completed=False, error="boom")
+    assert tl.get(1).metadata["failures"] == 3
+    assert tl.next_claimable("alice") == tl.get(1)  # (no limit given: the list's order)
+    got = tl.claim_next("alice", max_failures=3)
+    assert got is not None and got.id == 2  # not held up behind the failed one
+    assert tl.get(1).status == "pending" and tl.get(1).owner is None
+    assert tl.claim_next("bob", max_failures=3) is None  # (1 waits for an assignment)
+    assert tl.claim(1, "bob").owner == "bob"  # which still works
+
+
 # -- release ---------------------------------------------------------------------------------
 
 

@@ -364,10 +364,11 @@ class TaskList:
         """True while any task in `task.blocked_by` is not completed."""
         return bool(self.open_blockers(task))
 
-    def next_claimable(self, name: str) -> TaskItem | None:
-        """The lowest-id pending, unblocked task that is unowned or owned by `name`."""
+    def next_claimable(self, name: str, max_failures: int | None = None) -> TaskItem | None:
+        """The lowest-id pending, unblocked task that is unowned or owned by `name` (and has
+        failed fewer than `max_failures` times, when given)."""
         validate_name(name, "member name")
-        return _next_claimable(self._snapshot(self._dir()), name)
+        return _next_claimable(self._snapshot(self._dir()), name, max_failures)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -653,8 +654,10 @@ class TaskList:
             self._write(directory, claimed)
             return claimed
 
-    def claim_next(self, name: str) -> TaskItem | None:
-        """Find and claim the next claimable task for `name` in one locked step.
+    def claim_next(self, name: str, max_failures: int | None = None) -> TaskItem | None:
+        """Find and claim the next claimable task for `name` in one locked step, passing over
+        tasks whose turns failed `max_failures` times or more (they wait for an assignment, and
+        do not hold up the tasks behind them).
 
         None when nothing is claimable or `name` already has a task in progress.
         """
@@ -663,7 +666,7 @@ class TaskList:
             snap = self._snapshot(directory)
             if snap.in_progress_of(name):
                 return None
-            item = _next_claimable(snap, name)
+            item = _next_claimable(snap, name, max_failures)
             if item is None:
                 return None
             claimed = move_item(item, TaskItemStatus.IN_PROGRESS, owner=name, updated_at=iso_now())
@@ -809,7 +812,14 @@ def _read_regular(path: Path) -> bytes:
         raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
 
 
-def _next_claimable(snap: TaskSnapshot, name: str) -> TaskItem | None:
+def _failures(item: TaskItem) -> int:
+    try:
+        return int((item.metadata or {}).get("failures", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _next_claimable(snap: TaskSnapshot, name: str, max_failures: int | None) -> TaskItem | None:
     # A task whose metadata says `"auto_claim": false` is only ever given by assignment (e.g.
     # the attempts of a batch run, whose engine decides retries itself).
     for item in snap.sorted():
@@ -817,6 +827,7 @@ def _next_claimable(snap: TaskSnapshot, name: str) -> TaskItem | None:
             item.status == TaskItemStatus.PENDING
             and item.owner in (None, name)
             and (item.metadata or {}).get("auto_claim", True) is not False
+            and (max_failures is None or _failures(item) < max_failures)
             and not snap.open_blockers(item)
         ):
             return item

@@ -435,14 +435,9 @@ class TeammateRunner:
             return False
         item = None
         with contextlib.suppress(ShoalError):
-            item = self.tasks.claim_next(self.name)
+            item = self.tasks.claim_next(self.name, max_failures=MAX_TASK_FAILURES)
         if item is None:
             self._tasklist_mtime = mtime
-            return False
-        if int((item.metadata or {}).get("failures", 0)) >= MAX_TASK_FAILURES:
-            self._tasklist_mtime = mtime
-            with contextlib.suppress(ShoalError):
-                self.tasks.update(item.id, status="pending", owner=None)
             return False
         await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
         return True
