@@ -15,7 +15,7 @@ from shoal.teams.backends.base import BACKEND_NAMES
 @click.argument("names", metavar="NAME...", nargs=-1, required=True)
 @click.option(
     "--agent",
-    type=click.Choice(["scripted", "exec", "llm", "claude"]),
+    type=click.Choice(["scripted", "exec", "llm", "claude", "codex"]),
     default="scripted",
     show_default=True,
     help="The teammate's brain.",

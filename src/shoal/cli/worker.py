@@ -21,7 +21,7 @@ def _options(fn: F) -> F:
             click.option("--name", required=True, help="Member name to join as."),
             click.option(
                 "--agent",
-                type=click.Choice(["scripted", "exec", "llm", "claude"]),
+                type=click.Choice(["scripted", "exec", "llm", "claude", "codex"]),
                 default="scripted",
                 show_default=True,
                 help="The brain.",

@@ -147,7 +147,7 @@ class Swarm(MemberRecords):
         if name == LEAD_NAME:
             raise ConflictError(f"{LEAD_NAME!r} is the lead's name; pick another")
         agent = args.get("agent") or "scripted"
-        if agent not in ("scripted", "exec", "llm", "claude"):
+        if agent not in ("scripted", "exec", "llm", "claude", "codex"):
             raise UsageError(f"unknown agent {agent!r} (scripted, exec, llm or claude)")
         script, cmd, model = args.get("script"), args.get("cmd"), args.get("model")
         if agent == "llm":

@@ -656,8 +656,8 @@ class TaskList:
 
     def claim_next(self, name: str, max_failures: int | None = None) -> TaskItem | None:
         """Find and claim the next claimable task for `name` in one locked step, passing over
-        tasks whose turns failed `max_failures` times or more (they wait for an assignment, and
-        do not hold up the tasks behind them).
+        unowned tasks whose turns failed `max_failures` times or more (they wait for an
+        assignment, and do not hold up the tasks behind them).
 
         None when nothing is claimable or `name` already has a task in progress.
         """
@@ -827,7 +827,7 @@ def _next_claimable(snap: TaskSnapshot, name: str, max_failures: int | None) -> 
             item.status == TaskItemStatus.PENDING
             and item.owner in (None, name)
             and (item.metadata or {}).get("auto_claim", True) is not False
-            and (max_failures is None or _failures(item) < max_failures)
+            and (max_failures is None or item.owner == name or _failures(item) < max_failures)
             and not snap.open_blockers(item)
         ):
             return item

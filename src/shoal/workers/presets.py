@@ -1,13 +1,16 @@
 """`exec` presets for real CLI agents: a teammate whose turns are runs of Claude Code
-(`--agent claude`), its JSON event stream parsed into progress, usage and the result.
+(`--agent claude`) or Codex (`--agent codex`), their JSON event streams parsed into progress,
+usage and the result.
 
     claude -p PROMPT --output-format stream-json --verbose [--resume SESSION_ID]
+    codex exec --json --skip-git-repo-check [resume THREAD_ID] PROMPT
 
-The first turn's `system/init` event names the session; every later turn resumes it, so the
-teammate keeps one conversation. The raw stream is kept beside the output file
-(`{output}.claude.jsonl`); the output file gets its readable text: what the model said, the
-tools it called, the final result and what it cost. `--cmd` replaces the `claude` command
-itself (e.g. `'claude --allowedTools Bash,Read'` or a path to the binary).
+The first turn's stream names the session (claude's `system/init`, codex's `thread.started`);
+every later turn resumes it, so the teammate keeps one conversation. The raw stream is kept
+beside the output file (`{output}.claude.jsonl`, `{output}.codex.jsonl`); the output file gets
+its readable text: what the model said, the tools it called, the final result and what it
+cost. `--cmd` replaces the command itself (e.g. `'claude --allowedTools Bash,Read'`, or a path
+to the binary).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -27,8 +30,22 @@ from shoal.core.errors import UsageError
 from shoal.core.paths import FILE_MODE
 from shoal.workers.brains import TurnContext, TurnResult, render, run_command
 
-PRESETS: Final = ("claude",)
+PRESETS: Final = ("claude", "codex")
 PUMP_INTERVAL_S: Final = 0.2
+
+
+class EventStream(Protocol):
+    """What one run of a CLI agent said, fed event by event."""
+
+    session_id: str | None
+    tool_uses: int
+    result: str | None
+    is_error: bool
+
+    def feed(self, event: dict[str, Any]) -> list[str]: ...
+
+    @property
+    def total_tokens(self) -> int: ...
 
 
 @dataclass
@@ -91,23 +108,124 @@ def describe_tool(name: str, args: Any) -> str:
     return f"{name}()"
 
 
-class ClaudeBrain:
-    """A teammate whose turns are Claude Code runs, resumed by session id."""
+# Codex items that are the agent acting (a tool use each), by their `type`.
+CODEX_TOOL_ITEMS: Final = frozenset(
+    {"command_execution", "file_change", "mcp_tool_call", "web_search", "collab_tool_call"}
+)
+OUTPUT_TAIL_LINES: Final = 20
 
-    def __init__(self, cmd: str | None = None) -> None:
+
+@dataclass
+class CodexStream:
+    """What a `codex exec --json` run said, event by event.
+
+    Its `turn.completed` usage counts the whole thread so far (a resumed run's includes the
+    earlier runs'), so `total_tokens` is this run's part: the total less `prior_tokens`, the
+    thread's total when the run started."""
+
+    prior_tokens: int = 0
+    session_id: str | None = None
+    tool_uses: int = 0
+    result: str | None = None
+    is_error: bool = False
+    ended: bool = False  # turn.completed or turn.failed was seen
+    thread_tokens: int | None = None
+    errors: list[str] = field(default_factory=list)
+    _counted: set[str] = field(default_factory=set)
+
+    def feed(self, event: dict[str, Any]) -> list[str]:
+        """Take one event; returns the readable lines it adds."""
+        kind = event.get("type")
+        lines: list[str] = []
+        if kind == "thread.started":
+            self.session_id = event.get("thread_id") or self.session_id
+        elif kind in ("item.started", "item.completed"):
+            item = event.get("item") or {}
+            lines += self._item(item, done=kind == "item.completed")
+        elif kind == "turn.completed":
+            self.ended = True
+            usage = event.get("usage") or {}
+            self.thread_tokens = int(usage.get("input_tokens") or 0) + int(
+                usage.get("output_tokens") or 0
+            )
+            lines.append(f"[codex: {self.tool_uses} tool use(s), {self.total_tokens} tokens]")
+        elif kind == "turn.failed":
+            self.ended = True
+            self.is_error = True
+            message = str((event.get("error") or {}).get("message") or "turn failed")
+            self.result = message
+            lines.append(f"[codex: turn failed: {message[:500]}]")
+        elif kind == "error":
+            self.errors.append(str(event.get("message") or ""))
+            lines.append(f"[codex: error: {str(event.get('message'))[:500]}]")
+        return lines
+
+    def _item(self, item: dict[str, Any], done: bool) -> list[str]:
+        kind = item.get("type")
+        if kind in CODEX_TOOL_ITEMS and done and str(item.get("id")) not in self._counted:
+            self._counted.add(str(item.get("id")))
+            self.tool_uses += 1
+        if kind == "agent_message" and done:
+            text = str(item.get("text") or "").strip()
+            self.result = text or self.result
+            return [text] if text else []
+        if kind == "command_execution":
+            if not done:
+                return [f"● Bash({str(item.get('command', ''))[:80]})"]
+            tail = str(item.get("aggregated_output") or "").rstrip("\n").splitlines()
+            shown = [f"  {line}" for line in tail[-OUTPUT_TAIL_LINES:]]
+            return [*shown, f"  (exit {item.get('exit_code')})"]
+        if kind == "file_change" and done:
+            changes = item.get("changes") or []
+            return [f"● Edit({c.get('path')}: {c.get('kind')})" for c in changes]
+        if kind == "mcp_tool_call" and done:
+            return [f"● {item.get('server')}.{item.get('tool')}()"]
+        if kind == "web_search" and done:
+            return [f"● WebSearch({str(item.get('query', ''))[:80]})"]
+        if kind == "todo_list" and done:
+            todo = item.get("items") or []
+            return [f"  [{'x' if t.get('completed') else ' '}] {t.get('text')}" for t in todo]
+        if kind == "error" and done:
+            return [f"[codex: {str(item.get('message', ''))[:500]}]"]
+        return []
+
+    @property
+    def total_tokens(self) -> int:
+        if self.thread_tokens is None:
+            return 0
+        return max(0, self.thread_tokens - self.prior_tokens)
+
+
+class CliAgentBrain:
+    """A teammate whose turns are runs of a CLI agent (`claude` or `codex`), each resuming
+    the session the first one started."""
+
+    def __init__(self, preset: str, cmd: str | None = None) -> None:
+        if preset not in PRESETS:
+            raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+        self.preset = preset
         try:
-            self.base = shlex.split(cmd) if cmd else ["claude"]
+            self.base = shlex.split(cmd) if cmd else [preset]
         except ValueError as exc:
             raise UsageError(f"--cmd {cmd!r} cannot be parsed: {exc}") from None
         if not self.base:
             raise UsageError("--cmd is empty")
         self.session_id: str | None = None
+        self.thread_tokens = 0  # codex: the thread's usage so far (its counts are cumulative)
 
     def argv(self, prompt: str) -> list[str]:
+        if self.preset == "codex":
+            resume = ["resume", self.session_id] if self.session_id else []
+            return [*self.base, "exec", "--json", "--skip-git-repo-check", *resume, prompt]
         argv = [*self.base, "-p", prompt, "--output-format", "stream-json", "--verbose"]
         if self.session_id:
             argv += ["--resume", self.session_id]
         return argv
+
+    def stream(self) -> EventStream:
+        if self.preset == "codex":
+            return CodexStream(prior_tokens=self.thread_tokens)
+        return ClaudeStream()
 
     async def turn(self, ctx: TurnContext) -> TurnResult:
         prompt = render("{prompt}", ctx)
@@ -121,8 +239,8 @@ class ClaudeBrain:
             ok, feedback = await ctx.approve_plan(f"- run: {shlex.join(argv[:3])} …")
             if not ok:
                 return TurnResult(False, f"plan rejected: {feedback or 'no reason given'}", 0)
-        raw = ctx.output_file.with_name(ctx.output_file.name + ".claude.jsonl")
-        stream = ClaudeStream()
+        raw = ctx.output_file.with_name(f"{ctx.output_file.name}.{self.preset}.jsonl")
+        stream = self.stream()
         pump = _Pump(raw, stream, ctx)
         ctx.activity(f"running {self.base[0]}")
         run = asyncio.ensure_future(run_command(argv, dataclasses.replace(ctx, output_file=raw)))
@@ -139,17 +257,25 @@ class ClaudeBrain:
         pump.read()
         if stream.session_id:
             self.session_id = stream.session_id
-        if stream.result is None:
-            why = f"claude exited with code {code} without a result event"
+        if isinstance(stream, CodexStream):
+            if stream.thread_tokens is not None:
+                self.thread_tokens = stream.thread_tokens
+            if not stream.ended:
+                why = f"codex exited with code {code} without turn.completed"
+                last = stream.errors[-1] if stream.errors else tail.strip()
+                return TurnResult(False, f"{why}: {last[-500:]}", stream.tool_uses, code)
+        elif stream.result is None:
+            why = f"{self.preset} exited with code {code} without a result event"
             return TurnResult(False, f"{why}: {tail.strip()[-500:]}", stream.tool_uses, code)
         ok = code == 0 and not stream.is_error
-        return TurnResult(ok, stream.result, stream.tool_uses, code, tokens=stream.total_tokens)
+        result = stream.result if stream.result is not None else "(no message)"
+        return TurnResult(ok, result, stream.tool_uses, code, tokens=stream.total_tokens)
 
 
 class _Pump:
     """Reads new complete lines of the raw stream into the parser and the readable output."""
 
-    def __init__(self, raw: Path, stream: ClaudeStream, ctx: TurnContext) -> None:
+    def __init__(self, raw: Path, stream: EventStream, ctx: TurnContext) -> None:
         self.raw = raw
         self.stream = stream
         self.ctx = ctx

@@ -63,14 +63,14 @@ class WorkerOptions:
 def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
     """A runner for `opts` (the brain and files checked here, before joining the team)."""
     brain: Brain
-    if opts.agent == "claude":
-        from shoal.workers.presets import ClaudeBrain
+    if opts.agent in ("claude", "codex"):
+        from shoal.workers.presets import CliAgentBrain
 
         if opts.script or opts.model:
             raise UsageError(
-                "--agent claude takes --cmd (the claude command), not --script/--model"
+                f"--agent {opts.agent} takes --cmd (the {opts.agent} command), not --script/--model"
             )
-        brain = ClaudeBrain(opts.cmd)
+        brain = CliAgentBrain(opts.agent, opts.cmd)
     elif opts.agent == "llm":
         if opts.cmd or opts.script:
             raise UsageError("--agent llm takes --model, not --cmd or --script")
