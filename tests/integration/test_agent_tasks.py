@@ -455,6 +455,64 @@ def test_mcp_tools_from_a_real_server(leader: Cli, tmp_path: Path) -> None:
     assert "MCP server broken could not start (false)" in readable
 
 
+# A real MCP server (the mcp SDK's FastMCP over stdio) whose `die` tool kills its process
+# in the middle of the call.
+DYING_SERVER = """
+import os
+import sys
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("dying")
+
+
+@server.tool()
+def die() -> str:
+    print("dying now", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+@server.tool()
+def ok() -> str:
+    return "fine"
+
+
+server.run()
+"""
+
+MCP_DYING = """
+[[turn]]
+[[turn.call]]
+tool = "mcp__dying__die"
+args = {}
+
+[[turn]]
+[[turn.call]]
+tool = "mcp__dying__ok"
+args = {}
+
+[[turn]]
+text = "die: {result_1} | ok: {result_2}"
+"""
+
+
+def test_an_mcp_server_that_dies_mid_call_is_a_tool_error(leader: Cli, tmp_path: Path) -> None:
+    server = tmp_path / "dying_server.py"
+    server.write_text(DYING_SERVER)
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"dying": {"command": sys.executable, "args": [str(server)]}}})
+    )
+    model = script(tmp_path, MCP_DYING)
+    out = leader("agent", "--team", TEAM, "--model", model, "--mcp-config", str(config), "go")
+    assert out.returncode == 0, out.stderr
+    task = ended(leader, out.stdout.strip(), timeout=90)
+    assert task["status"] == "completed", task
+    died, after = task["result"].split(" | ok: ")
+    assert "MCP server dying failed during die" in died and "dying now" in died, died
+    assert "MCP server dying failed during ok" in after, after
+
+
 def test_a_bad_mcp_config_is_refused(leader: Cli, tmp_path: Path) -> None:
     config = tmp_path / "mcp.json"
     config.write_text('{"mcpServers": {"time": {"args": []}}}')

@@ -5,7 +5,8 @@ directory) or `--mcp-config FILE`, in the format Claude Code users have:
 
 Each server's tools are offered to the model as `mcp__{server}__{tool}` through the mcp SDK's
 stdio client. A server that cannot start is noted in the agent's output and its tools are left
-out; one that fails or exits during a call gives that call a tool error. Never a crash.
+out; one that fails or exits during a call gives that call a tool error. Either way the note
+carries the last lines the server wrote to its stderr. Never a crash.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -28,6 +30,7 @@ PROJECT_CONFIG: Final = Path(".shoal") / "mcp.json"
 SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 START_TIMEOUT_S: Final = 30.0
 CALL_TIMEOUT_S: Final = 120.0
+STDERR_TAIL_CHARS: Final = 500
 
 
 class McpServer(BaseModel):
@@ -105,24 +108,29 @@ async def open_servers(
             command=spec.command, args=spec.args, env={**env, **spec.env}, cwd=cwd
         )
         inner = contextlib.AsyncExitStack()
+        errlog = inner.enter_context(
+            tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+        )
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                read, write = await inner.enter_async_context(stdio_client(params))
+                read, write = await inner.enter_async_context(stdio_client(params, errlog))
                 session = await inner.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 listed = await session.list_tools()
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            stderr = _tail(errlog)
             with contextlib.suppress(BaseException):
                 await inner.aclose()
-            note(f"MCP server {name} could not start ({spec.command}): {_why(exc)}")
+            why = f"MCP server {name} could not start ({spec.command}): {_why(exc)}"
+            note(f"{why} (its stderr: {stderr})" if stderr else why)
             continue
         stack.push_async_callback(inner.aclose)
         for tool in listed.tools:
             tools.append(
                 Tool.from_schema(
-                    _caller(session, name, tool.name, tool_error),
+                    _caller(session, name, tool.name, tool_error, errlog),
                     f"mcp__{name}__{tool.name}",
                     tool.description or "",
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
@@ -131,7 +139,19 @@ async def open_servers(
     return tools
 
 
-def _caller(session: Any, server: str, tool: str, tool_error: Callable[[str], str]) -> Any:
+def _tail(errlog: Any) -> str:
+    """The last STDERR_TAIL_CHARS of what a server wrote to its stderr, on one line."""
+    errlog.flush()
+    errlog.seek(0, 2)
+    size = errlog.tell()
+    errlog.seek(max(0, size - STDERR_TAIL_CHARS * 4))
+    text = " ⏎ ".join(line.strip() for line in errlog.read().splitlines() if line.strip())
+    return text[-STDERR_TAIL_CHARS:]
+
+
+def _caller(
+    session: Any, server: str, tool: str, tool_error: Callable[[str], str], errlog: Any
+) -> Any:
     import asyncio
 
     async def call(**kwargs: Any) -> str:
@@ -141,7 +161,9 @@ def _caller(session: Any, server: str, tool: str, tool_error: Callable[[str], st
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            return tool_error(f"MCP server {server} failed during {tool}: {_why(exc)}")
+            why = f"MCP server {server} failed during {tool}: {_why(exc)}"
+            stderr = _tail(errlog) if not errlog.closed else ""
+            return tool_error(f"{why} (its stderr: {stderr})" if stderr else why)
         text = _text_of(result)
         return tool_error(text) if getattr(result, "is_error", False) else text
 
