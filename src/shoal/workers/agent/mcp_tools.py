@@ -108,9 +108,8 @@ async def open_servers(
             command=spec.command, args=spec.args, env={**env, **spec.env}, cwd=cwd
         )
         inner = contextlib.AsyncExitStack()
-        errlog = inner.enter_context(
-            tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
-        )
+        # (closed with the server's stack: the stderr it wrote, for the notes of its failures)
+        errlog = inner.enter_context(tempfile.TemporaryFile("w+", errors="replace"))  # noqa: SIM115
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 read, write = await inner.enter_async_context(stdio_client(params, errlog))
