@@ -633,6 +633,29 @@ def test_stop_turn_ends_the_turn_and_the_agent_waits(
     assert not_agent.returncode == 1 and "--turn" in not_agent.stderr
 
 
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_a_message_sent_into_a_stopped_turn_is_not_lost(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    # Sent during the turn's command, it waits for the next tool round; the turn is stopped
+    # before there is one, so the agent goes on with it at once.
+    model = script(tmp_path, TURNS)
+    out = leader(
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--cwd", str(tmp_path),
+        "--backend", backend, "go",
+    )  # fmt: skip
+    task_id = out.stdout.strip()
+    pid_file = tmp_path / "pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the command")
+    sent = leader("send", "--team", TEAM, task_id, "sent mid-turn")
+    assert sent.returncode == 0 and sent.stdout.strip() == task_id, sent.stderr
+    stopped = leader("stop", "--team", TEAM, "--turn", task_id)
+    assert stopped.returncode == 0, stopped.stderr
+    task = ended(leader, task_id)
+    assert task["status"] == "completed", task
+    assert task["result"] == "went on with: sent mid-turn"
+
+
 LLM_TEAMMATE = """
 [[turn]]
 [[turn.call]]

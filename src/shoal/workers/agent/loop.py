@@ -214,13 +214,36 @@ class AgentLoop:
         self.on_progress = on_progress
         self._pending: list[str] = []
         self._run: Any = None
+        self._into_run: list[str] = []  # what was enqueued into the run in progress
 
     def enqueue(self, text: str) -> None:
         """A message for the agent: drained at the next tool round as a user message."""
         if self._run is not None and self._run.result is None:
             self._run.enqueue(text)
+            self._into_run.append(text)
         else:
             self._pending.append(text)
+
+    def _undelivered(self, since: int) -> list[str]:
+        """The texts enqueued into the run that never reached a request of its history after
+        message `since` (a run stopped or failed before its next request): kept for the next."""
+        from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+        delivered = [
+            part.content
+            for message in self.history[since:]
+            if isinstance(message, ModelRequest)
+            for part in message.parts
+            if isinstance(part, UserPromptPart) and isinstance(part.content, str)
+        ]
+        left: list[str] = []
+        for text in self._into_run:
+            hit = next((i for i, content in enumerate(delivered) if text in content), None)
+            if hit is None:
+                left.append(text)
+            else:
+                delivered.pop(hit)
+        return left
 
     def drop_in_flight(self) -> None:
         """After a stopped turn: forget a last response whose tool calls have no results (a
@@ -253,6 +276,7 @@ class AgentLoop:
         )
         texts = [*self._pending, *([prompt] if prompt else [])]
         self._pending.clear()
+        since = len(self.history)
         if texts:
             self.output.write("".join(f"> {t}\n\n" for t in texts))
         error: str | None = None
@@ -283,6 +307,8 @@ class AgentLoop:
             if run is not None:
                 self.history = list(run.all_messages())
                 self._record()
+            self._pending[:0] = self._undelivered(since)
+            self._into_run = []
         usage = run.usage if run is not None else None
         total = (usage.input_tokens + usage.output_tokens) if usage is not None else 0
         self.progress.token_count = total
