@@ -66,6 +66,28 @@ def _tool_list(text: str | None) -> list[str] | None:
     help="Its Agent tool without subagent_type forks it (a copy); default: `fork` in config.toml.",
 )
 @click.option(
+    "--coordinator/--no-coordinator",
+    default=None,
+    help="Coordinator mode: it dispatches workers and does not execute "
+    "(default: $SHOAL_COORDINATOR_MODE; a resumed session keeps its stored mode).",
+)
+@click.option("--simple", is_flag=True, help="A coordinator's workers get only Bash, Read, Edit.")
+@click.option(
+    "--budget-tokens", type=click.IntRange(min=1), default=None, help="A coordinator run's tokens."
+)
+@click.option(
+    "--budget-tool-uses",
+    type=click.IntRange(min=1),
+    default=None,
+    help="A coordinator run's tool uses.",
+)
+@click.option(
+    "--budget-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="A coordinator run's wall time per worker share (s).",
+)
+@click.option(
     "--mcp-config",
     default=None,
     type=click.Path(dir_okay=False),
@@ -95,6 +117,11 @@ def agent(
     cwd: str | None,
     env_pairs: tuple[str, ...],
     fork: bool | None,
+    coordinator: bool | None,
+    simple: bool,
+    budget_tokens: int | None,
+    budget_tool_uses: int | None,
+    budget_seconds: float | None,
     mcp_config: str | None,
     resume: str | None,
     foreground: bool,
@@ -107,6 +134,7 @@ def agent(
     runs on $SHOAL_MODEL, `model` in SHOAL_HOME/config.toml, or the embedded scripted model.
     """
     from shoal.orchestrator.control import call
+    from shoal.orchestrator.coordinator import env_mode
     from shoal.workers.agent.models import ModelSpec
 
     env = get_env(click.get_current_context())
@@ -133,10 +161,31 @@ def agent(
         "mcp_config": os.path.abspath(mcp_config) if mcp_config else None,
         "fork": fork,
     }
+    if coordinator is None and env_mode(os.environ):
+        coordinator = True
+    budget = {
+        k: v
+        for k, v in (
+            ("tokens", budget_tokens),
+            ("tool_uses", budget_tool_uses),
+            ("seconds", budget_seconds),
+        )
+        if v is not None
+    }
+    if (budget or simple) and not coordinator and resume is None:
+        raise UsageError("--budget-* and --simple are for a coordinator (add --coordinator)")
+    if coordinator is not None:
+        spec["coordinator"] = coordinator
+    if simple:
+        spec["simple"] = True
+    if budget:
+        spec["budget"] = budget
     if resume is not None:
         text = (prompt or "").strip() or "Continue."
         answer = call(env.layout, team, "agent_send", {"task_id": resume, "text": text})
         task_id = answer["task_id"]
+        if coordinator is not None:
+            _say_mode(env.layout, team, task_id, coordinator)
         if as_json and not foreground:
             print_json(answer)
         elif not foreground:
@@ -150,6 +199,17 @@ def agent(
             click.echo(task_id)
     if foreground:
         _foreground(env.layout, team, task_id, as_json)
+
+
+def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
+    """A resumed session keeps its stored mode: say so when it differs from the asked one."""
+    from shoal.cli.tasks import _session
+    from shoal.orchestrator.coordinator import mode_message
+
+    record = (_session(layout, team).read_tasks_raw() or {}).get(task_id) or {}
+    message = mode_message(bool(record.get("coordinator")), asked)
+    if message:
+        click.echo(f"shoal: {message}", err=True)
 
 
 def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:

@@ -308,7 +308,24 @@ class LocalAgentTaskState(TaskStateBase):
     transcript: str | None = None
     kill_reason: str | None = None
     waiting_for: JsonDict | None = None
-    """The permission request it waits on ({request_id, tool, input}): `shoal approve ID`."""
+    """What it waits on: a permission request ({request_id, tool, input}: `shoal approve ID`)
+    or, pending, the lease of another worker ({lease: holder id, write_set})."""
+    coordinator: bool = False
+    """Coordinator mode: it dispatches workers (Agent, SendMessage, TaskStop) and does not
+    execute; it completes once no worker of its runs and every worker's end is in its
+    transcript."""
+    simple: bool = False
+    """A coordinator's workers get only Bash, Read and Edit."""
+    worker_of: str | None = None
+    """The agent id of the coordinator this worker reports to (its notification goes there)."""
+    write_set: tuple[str, ...] | None = None
+    """A worker's write set (globs relative to its cwd); None: read-only (no Write, no Edit)."""
+    lease: JsonDict | None = None
+    """The write-set lease it holds ({fence, write_set}), from start to end."""
+    budget: JsonDict | None = None
+    """A coordinator's run budget, or a worker's share of it ({tokens, tool_uses, seconds})."""
+    violations: tuple[JsonDict, ...] = ()
+    """Files a worker's Bash commands changed outside its lease ({command, paths})."""
 
 
 class RemoteAgentTaskState(TaskStateBase):

@@ -47,7 +47,10 @@ class ControlPort:
         session = current_session(self.layout, self.team)
         if session is None:
             return {}
-        return {**session.history(), **session.read_tasks_raw()}
+        # The live records first: a task evicted between the two reads is then in the
+        # history (eviction appends it there before it leaves state.json), never in neither.
+        live = session.read_tasks_raw()
+        return {**session.history(), **live}
 
 
 async def _main_async(job: AgentJob) -> int:

@@ -16,6 +16,9 @@ from shoal.core.config import config_value
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType, new_task_id
+from shoal.core.writeset import check_write_set
+from shoal.orchestrator import coordinator
+from shoal.orchestrator.coordinator import env_mode
 from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
@@ -40,9 +43,12 @@ class AgentHost(Protocol):
 
     def find_agent(self, task_id: str) -> LocalAgentTaskState: ...
 
+    def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]: ...
+
 
 KNOWN_TOOLS: Final = tuple(name for name, _model, _text in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
 DEFAULT_AGENT_TYPE: Final = "general-purpose"
+COORDINATOR_TYPE: Final = "coordinator"
 
 
 class AgentSpec(BaseModel):
@@ -73,6 +79,12 @@ class AgentSpec(BaseModel):
     fork_of: str | None = None  # make this a fork of that agent task (its Agent tool asked)
     mcp_config: str | None = None  # an MCP config file (default: the project's .shoal/mcp.json)
     resume: str | None = None  # the agent task this one continues
+    coordinator: bool | None = None  # coordinator mode (None: $SHOAL_COORDINATOR_MODE, or
+    # as the session it resumes)
+    simple: bool = False  # a coordinator's workers get only Bash, Read and Edit
+    budget: dict[str, Any] | None = None  # a coordinator's run budget, or a worker's share
+    write_set: list[Any] | Any | None = None  # a worker's write set (checked here)
+    worker_for: str | None = None  # the coordinator task whose Agent tool asked
 
 
 def _environ(host: AgentHost, extra: dict[str, str] | None) -> dict[str, str]:
@@ -178,6 +190,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         raise UsageError("the agent's prompt is empty (give PROMPT, or - to read it from stdin)")
     if spec.fork_of is not None:
         return new_fork_task(host, spec)
+    if spec.worker_for is not None:
+        return new_worker_task(host, spec)
     if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
         raise UsageError(
             f"unknown permission mode {spec.permission_mode!r} "
@@ -188,8 +202,16 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     if not cwd.is_dir():
         raise TaskError(f"working directory {cwd} does not exist")
     parent = host.find_agent(spec.resume) if spec.resume else None
+    if parent is not None:  # (a resumed session keeps its stored mode: see mode_message)
+        coordinating = parent.coordinator
+    else:
+        coordinating = spec.coordinator if spec.coordinator is not None else env_mode(env)
     agent_type = spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE)
-    definition = load_catalog(host.layout.home, cwd).get(agent_type)
+    if coordinating:
+        agent_type = COORDINATOR_TYPE
+    definition = load_catalog(host.layout.home, cwd).get(
+        DEFAULT_AGENT_TYPE if coordinating else agent_type
+    )
     asked = spec.model or (parent.model if parent is not None else None)
     model = choose_model(asked, definition.model or spec.inherit_model, env, host.layout.home)
     check_model(model, env, cwd)
@@ -212,13 +234,23 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         if parent is not None and parent.transcript
         else str(transcript_path(host.session.dir, agent_id))
     )
+    prompt = spec.prompt
+    instructions = definition.prompt or None
+    budget = parent.budget if parent is not None else None
+    if coordinating:
+        instructions = coordinator.system_prompt()
+        budget = coordinator.check_budget(spec.budget, "the run budget") or budget
+        if parent is None:  # (its context block opens the conversation)
+            pad = coordinator.scratchpad_dir(host.session.dir)
+            context = coordinator.user_context(spec.simple, servers, pad)
+            prompt = f"{context}\n\n{prompt}"
     return LocalAgentTaskState(
         id=task_id,
         description=_describe(spec),
         output_file=str(host.session.output_file(task_id)),
         owner=LEAD_NAME,
         agent_id=agent_id,
-        prompt=spec.prompt,
+        prompt=prompt,
         agent_type=agent_type,
         model=str(model),
         backend=_backend(spec.backend, env),
@@ -230,12 +262,69 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         or "default",
         tools=tools,
         custom=definition.custom,
-        fork=_forking(host, spec, parent),
+        fork=False if coordinating else _forking(host, spec, parent),
         subagent=spec.subagent or (parent.subagent if parent is not None else False),
         parent_agent=spec.parent_agent,
         mcp_servers={k: v.model_dump() for k, v in servers.items()} or None,
-        instructions=definition.prompt or None,
+        instructions=instructions,
         limits=limits or None,
         transcript=transcript,
         resumed_from=parent.id if parent is not None else None,
+        coordinator=coordinating,
+        simple=spec.simple or (parent.simple if parent is not None else False),
+        budget=budget,
+        # (a worker continued by a message stays its coordinator's, with its write set)
+        worker_of=parent.worker_of if parent is not None else None,
+        write_set=parent.write_set if parent is not None else None,
+    )
+
+
+def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
+    """A worker for the coordinator task `spec.worker_for` (its Agent tool asked): the run's
+    model, the coordinator's cwd, MCP servers and permission mode (`default` gives
+    `acceptEdits`), the workers' tools (no Write or Edit without a write set), a share of the
+    run budget, and its notification addressed to the coordinator."""
+    assert spec.worker_for is not None
+    boss = host.find_agent(spec.worker_for)
+    if not boss.coordinator:
+        raise UsageError(f"agent {boss.id} is not a coordinator; it cannot start workers")
+    write_set = check_write_set(spec.write_set, "write_set") if spec.write_set is not None else None
+    asked = coordinator.check_budget(spec.budget, "budget")
+    remaining = coordinator.left(boss, host.workers_of(boss.agent_id))
+    share, limits = coordinator.worker_limits(asked, remaining)
+    tools = coordinator.worker_tools(boss.simple)
+    if write_set is None:
+        tools = tuple(t for t in tools if t not in ("Write", "Edit"))
+    if spec.agent_type is not None and spec.agent_type != DEFAULT_AGENT_TYPE:
+        cwd = Path(boss.cwd or os.getcwd())
+        definition = load_catalog(host.layout.home, cwd).get(spec.agent_type)
+        instructions = definition.prompt or None
+        if definition.tools is not None:
+            tools = tuple(t for t in tools if t in definition.tools)
+    else:
+        instructions = None
+    task_id = new_task_id(TaskType.LOCAL_AGENT)
+    return LocalAgentTaskState(
+        id=task_id,
+        description=_describe(spec),
+        output_file=str(host.session.output_file(task_id)),
+        owner=LEAD_NAME,
+        agent_id=task_id,
+        prompt=spec.prompt,
+        agent_type=spec.agent_type or DEFAULT_AGENT_TYPE,
+        model=boss.model,
+        backend=boss.backend,
+        cwd=boss.cwd,
+        env=boss.env,
+        permission_mode=coordinator.worker_permission(boss.permission_mode),
+        tools=tools,
+        subagent=True,
+        parent_agent=boss.id,
+        mcp_servers=boss.mcp_servers,
+        instructions=instructions,
+        limits=limits or None,
+        transcript=str(transcript_path(host.session.dir, task_id)),
+        worker_of=boss.agent_id,
+        write_set=write_set,
+        budget=share or None,
     )

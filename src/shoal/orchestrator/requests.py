@@ -26,8 +26,12 @@ from shoal.core.tasks import (
     new_task_id,
     parse_task_state,
 )
+from shoal.mailbox.router import deliver_to, make_message
+from shoal.mailbox.store import Maildir
+from shoal.orchestrator import coordinator
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
 from shoal.orchestrator.control import ShellSpec
+from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
@@ -117,8 +121,9 @@ class LeaderRequests(LeaderStore, ABC):
         task = new_agent_task(self, spec)
         self.layout.ensure(self.session.tasks_dir)
         self.register(task)
-        self.queue.append(task.id)
-        self.start_pending()
+        if task.write_set is None or self.lease_policy().admit(self, task):
+            self.queue.append(task.id)
+            self.start_pending()
         self.persist(force=True)
         self.wake()
         current = self.registry.get(task.id)
@@ -152,14 +157,43 @@ class LeaderRequests(LeaderStore, ABC):
             backend=task.backend,
             limits=task.limits,
             description=task.description,
+            subagent=task.subagent,
+            parent_agent=self._live_coordinator(task.worker_of) if task.worker_of else None,
         )
         return self.start_agent(spec.model_copy(update={"resume": task.id}))
+
+    def _live_coordinator(self, agent_id: str) -> str | None:
+        """The running task of coordinator `agent_id`, if any (a continued worker dies with
+        it, as it would have with the task that started it)."""
+        for task in self.registry.get_all_tasks():
+            if (
+                isinstance(task, LocalAgentTaskState)
+                and task.coordinator
+                and task.agent_id == agent_id
+                and not task.is_terminal
+            ):
+                return task.id
+        return None
 
     def notify_owner(
         self, task: AnyTaskState, xml: str, summary: str, *, status: str, msg_id: str | None
     ) -> None:
         """A task owned by a running agent (its background shell, say) tells that agent: the
         notification is queued for its next tool round. Other owners as LeaderStore does."""
+        if isinstance(task, LocalAgentTaskState) and task.worker_of is not None:
+            # A coordinator's worker: into the coordinator's own maildir, whatever its state
+            # (a coordinator resumed later reads what came while it was down).
+            inbox = coordinator.inbox_dir(self.session.dir, task.worker_of)
+            Maildir.create(inbox, self.layout.home)
+            message = make_message(
+                sender=LEAD_NAME,
+                to=task.worker_of,
+                text=xml,
+                summary=summary,
+                message_id=msg_id,
+            )
+            deliver_to(inbox, message, durable=True)
+            return
         owner = self.registry.get(task.owner) if task.owner else None
         if isinstance(owner, LocalAgentTaskState):
             if not owner.is_terminal and owner.status != TaskStatus.PENDING:
@@ -190,6 +224,28 @@ class LeaderRequests(LeaderStore, ABC):
             raise TaskError(f"agent {task.id} waits on {waiting}, not on {request_id}")
         self.agents.answer(task, request_id, approve, reason, self)
         return {"request_id": request_id, "task_id": task.id, "approve": approve}
+
+    def lease_policy(self) -> LeasePolicy:
+        """The write-set leases of this session (a policy of the loop from the first use)."""
+        for policy in self.policies:
+            if isinstance(policy, LeasePolicy):
+                return policy
+        policy = LeasePolicy(Leases(self.session.dir))
+        self.policies.append(policy)
+        return policy
+
+    def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
+        """Every worker of coordinator `agent_id` in this session (live and evicted)."""
+        found: dict[str, LocalAgentTaskState] = {}
+        for raw in self.session.history().values():
+            if raw.get("worker_of") == agent_id:
+                task = parse_task_state(raw)
+                if isinstance(task, LocalAgentTaskState):
+                    found[task.id] = task
+        for task in self.registry.get_all_tasks():
+            if isinstance(task, LocalAgentTaskState) and task.worker_of == agent_id:
+                found[task.id] = task
+        return list(found.values())
 
     def find_agent(self, task_id: str) -> LocalAgentTaskState:
         """The agent task `task_id` (live, or from the session's history)."""

@@ -63,6 +63,11 @@ class AgentJob(BaseModel):
     mcp_servers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     resume: bool = False
     echo: bool = False  # also print the readable transcript on stdout (a tmux pane)
+    coordinator: bool = False  # coordinator mode: its tools are Agent, SendMessage, TaskStop
+    coordinator_inbox: str | None = None  # where its workers' notifications arrive
+    worker: bool = False  # a coordinator's worker: Write and Edit only inside `write_set`
+    write_set: tuple[str, ...] | None = None
+    scratchpad: str | None = None  # a coordinator's, and its workers': writable by all
 
     def save(self, path: Path) -> None:
         atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
@@ -101,6 +106,7 @@ class AgentStatus(BaseModel):
     waiting: dict[str, Any] | None = None  # the permission request it waits on, if any
     commands: tuple[tuple[int, float | None], ...] = ()  # its running commands: (pgid, start)
     note: str | None = None  # e.g. what was wrong with the transcript it resumed from
+    violations: tuple[dict[str, Any], ...] = ()  # a worker's changes outside its lease
     updated_at: float = 0.0
 
     def save(self, path: Path) -> None:

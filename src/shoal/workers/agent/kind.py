@@ -37,7 +37,7 @@ from shoal.core.tasks import (
     ToolActivity,
 )
 from shoal.mailbox.router import deliver_to, make_message
-from shoal.workers.agent.job import AgentJob, AgentStatus, JobLimits, job_paths
+from shoal.workers.agent.job import AGENTS_DIR, AgentJob, AgentStatus, JobLimits, job_paths
 from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
@@ -52,6 +52,7 @@ PROGRESS_EVENT_INTERVAL_S: Final = 1.0
 PANE_ENV: Final = ("SHOAL_", "ANTHROPIC_", "OPENAI_", "PATH", "HOME", "LANG", "LC_")
 # Messages a running agent has been sent but not yet drained, kept in its record.
 PENDING_CAP: Final = 50
+SCRATCHPAD: Final = "scratchpad"  # sessions/{s}/scratchpad/: coordinator mode's shared files
 
 
 class AgentStartError(ShoalError):
@@ -334,6 +335,15 @@ class AgentKind:
             inbox=None if task.backend == "in-process" else str(inbox),
             resume=task.resumed_from is not None or task.forked_from is not None,
             echo=task.backend == "tmux",
+            coordinator=task.coordinator,
+            coordinator_inbox=str(coordinator_inbox(session_dir_of(task), task.agent_id))
+            if task.coordinator
+            else None,
+            worker=task.worker_of is not None,
+            write_set=task.write_set,
+            scratchpad=str(session_dir_of(task) / SCRATCHPAD)
+            if task.coordinator or task.worker_of is not None
+            else None,
         )
 
     def _argv(self, job_file: Path) -> list[str]:
@@ -449,6 +459,8 @@ class AgentKind:
         task = store.get(live.task_id)
         if isinstance(task, LocalAgentTaskState) and task.waiting_for != status.waiting:
             store.set_task(live.task_id, waiting_for=status.waiting)
+        if isinstance(task, LocalAgentTaskState) and status.violations != task.violations:
+            store.set_task(live.task_id, violations=status.violations)
         if progress is not None and isinstance(task, LocalAgentTaskState):
             store.set_task(live.task_id, progress=progress)
             now = time.monotonic()
@@ -570,6 +582,11 @@ class AgentKind:
 def session_dir_of(task: AnyTaskState) -> Path:
     """The session directory a task's files live in (its output file is in tasks/)."""
     return Path(task.output_file).parent.parent
+
+
+def coordinator_inbox(session_dir: Path, agent_id: str) -> Path:
+    """Where the workers of coordinator `agent_id` deliver their notifications."""
+    return session_dir / AGENTS_DIR / f"{agent_id}.coordinator.inbox"
 
 
 def transcript_path(session_dir: Path, agent_id: str) -> Path:

@@ -215,6 +215,33 @@ class AgentLoop:
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
+        self._acks: list[tuple[str, Callable[[], None]]] = []  # run once a text is recorded
+
+    def on_recorded(self, text: str, ack: Callable[[], None]) -> None:
+        """Call `ack` once `text` is in a request of the transcript (at once if it is)."""
+        self._acks.append((text, ack))
+        self._fire_acks()
+
+    def _fire_acks(self) -> None:
+        if not self._acks:
+            return
+        said = self.user_texts()
+        for item in list(self._acks):
+            if any(item[0] in content for content in said):
+                self._acks.remove(item)
+                item[1]()
+
+    def user_texts(self) -> list[str]:
+        """The text of every user prompt in the conversation so far."""
+        from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+        return [
+            part.content
+            for message in self.history
+            if isinstance(message, ModelRequest)
+            for part in message.parts
+            if isinstance(part, UserPromptPart) and isinstance(part.content, str)
+        ]
 
     def enqueue(self, text: str) -> None:
         """A message for the agent: drained at the next tool round as a user message."""
@@ -354,6 +381,7 @@ class AgentLoop:
     def _record(self) -> None:
         if self.transcript is not None:
             self.transcript.append(self.history)
+        self._fire_acks()
 
 
 def _limit_name(message: str, limits: Limits) -> str:

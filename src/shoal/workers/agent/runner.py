@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import threading
 import time
@@ -54,6 +55,7 @@ class StatusWriter:
         self.note: str | None = None
         self.waiting: dict[str, Any] | None = None  # the permission request it waits on
         self.commands: dict[int, float | None] = {}  # running foreground commands: pgid -> start
+        self.violations: list[dict[str, Any]] = []  # a worker's changes outside its lease
         self._written = 0.0
         self._progress: dict[str, Any] = {}
 
@@ -72,6 +74,11 @@ class StatusWriter:
             self.commands[pgid] = process_start_time(pgid)
         else:
             self.commands.pop(pgid, None)
+        self.flush()
+
+    def violation(self, command: str, paths: list[str]) -> None:
+        """A worker's Bash command changed `paths` outside its lease: recorded at once."""
+        self.violations.append({"command": command[:500], "paths": paths[:100], "at": time.time()})
         self.flush()
 
     def flush(self) -> None:
@@ -94,7 +101,8 @@ class StatusWriter:
         update = {
             "note": self.note,
             "waiting": self.waiting,
-            "commands": [[pgid, started] for pgid, started in self.commands.items()],
+            "commands": tuple((pgid, started) for pgid, started in self.commands.items()),
+            "violations": tuple(self.violations),
             "updated_at": time.time(),
         }
         status = status.model_copy(update=update)
@@ -114,33 +122,48 @@ class Feed:
         self.turn: asyncio.Future[Any] | None = None  # the turn in progress
         self.turn_aborted = False
         self._waiter: asyncio.Future[str] | None = None
+        self.waiting_shown: list[str] = []  # a coordinator's outstanding workers, as last said
 
     def attach(self, loop: asyncio.AbstractEventLoop, agent: AgentLoop) -> None:
         self._loop, self._agent = loop, agent
 
-    def put(self, text: str) -> None:
+    def put(self, text: str, ack: Callable[[], None] | None = None) -> None:
+        """Queue `text`; `ack` (a coordinator's notification) runs once it is recorded in the
+        transcript, and at once when a notification of that task is there already."""
         if self._loop is None or self._agent is None:
+            assert ack is None, "acked messages are fed only once the agent runs"
             self.late.append(text)
             return
-        self._loop.call_soon_threadsafe(self._deliver, text)
+        self._loop.call_soon_threadsafe(self._deliver, text, ack)
 
-    def _deliver(self, text: str) -> None:
+    def _deliver(self, text: str, ack: Callable[[], None] | None = None) -> None:
+        if ack is not None and self._agent is not None:
+            task_id = notification_task(text)
+            if task_id is not None and task_id in recorded_notifications(self._agent):
+                ack()  # (delivered again after a crash between the transcript and the ack)
+                return
+            self._agent.on_recorded(text, ack)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(text)  # (the agent waits for a message after a stopped turn)
         elif self._agent is not None:
             self._agent.enqueue(text)
 
-    async def next_message(self) -> str:
-        """Wait for the next message (after a stopped turn)."""
+    async def next_message(self, timeout: float | None = None) -> str | None:
+        """Wait for the next message (after a stopped turn, or a coordinator's idle turn);
+        None when `timeout` passes first."""
         assert self._agent is not None
         queued = self._agent.pending()
         if queued:
             return "\n\n".join(queued)
         self._waiter = asyncio.get_running_loop().create_future()
         try:
-            return await self._waiter
+            return await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
+        except TimeoutError:
+            return None
         finally:
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.cancel()
             self._waiter = None
 
     def abort_turn(self) -> bool:
@@ -211,6 +234,124 @@ class Consent:
             self.status.flush()
 
 
+NOTIFICATION_ID: Final = re.compile(r"<task-notification>\s*<task-id>([^<]+)</task-id>")
+COORDINATOR_IDLE_CHECK_S: Final = 1.0
+
+
+def notification_task(text: str) -> str | None:
+    """The task id of a `<task-notification>` message, else None."""
+    found = NOTIFICATION_ID.match(text.lstrip())
+    return found.group(1) if found else None
+
+
+def recorded_notifications(agent: AgentLoop) -> set[str]:
+    """The task ids whose notifications are in the agent's conversation."""
+    return {m.group(1) for text in agent.user_texts() for m in NOTIFICATION_ID.finditer(text)}
+
+
+def watch_coordinator_inbox(
+    path: Path, home: Path, feed: Feed, stop: threading.Event
+) -> threading.Thread:
+    """Feed a coordinator its workers' notifications; each is acked only once it is in the
+    transcript (a coordinator killed in between gets it again, and sees it once)."""
+
+    def run() -> None:
+        maildir = Maildir.create(path, home)
+        with Inbox(maildir) as inbox:
+
+            def acker(delivery: Any) -> Callable[[], None]:
+                def ack() -> None:
+                    with contextlib.suppress(ShoalError, OSError):
+                        inbox.ack(delivery)
+
+                return ack
+
+            while not stop.is_set():
+                delivery = inbox.receive(timeout=0.2)
+                if delivery is None:
+                    continue
+                if delivery.message.text:
+                    feed.put(delivery.message.text, ack=acker(delivery))
+                else:
+                    inbox.ack(delivery)
+
+    thread = threading.Thread(target=run, name="coordinator-inbox", daemon=True)
+    thread.start()
+    return thread
+
+
+def _outstanding(job: AgentJob, leader: LeaderPort, agent: AgentLoop) -> list[str]:
+    """A coordinator's workers still running, waiting for a lease, or whose end is not yet in
+    its transcript."""
+    seen = recorded_notifications(agent)
+    records = leader.task_records()
+    mine = {task_id for task_id, raw in records.items() if raw.get("worker_of") == job.agent_id}
+    mine |= started_workers(agent)  # (a record in the middle of a move is still outstanding)
+    return sorted(
+        task_id
+        for task_id in mine
+        if (records.get(task_id) or {}).get("status") not in ("completed", "failed", "killed")
+        or task_id not in seen
+    )
+
+
+STARTED_WORKER: Final = re.compile(r"^started worker (a[0-9a-z]{8}) ")
+
+
+def started_workers(agent: AgentLoop) -> set[str]:
+    """The workers a coordinator's Agent calls started, by their tool results."""
+    from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+    return {
+        found.group(1)
+        for message in agent.history
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+        and (found := STARTED_WORKER.match(part.model_response_str()))
+    }
+
+
+async def _coordinator_wait(
+    job: AgentJob, leader: LeaderPort, loop: AgentLoop, feed: Feed, status: StatusWriter
+) -> str | None:
+    """After a coordinator's turn: the next message to go on with (a worker's notification,
+    or the user's), or None when no worker is outstanding and the coordinator is done."""
+    while True:
+        queued = loop.pending()
+        if queued:
+            return "\n\n".join(queued)
+        outstanding = await asyncio.to_thread(_outstanding, job, leader, loop)
+        if not outstanding:
+            return None
+        if outstanding != feed.waiting_shown:
+            feed.waiting_shown = outstanding
+            loop.output.write(
+                f"[waiting for {len(outstanding)} worker(s): {', '.join(outstanding)}]\n"
+            )
+            status.progress(loop.progress, force=True)
+        text = await feed.next_message(timeout=COORDINATOR_IDLE_CHECK_S)
+        if text is not None:
+            return text
+
+
+def coordinator_tools(job: AgentJob, leader: LeaderPort) -> list[Any]:
+    """A coordinator's tools: Agent (background workers), SendMessage and TaskStop."""
+    from pydantic_ai import Tool
+
+    from shoal.workers.agent.loop import _tool_function
+    from shoal.workers.agent.team_tools import COORDINATOR_TOOL_SPECS, CoordinatorTools
+    from shoal.workers.agent.tools import schema_of
+
+    handler = CoordinatorTools(
+        Path(job.home), job.team, job.task_id, leader, cwd=job.cwd, model=job.model
+    )
+    return [
+        Tool.from_schema(_tool_function([handler], name, model), name, text, schema_of(model))
+        for name, model, text in COORDINATOR_TOOL_SPECS
+    ]
+
+
 def watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> threading.Thread:
     """Drain the agent's maildir inbox into `feed` on a thread (a message is acked once fed)."""
 
@@ -268,7 +409,14 @@ async def run_job(
             env=dict(job.env),
             start_background=_background_starter(job, leader),
             track_command=status.track,
+            write_set=(job.write_set or ()) if job.worker else None,
+            scratchpad=Path(job.scratchpad) if job.scratchpad else None,
+            on_violation=status.violation,
+            lease_skip=(Path(job.home),),
+            lease_peers=(Layout(Path(job.home)).session_dir(job.session_id), job.task_id),
         )
+        if job.scratchpad:
+            Path(job.scratchpad).mkdir(mode=0o700, parents=True, exist_ok=True)
         transcript = Transcript(Path(job.transcript))
         history: list[Any] = []
         if job.resume:
@@ -286,10 +434,10 @@ async def run_job(
                 cwd,
                 notes.append,
             )
-            loop = AgentLoop(
-                model,
-                instructions=job.instructions,
-                tools=[
+            if job.coordinator:
+                tools = coordinator_tools(job, leader)
+            else:
+                tools = [
                     *make_tools(
                         workspace,
                         filter_tools(
@@ -314,7 +462,11 @@ async def run_job(
                         Gate(job.permission_mode, Consent(job, feed, status).ask),
                     ),
                     *mcp,  # (MCP tools are always allowed)
-                ],
+                ]
+            loop = AgentLoop(
+                model,
+                instructions=job.instructions,
+                tools=tools,
                 transcript=transcript,
                 output=Output(Path(job.output_file), echo=job.echo),
                 history=history,
@@ -329,6 +481,12 @@ async def run_job(
                 loop.enqueue(text)
             feed.late.clear()
             feed.attach(asyncio.get_running_loop(), loop)
+            if job.coordinator and job.coordinator_inbox:
+                stop_inbox = threading.Event()
+                stack.callback(stop_inbox.set)
+                watch_coordinator_inbox(
+                    Path(job.coordinator_inbox), Path(job.home), feed, stop_inbox
+                )
             prompt: str | None = job.prompt
             while True:
                 feed.turn = asyncio.ensure_future(loop.run(prompt))
@@ -343,6 +501,10 @@ async def run_job(
                     status.progress(loop.progress, force=True)
                     prompt = await feed.next_message()
                     continue
+                if job.coordinator and outcome.status == "completed":
+                    prompt = await _coordinator_wait(job, leader, loop, feed, status)
+                    if prompt is not None:
+                        continue
                 break
         status.progress(loop.progress, force=True)
         return JobOutcome(

@@ -16,6 +16,19 @@ Strings (texts and every string inside `args`) are templates: `{prompt}` the lat
 message, `{last}` the latest tool result, `{result_N}` the N-th tool result of the whole
 conversation (from 1), `{turn}` this turn's number (from 1), `{{`/`}}` literal braces. Turns
 count across the conversation, so a resumed agent goes on with the next turn.
+
+A coordinator's workers run on the coordinator's model, so one script can hold theirs too:
+`[[worker]]` tables, each with `match` (a regex searched in the worker's prompt; omitted: any
+worker), its own `[[worker.turn]]`s and `final`. A conversation that does not open with the
+coordinator's context block is a worker's: it follows the first `[[worker]]` that matches its
+prompt (with none matching, the top-level turns).
+
+    [[worker]]
+    match = "^Research"
+    [[worker.turn]]
+    [[worker.turn.call]]
+    tool = "Grep"
+    args = { pattern = "def divide" }
 """
 
 from __future__ import annotations
@@ -55,13 +68,27 @@ class Turn:
     calls: tuple[Call, ...]
 
 
+COORDINATOR_OPENING: Final = "<coordinator-context>"
+
+
 @dataclass(frozen=True)
 class Script:
-    """A checked script: its turns and the final answer once they run out."""
+    """A checked script: its turns and the final answer once they run out, and the scripts of
+    a coordinator's workers (by a regex on their prompt)."""
 
     turns: tuple[Turn, ...]
     final: str = "done"
     source: str = "the default script"
+    workers: tuple[tuple[re.Pattern[str] | None, Script], ...] = ()
+
+    def for_conversation(self, first_prompt: str) -> Script:
+        """The script a conversation that opened with `first_prompt` follows."""
+        if not self.workers or first_prompt.lstrip().startswith(COORDINATOR_OPENING):
+            return self
+        for pattern, script in self.workers:
+            if pattern is None or pattern.search(first_prompt):
+                return script
+        return self
 
     @classmethod
     def default(cls) -> Script:
@@ -84,9 +111,35 @@ class Script:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{source}: {exc}") from None
-        unknown = set(data) - {"turn", "final"}
+        unknown = set(data) - {"turn", "final", "worker"}
         if unknown:
             raise UsageError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+        raw_workers = data.get("worker", [])
+        if not isinstance(raw_workers, list):
+            raise UsageError(f"{source}: `worker` must be an array of tables ([[worker]])")
+        workers: list[tuple[re.Pattern[str] | None, Script]] = []
+        for i, raw in enumerate(raw_workers, 1):
+            where = f"{source}: worker {i}"
+            if not isinstance(raw, dict) or set(raw) - {"match", "turn", "final"}:
+                raise UsageError(f"{where}: only match, final and [[worker.turn]] are allowed")
+            match = raw.get("match")
+            try:
+                pattern = re.compile(match) if isinstance(match, str) else None
+            except re.error as exc:
+                raise UsageError(f"{where}: match {match!r} is not a regex: {exc}") from None
+            if match is not None and not isinstance(match, str):
+                raise UsageError(f"{where}: match must be a string (a regex)")
+            inner = {k: v for k, v in raw.items() if k != "match"}
+            workers.append((pattern, cls._from(inner, where)))
+        return cls._from(data, source, tuple(workers))
+
+    @classmethod
+    def _from(
+        cls,
+        data: dict[str, Any],
+        source: str,
+        workers: tuple[tuple[re.Pattern[str] | None, Script], ...] = (),
+    ) -> Script:
         raw_turns = data.get("turn", [])
         if not isinstance(raw_turns, list):
             raise UsageError(f"{source}: `turn` must be an array of tables ([[turn]])")
@@ -95,7 +148,7 @@ class Script:
         if not isinstance(final, str):
             raise UsageError(f"{source}: final must be a string")
         _check_template(final, f"{source}: final")
-        return cls(turns, final, source)
+        return cls(turns, final, source, workers)
 
 
 def _turn(raw: Any, where: str) -> Turn:
@@ -197,10 +250,23 @@ def conversation_values(messages: list[ModelMessage]) -> tuple[int, _Values]:
     return answered, values
 
 
+def first_prompt(messages: list[ModelMessage]) -> str:
+    """The first user prompt of the conversation ("" when there is none)."""
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart):
+                    return part.content if isinstance(part.content, str) else str(part.content)
+    return ""
+
+
 def respond(script: Script, messages: list[ModelMessage]) -> ModelResponse:
     """The script's answer to the request that ends `messages`."""
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
+    script = script.for_conversation(first_prompt(messages))
     answered, values = conversation_values(messages)
     if answered >= len(script.turns):
         return ModelResponse(parts=[TextPart(script.final.format_map(values))])

@@ -285,3 +285,60 @@ class TeamTools:
         if task["status"] == "completed":
             return f"agent {child} completed ({cost}):\n{task.get('result') or ''}"
         raise ToolFailure(f"agent {child} {task['status']}: {task.get('error') or 'no result'}")
+
+
+class CoordinatorAgentArgs(_Args):
+    description: str = Field(min_length=1, description="A short (3-5 word) name for the task")
+    prompt: str = Field(
+        min_length=1,
+        description="The whole task: files, lines, the cause, what to do, how to check it",
+    )
+    subagent_type: str | None = Field(None, description="The agent type (see `shoal agents`)")
+    write_set: Any = Field(
+        None,
+        description="Globs (relative to the working directory) of the files this worker may "
+        "change; omitted: the worker is read-only",
+    )
+    budget: Any = Field(
+        None,
+        description='Its share of the run budget, e.g. {"tokens": 20000, "tool_uses": 40, '
+        '"seconds": 600}; omitted: what the run has left',
+    )
+
+
+COORDINATOR_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
+    (
+        "Agent",
+        CoordinatorAgentArgs,
+        "Start a worker in the background; its end arrives as a <task-notification>.",
+    ),
+    ("SendMessage", SendMessageArgs, "Continue a worker (running or finished) by its task id."),
+    ("TaskStop", TaskStopArgs, "Stop a worker (its shells and subagents stop with it)."),
+)
+
+
+@dataclass
+class CoordinatorTools(TeamTools):
+    """A coordinator's three tools: Agent (a background worker), SendMessage, TaskStop."""
+
+    async def agent(self, args: CoordinatorAgentArgs) -> str:  # type: ignore[override]
+        spec: dict[str, Any] = {
+            "prompt": args.prompt,
+            "description": args.description,
+            "agent_type": args.subagent_type,
+            "worker_for": self.task_id,
+            "write_set": args.write_set,
+            "budget": args.budget,
+        }
+        try:
+            record = await asyncio.to_thread(self.leader.call, "agent", {"spec": spec})
+        except ShoalError as exc:
+            raise ToolFailure(str(exc)) from None
+        worker = str(record["id"])
+        waiting = (record.get("waiting_for") or {}).get("lease")
+        lease = ", ".join(record.get("write_set") or ()) or "none: read-only"
+        how = f"waiting for the lease of {waiting}" if waiting else "running"
+        return (
+            f"started worker {worker} ({args.description}; write set: {lease}): {how}. Its "
+            "result arrives as a <task-notification>; SendMessage to it continues it."
+        )

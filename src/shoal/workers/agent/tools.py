@@ -132,6 +132,14 @@ class Workspace:
     start_background: BackgroundStarter | None = None
     track_command: Callable[[int, bool], None] | None = None
     read_files: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    # A coordinator's worker: Write and Edit only inside `write_set` (globs relative to the
+    # cwd) or the shared `scratchpad`; a Bash command that changes files outside them is
+    # reported to the worker and to `on_violation`.
+    write_set: tuple[str, ...] | None = None
+    scratchpad: Path | None = None
+    lease_skip: tuple[Path, ...] = ()  # left out of the check (shoal's home)
+    lease_peers: tuple[Path, str] | None = None  # (session dir, own task id): others' leases
+    on_violation: Callable[[str, list[str]], None] | None = None
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -149,6 +157,24 @@ class Workspace:
                     f"(refused in permission mode {self.mode})"
                 )
         return resolved
+
+    def _in_pad(self, path: Path) -> bool:
+        pad = self.scratchpad
+        return pad is not None and (path == pad.resolve() or path.is_relative_to(pad.resolve()))
+
+    def _check_lease(self, path: Path, verb: str) -> None:
+        """A worker writes only inside its lease (or the scratchpad)."""
+        from shoal.core.writeset import covers, relative
+
+        if self.write_set is None or self._in_pad(path):
+            return
+        rel = relative(path, self.cwd.resolve())
+        if rel is None or not covers(self.write_set, rel):
+            raise ToolFailure(
+                f"{verb} {path}: outside this worker's lease (write set "
+                f"{', '.join(self.write_set)}); only those files, and the scratchpad "
+                f"{self.scratchpad}, may be changed"
+            )
 
     def _remember(self, path: Path) -> None:
         st = path.stat()
@@ -188,6 +214,7 @@ class Workspace:
 
     def write(self, args: WriteArgs) -> str:
         path = self.path(args.file_path)
+        self._check_lease(path, "Write")
         if path.is_dir():
             raise ToolFailure(f"{path} is a directory")
         existed = path.exists()
@@ -200,6 +227,7 @@ class Workspace:
 
     def edit(self, args: EditArgs) -> str:
         path = self.path(args.file_path)
+        self._check_lease(path, "Edit")
         if not path.is_file():
             raise ToolFailure(f"file not found: {path}")
         self._check_fresh(path, "Edit")
@@ -258,8 +286,32 @@ class Workspace:
                 f"ends (TaskOutput {task_id} reads its output so far)"
             )
         timeout_ms = args.timeout or BASH_DEFAULT_TIMEOUT_MS
-        return await run_foreground(
+        if self.write_set is None:
+            return await run_foreground(
+                args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
+            )
+        from shoal.workers.agent import leasecheck
+
+        before = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
+        out = await run_foreground(
             args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
+        )
+        after = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
+        elsewhere = (
+            leasecheck.others_cover(*self.lease_peers, self.cwd) if self.lease_peers else None
+        )
+        outside = leasecheck.outside(before, after, self.write_set, elsewhere)
+        if not outside:
+            return out
+        if self.on_violation is not None:
+            self.on_violation(args.command, outside)
+        shown = ", ".join(outside[:20]) + (
+            f" (+{len(outside) - 20} more)" if len(outside) > 20 else ""
+        )
+        return (
+            f"{out}\n[lease violation: this command changed files outside your write set "
+            f"({', '.join(self.write_set)}): {shown}. Undo those changes; only your write set "
+            "may change. This is recorded in your task.]"
         )
 
 

@@ -1,0 +1,170 @@
+"""Coordinator mode: an agent that dispatches workers and does not execute.
+
+What lives here: the coordinator's system prompt (shoal's own text, the package data file
+`coordinator_prompt.md`), its user-context block (the workers' tools, the MCP servers, the
+scratchpad), where its workers' notifications arrive (a maildir per coordinator agent id, so
+a resumed coordinator reads what came while it was down), the permission mode its workers get,
+and the run budget: what is spent and what an `Agent(budget=...)` may still take.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+from shoal.core.errors import UsageError
+from shoal.core.tasks import LocalAgentTaskState
+from shoal.workers.agent.filters import ASYNC_AGENT_ALLOWED_TOOLS
+from shoal.workers.agent.kind import SCRATCHPAD, coordinator_inbox
+
+PROMPT_FILE: Final = "coordinator_prompt.md"
+ENV_FLAG: Final = "SHOAL_COORDINATOR_MODE"
+# Tools a worker never gets: team management, messaging (it reports by its result) and the
+# seed's structured-output tool.
+INTERNAL_WORKER_TOOLS: Final = frozenset(
+    {"TeamCreate", "TeamDelete", "SendMessage", "SyntheticOutput"}
+)
+SIMPLE_WORKER_TOOLS: Final = ("Bash", "Read", "Edit")
+# A worker's own `Agent` would let it dispatch too: workers do not nest.
+WORKER_TOOLS: Final = tuple(sorted(ASYNC_AGENT_ALLOWED_TOOLS - INTERNAL_WORKER_TOOLS - {"Agent"}))
+BUDGET_KEYS: Final = ("tokens", "tool_uses", "seconds")
+# A budget key -> the limit of JobLimits that enforces it on a worker.
+BUDGET_LIMITS: Final = {"tokens": "max_tokens", "tool_uses": "max_tool_uses", "seconds": "timeout"}
+
+
+def env_mode(env: Mapping[str, str]) -> bool:
+    """Whether $SHOAL_COORDINATOR_MODE asks for coordinator mode."""
+    return env.get(ENV_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def system_prompt() -> str:
+    """The coordinator's system prompt (package data, not a string in code)."""
+    return resources.files("shoal.orchestrator").joinpath(PROMPT_FILE).read_text("utf-8")
+
+
+def worker_tools(simple: bool) -> tuple[str, ...]:
+    """What a coordinator's workers may use (before a read-only worker loses Write and Edit)."""
+    return SIMPLE_WORKER_TOOLS if simple else WORKER_TOOLS
+
+
+def scratchpad_dir(session_dir: Path) -> Path:
+    """`sessions/{s}/scratchpad/`: every worker may read and write there without asking."""
+    return session_dir / SCRATCHPAD
+
+
+def inbox_dir(session_dir: Path, agent_id: str) -> Path:
+    """Where the workers of coordinator `agent_id` deliver their notifications."""
+    return coordinator_inbox(session_dir, agent_id)
+
+
+def user_context(simple: bool, mcp_servers: Iterable[str], scratchpad: Path) -> str:
+    """The coordinator's context block (the seed's getCoordinatorUserContext)."""
+    lines = [
+        "<coordinator-context>",
+        "Workers started with the Agent tool have these tools: "
+        + ", ".join(worker_tools(simple))
+        + ". A worker without a write_set is read-only: it has no Write and no Edit.",
+    ]
+    servers = sorted(mcp_servers)
+    if servers:
+        lines.append(
+            "Workers also have the tools of these MCP servers: " + ", ".join(servers) + "."
+        )
+    lines.append(
+        f"Scratchpad directory: {scratchpad}\nWorkers can read and write there without a "
+        "permission prompt, whatever their write set: use it for knowledge that workers share "
+        "(a synthesis, a plan, findings too long for a prompt)."
+    )
+    lines.append("</coordinator-context>")
+    return "\n".join(lines)
+
+
+def worker_permission(coordinator_mode: str) -> str:
+    """A worker runs in its coordinator's mode, but `default` gives workers `acceptEdits`."""
+    return "acceptEdits" if coordinator_mode == "default" else coordinator_mode
+
+
+def check_budget(raw: Any, what: str) -> dict[str, float] | None:
+    """`raw` as a budget ({tokens?, tool_uses?, seconds?}, positive numbers) or None."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        raise UsageError(f'{what} must be an object like {{"tokens": 20000}}, not {raw!r}')
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        if key not in BUDGET_KEYS:
+            raise UsageError(f"{what}: unknown key {key!r} (use {', '.join(BUDGET_KEYS)})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise UsageError(f"{what}: {key} must be a positive number, not {value!r}")
+        out[key] = value
+    return out
+
+
+def spent(task: LocalAgentTaskState) -> dict[str, float]:
+    """What an agent task has used so far, in budget keys."""
+    usage = task.usage
+    progress = task.progress
+    tokens = usage.total_tokens if usage else (progress.token_count if progress else 0)
+    tools = usage.tool_uses if usage else (progress.tool_use_count if progress else 0)
+    if usage is not None:
+        seconds = usage.duration_ms / 1000
+    else:
+        end = task.end_time if task.end_time is not None else time.time()
+        seconds = max(0.0, end - task.start_time)
+    return {"tokens": tokens, "tool_uses": tools, "seconds": seconds}
+
+
+def left(
+    coordinator: LocalAgentTaskState, workers: Iterable[LocalAgentTaskState]
+) -> dict[str, float]:
+    """What the run budget has left: the budget less what finished workers spent and what
+    running workers hold (their budget, else what they spent)."""
+    budget = coordinator.budget or {}
+    out: dict[str, float] = {}
+    for key in BUDGET_KEYS:
+        if key not in budget:
+            continue
+        used = 0.0
+        for worker in workers:
+            share = (worker.budget or {}).get(key)
+            used += spent(worker)[key] if worker.is_terminal or share is None else share
+        if key != "seconds":
+            used += spent(coordinator)[key]
+        out[key] = float(budget[key]) - used
+    return out
+
+
+def worker_limits(
+    asked: Mapping[str, float] | None, remaining: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The budget a new worker gets and the limits that enforce it: what it asked (refused
+    when more than the run has left), else all the run has left."""
+    share: dict[str, float] = {}
+    for key, value in (asked or {}).items():
+        if key in remaining and value > remaining[key]:
+            raise UsageError(
+                f"budget {key}={value:g} is more than the run has left ({max(0, remaining[key]):g})"
+            )
+        share[key] = value
+    for key, value in remaining.items():
+        if value <= 0:
+            raise UsageError(f"the run's {key} budget is spent; no worker can start")
+        share.setdefault(key, value)
+    limits: dict[str, Any] = {}
+    for key, value in share.items():
+        limits[BUDGET_LIMITS[key]] = value if key == "seconds" else max(1, int(value))
+    return share, limits
+
+
+def mode_message(stored: bool, asked: bool) -> str | None:
+    """What to say when a resumed session's stored mode wins over the asked one."""
+    if stored == asked:
+        return None
+    return (
+        "entered coordinator mode to match the resumed session"
+        if stored
+        else "exited coordinator mode to match the resumed session"
+    )

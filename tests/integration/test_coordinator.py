@@ -1,0 +1,359 @@
+"""Coordinator mode through the real CLI and a real leader, on scripted models (one script for
+the coordinator and, in its `[[worker]]` tables, its workers): background workers whose ends
+arrive once each, write-set leases (read-only workers, waiting on an overlap, writes outside
+the lease refused, Bash changes outside it recorded), budgets, and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cli
+from tests.integration.test_agent_tasks import BYPASS, FAST, script
+from tests.polling import wait_until
+
+TEAM = "co"
+TERMINAL = ("completed", "failed", "killed")
+
+
+@pytest.fixture
+def leader(cli: Cli, home: Path) -> Iterator[Cli]:
+    up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield cli
+    finally:
+        cli("down", "--team", TEAM)
+
+
+def tasks(cli: Cli) -> list[dict[str, Any]]:
+    out = cli("ps", "--team", TEAM, "--all", "--json")
+    assert out.returncode == 0, out.stderr
+    rows: list[dict[str, Any]] = json.loads(out.stdout)
+    return rows
+
+
+def record(cli: Cli, task_id: str) -> dict[str, Any]:
+    (task,) = [t for t in tasks(cli) if t["id"] == task_id]
+    return task
+
+
+def ended(cli: Cli, task_id: str, timeout: float = 60) -> dict[str, Any]:
+    def final() -> dict[str, Any] | None:
+        task = record(cli, task_id)
+        return task if task["status"] in TERMINAL else None
+
+    return wait_until(final, timeout=timeout, what=f"agent {task_id} to end")
+
+
+def coordinate(cli: Cli, model: str, cwd: Path, *extra: str, prompt: str = "go") -> str:
+    out = cli(
+        "agent", "--team", TEAM, "--coordinator", "--model", model, "--cwd", str(cwd),
+        *extra, prompt,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def notified_ids(transcript: Path) -> list[str]:
+    """The task ids of the notifications in a transcript's user prompts, as often as each
+    appears (a request repeated in later records is counted once)."""
+    import re
+
+    seen: list[str] = []
+    for line in transcript.read_text().splitlines():
+        for part in json.loads(line)["message"].get("parts", []):
+            if part.get("part_kind") == "user-prompt":
+                seen += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", part["content"])
+    return seen
+
+
+RESEARCH = """
+final = "noted {turn}"
+
+[[turn]]
+text = "Research in parallel."
+[[turn.call]]
+tool = "Agent"
+args = { description = "one", prompt = "Research one" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "two", prompt = "Research two" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "three", prompt = "Research three" }
+
+[[turn]]
+text = "Waiting."
+
+[[worker]]
+match = "^Research"
+final = "found: {prompt}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "echo looking" }
+"""
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_workers_run_in_the_background_and_each_end_arrives_once(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    model = script(tmp_path, RESEARCH)
+    coord = coordinate(leader, model, tmp_path, "--backend", backend, *BYPASS)
+    waited = leader("wait", "--team", TEAM, coord, "--timeout", "90")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    task = record(leader, coord)
+    assert task["status"] == "completed" and task["coordinator"], task
+    assert task["agent_type"] == "coordinator" and task["result"].startswith("noted")
+    workers = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
+    assert len(workers) == 3 and all(w["status"] == "completed" for w in workers), workers
+    assert all(w["write_set"] is None and "Write" not in w["tools"] for w in workers)
+    assert {w["result"] for w in workers} == {f"found: Research {n}" for n in
+                                              ("one", "two", "three")}  # fmt: skip
+    ids = notified_ids(Path(task["transcript"]))
+    assert sorted(ids) == sorted(w["id"] for w in workers), ids  # each exactly once
+    inbox = next(Path(task["output_file"]).parent.parent.glob("agents/*.coordinator.inbox"))
+    assert not list((inbox / "new").iterdir()) and not list((inbox / "cur").iterdir())
+    first = Path(task["output_file"]).read_text()
+    assert "<coordinator-context>" in first and "scratchpad" in first
+
+
+LEASED = """
+final = "all done"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "first", prompt = "Implement first", write_set = ["src/*.py"] }
+[[turn.call]]
+tool = "Agent"
+args = { description = "second", prompt = "Implement second", write_set = ["src/calc.py"] }
+[[turn.call]]
+tool = "Agent"
+args = { description = "docs", prompt = "Implement docs", write_set = ["docs/**"] }
+
+[[turn]]
+text = "Waiting for the implementers."
+
+[[worker]]
+match = "^Implement first"
+final = "first: {result_1} | {result_2} | {result_3}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Write"
+args = { file_path = "src/calc.py", content = "x = 1\\n" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Write"
+args = { file_path = "docs/notes.md", content = "not mine\\n" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 1; echo sneaky > outside.txt" }
+
+[[worker]]
+match = "^Implement second"
+final = "second wrote"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "echo second > src/calc.py" }
+
+[[worker]]
+match = "^Implement docs"
+final = "docs: {result_1}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Write"
+args = { file_path = "docs/guide.md", content = "guide\\n" }
+"""
+
+
+def test_leases_hold_one_writer_per_file_set(leader: Cli, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    model = script(tmp_path, LEASED)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+
+    def second() -> dict[str, Any] | None:
+        found = [t for t in tasks(leader) if t.get("description") == "second"]
+        return found[0] if found else None
+
+    waiting = wait_until(second, what="the second worker")
+    first = next(t for t in tasks(leader) if t.get("description") == "first")
+    if waiting["status"] == "pending":  # (the first may be done already on a fast machine)
+        assert waiting["waiting_for"]["lease"] == first["id"], waiting
+        shown = leader("ps", "--team", TEAM).stdout
+        assert f"waiting for the lease of {first['id']}" in shown or first["status"] in TERMINAL
+    task = ended(leader, coord, timeout=90)
+    assert task["status"] == "completed", task
+    rows = {t["description"]: t for t in tasks(leader) if t.get("worker_of")}
+    one, two, docs = rows["first"], rows["second"], rows["docs"]
+    assert one["status"] == two["status"] == docs["status"] == "completed"
+    assert one["lease"]["fence"] != two["lease"]["fence"]
+    # The second started only once the first had ended: it never held the lease with it.
+    assert two["start_time"] >= one["end_time"], (one, two)
+    assert "created" in one["result"].split(" | ")[0]
+    assert "outside this worker's lease" in one["result"].split(" | ")[1]
+    assert "lease violation" in one["result"].split(" | ")[2]
+    (violation,) = one["violations"]
+    assert violation["paths"] == ["outside.txt"] and "sneaky" in violation["command"]
+    assert docs["result"].startswith("docs: created")
+    assert (tmp_path / "src" / "calc.py").read_text() == "second\n"
+    assert not (tmp_path / "docs" / "notes.md").exists()
+    leases = json.loads(next(Path(task["output_file"]).parent.parent.glob("leases.json"))
+                        .read_text())  # fmt: skip
+    assert leases["leases"] == {}  # every lease released when its holder ended
+
+
+BAD_CALLS = """
+final = "bad: {result_1} || {result_2} || {result_3} || {result_4} || {result_5}"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "abs", prompt = "x", write_set = ["/etc/passwd"] }
+[[turn.call]]
+tool = "Agent"
+args = { description = "escape", prompt = "x", write_set = ["../elsewhere/*"] }
+[[turn.call]]
+tool = "Agent"
+args = { description = "notalist", prompt = "x", write_set = "src/*.py" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "greedy", prompt = "x", budget = { tokens = 999999 } }
+[[turn.call]]
+tool = "TaskStop"
+args = { task_id = "a00000000" }
+"""
+
+
+def test_bad_worker_requests_are_tool_errors(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, BAD_CALLS)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process",
+                       "--budget-tokens", "5000")  # fmt: skip
+    task = ended(leader, coord)
+    assert task["status"] == "completed", task
+    results = task["result"].removeprefix("bad: ").split(" || ")
+    assert "'/etc/passwd' is absolute" in results[0], results[0]
+    assert "leads outside the working directory" in results[1], results[1]
+    assert "must be a non-empty list of globs" in results[2], results[2]
+    assert "budget tokens=999999 is more than the run has left" in results[3], results[3]
+    assert "a00000000" in results[4], results[4]
+    assert not [t for t in tasks(leader) if t.get("worker_of")]  # nothing was started
+
+
+PERMS = """
+final = "done"
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "w", prompt = "Work", write_set = ["*.txt"] }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "worker done"
+"""
+
+
+def test_workers_take_the_run_model_and_default_mode_gives_accept_edits(
+    leader: Cli, tmp_path: Path
+) -> None:
+    model = script(tmp_path, PERMS)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process",
+                       "--budget-tokens", "50000", "--budget-tool-uses", "30")  # fmt: skip
+    task = ended(leader, coord)
+    assert task["status"] == "completed", task
+    (worker,) = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
+    assert worker["permission_mode"] == "acceptEdits" and worker["model"] == task["model"]
+    assert not worker["fork"] and not task["fork"]
+    assert worker["budget"]["tokens"] <= 50000 and worker["limits"]["max_tool_uses"] <= 30
+
+
+def test_budget_flags_need_coordinator_mode(leader: Cli, tmp_path: Path) -> None:
+    out = leader("agent", "--team", TEAM, "--budget-tokens", "10", "hi")
+    assert out.returncode == 2 and "add --coordinator" in out.stderr
+
+
+def test_the_mode_comes_from_the_environment_and_a_resume_keeps_it(
+    leader: Cli, tmp_path: Path
+) -> None:
+    model = script(tmp_path, 'final = "plain answer"\n')
+    out = leader(
+        "agent", "--team", TEAM, "--model", model, "--backend", "in-process", "hello",
+        env={"SHOAL_COORDINATOR_MODE": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    task = ended(leader, out.stdout.strip())
+    assert task["coordinator"] and task["status"] == "completed", task
+    resumed = leader("agent", "--team", TEAM, "--no-coordinator", "--resume", task["id"], "more")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "entered coordinator mode to match the resumed session" in resumed.stderr
+    again = ended(leader, resumed.stdout.strip())
+    assert again["coordinator"] and again["resumed_from"] == task["id"]
+
+
+SLOW = """
+final = "resumed: {turn}"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "a", prompt = "Slow a" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "b", prompt = "Slow b" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "c", prompt = "Slow c" }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "slept"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "while [ ! -e go ]; do sleep 0.05; done" }
+"""
+
+
+def test_a_coordinator_killed_while_workers_end_sees_each_end_once_after_resume(
+    leader: Cli, tmp_path: Path
+) -> None:
+    model = script(tmp_path, SLOW)
+    coord = coordinate(leader, model, tmp_path, "--backend", "process",
+                       "--permission-mode", "bypassPermissions")  # fmt: skip
+
+    def three() -> list[dict[str, Any]] | None:
+        found = [t for t in tasks(leader) if t.get("worker_of")]
+        return found if len(found) == 3 and all(t["status"] == "running" for t in found) else None
+
+    wait_until(three, timeout=60, what="three running workers")
+    pid = wait_until(lambda: record(leader, coord).get("pid"), what="the coordinator's pid")
+    os.kill(pid, signal.SIGSTOP)  # (it cannot take the notifications while they land)
+    try:
+        (tmp_path / "go").touch()  # all three end at once
+        wait_until(
+            lambda: all(t["status"] in TERMINAL for t in tasks(leader) if t.get("worker_of")),
+            timeout=30, what="the workers to end",
+        )  # fmt: skip
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    dead = ended(leader, coord)
+    assert dead["status"] in ("failed", "killed"), dead
+    resumed = leader("agent", "--team", TEAM, "--resume", coord, "go on")
+    assert resumed.returncode == 0, resumed.stderr
+    final = ended(leader, resumed.stdout.strip(), timeout=60)
+    assert final["status"] == "completed", final
+    workers = [t for t in tasks(leader) if t.get("worker_of") == final["agent_id"]]
+    ids = notified_ids(Path(final["transcript"]))
+    assert sorted(ids) == sorted(w["id"] for w in workers), ids
