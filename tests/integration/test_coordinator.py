@@ -62,15 +62,17 @@ def coordinate(cli: Cli, model: str, cwd: Path, *extra: str, prompt: str = "go")
 
 
 def notified_ids(transcript: Path) -> list[str]:
-    """The task ids of the notifications in a transcript's user prompts, as often as each
-    appears (a request repeated in later records is counted once)."""
+    """The task ids of the notifications in a transcript's conversation (as `load` reads it:
+    truncate records applied), as often as each appears."""
     import re
 
+    from shoal.workers.agent.transcript import Transcript
+
     seen: list[str] = []
-    for line in transcript.read_text().splitlines():
-        for part in json.loads(line)["message"].get("parts", []):
-            if part.get("part_kind") == "user-prompt":
-                seen += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", part["content"])
+    for message in Transcript.load(transcript).messages:
+        for part in message.parts:
+            if part.part_kind == "user-prompt" and isinstance(part.content, str):
+                seen += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", part.content)
     return seen
 
 
@@ -190,8 +192,11 @@ def test_leases_hold_one_writer_per_file_set(leader: Cli, tmp_path: Path) -> Non
     first = next(t for t in tasks(leader) if t.get("description") == "first")
     if waiting["status"] == "pending":  # (the first may be done already on a fast machine)
         assert waiting["waiting_for"]["lease"] == first["id"], waiting
-        shown = leader("ps", "--team", TEAM).stdout
-        assert f"waiting for the lease of {first['id']}" in shown or first["status"] in TERMINAL
+        shown = leader("ps", "--team", TEAM, "--all").stdout
+        assert (
+            f"[waiting for the lease of {first['id']}]" in shown
+            or record(leader, waiting["id"])["status"] != "pending"
+        )
     task = ended(leader, coord, timeout=90)
     assert task["status"] == "completed", task
     rows = {t["description"]: t for t in tasks(leader) if t.get("worker_of")}
@@ -276,6 +281,8 @@ def test_workers_take_the_run_model_and_default_mode_gives_accept_edits(
     assert worker["permission_mode"] == "acceptEdits" and worker["model"] == task["model"]
     assert not worker["fork"] and not task["fork"]
     assert worker["budget"]["tokens"] <= 50000 and worker["limits"]["max_tool_uses"] <= 30
+    shown = leader("ps", "--team", TEAM, "--all").stdout
+    assert "/50,000 tokens" in shown and "/30 tool uses]" in shown, shown
 
 
 def test_budget_flags_need_coordinator_mode(leader: Cli, tmp_path: Path) -> None:
@@ -357,3 +364,95 @@ def test_a_coordinator_killed_while_workers_end_sees_each_end_once_after_resume(
     workers = [t for t in tasks(leader) if t.get("worker_of") == final["agent_id"]]
     ids = notified_ids(Path(final["transcript"]))
     assert sorted(ids) == sorted(w["id"] for w in workers), ids
+
+
+CONTINUED = """
+final = "heard {turn}"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "quick", prompt = "Quick one" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "slow", prompt = "Slow one" }
+[[turn.call]]
+tool = "SendMessage"
+args = { to = "a00000000", message = "anyone?" }
+[[turn]]
+text = "waiting: {result_3}"
+
+[[worker]]
+match = "^Slow"
+final = "slow done"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 300 >/dev/null 2>&1 & echo $! >bg.pid;until [ -e go ]; do sleep 1; done" }
+
+[[worker]]
+final = "quick: {prompt}"
+"""
+
+
+def test_a_finished_worker_continued_by_a_message_reports_to_its_coordinator(
+    leader: Cli, tmp_path: Path
+) -> None:
+    model = script(tmp_path, CONTINUED)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+
+    def worker(name: str) -> dict[str, Any] | None:
+        found = [t for t in tasks(leader) if t.get("description") == name and t.get("worker_of")]
+        return found[0] if found else None
+
+    def quick_done() -> dict[str, Any] | None:
+        found = worker("quick")
+        return found if found is not None and found["status"] == "completed" else None
+
+    quick = wait_until(quick_done, what="the quick worker")
+    sent = leader("send", "--team", TEAM, quick["id"], "once more")
+    assert sent.returncode == 0, sent.stderr
+    again = sent.stdout.strip()
+    assert again != quick["id"]
+    continued = ended(leader, again)
+    assert continued["worker_of"] == quick["worker_of"] and continued["parent_agent"] == coord
+    transcript = Path(record(leader, coord)["transcript"])
+    wait_until(lambda: again in notified_ids(transcript), what="the continued worker's end")
+    out = Path(record(leader, coord)["output_file"]).read_text()
+    assert "no task a00000000" in out or "a00000000" in out.split("waiting:")[1]
+    (tmp_path / "go").touch()
+    task = ended(leader, coord)
+    assert task["status"] == "completed", task
+    ids = notified_ids(transcript)
+    slow = worker("slow")
+    assert slow is not None and sorted(ids) == sorted({quick["id"], again, slow["id"]}), ids
+
+
+def test_stopping_a_worker_stops_its_shells_and_tells_its_coordinator(
+    leader: Cli, tmp_path: Path
+) -> None:
+    model = script(tmp_path, CONTINUED)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+    pid_file = tmp_path / "bg.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the shell")
+    bg = int(pid_file.read_text())
+    slow = next(t for t in tasks(leader) if t.get("description") == "slow")
+    stopped = leader("stop", "--team", TEAM, slow["id"])
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: not _alive(bg), timeout=20, what="the worker's background sleep to die")
+    task = ended(leader, coord)
+    assert task["status"] == "completed", task
+    assert slow["id"] in notified_ids(Path(task["transcript"]))
+    assert record(leader, slow["id"])["status"] == "killed"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False

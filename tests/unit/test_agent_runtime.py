@@ -359,3 +359,25 @@ def test_team_create_and_delete_tools(tmp_path: Path) -> None:
     assert not teams.exists("side")
     with pytest.raises(ToolFailure, match="own team"):
         tools.teamdelete(TeamDeleteArgs(team_name="home"))
+
+
+def test_a_transcript_whose_earlier_messages_changed_records_a_truncate(tmp_path: Path) -> None:
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+    path = tmp_path / "t.jsonl"
+    first = ModelRequest(parts=[UserPromptPart("hi")])
+    answer = ModelResponse(parts=[TextPart("one")])
+    transcript = Transcript(path)
+    transcript.append([first, answer])
+    transcript.append([first, answer])  # nothing new: nothing written
+    assert len(path.read_text().splitlines()) == 2
+    merged = ModelRequest(parts=[UserPromptPart("hi"), UserPromptPart("and a queued one")])
+    transcript.append([merged, ModelResponse(parts=[TextPart("two")])])
+    lines = [orjson.loads(line) for line in path.read_text().splitlines()]
+    assert lines[2] == {"v": 1, "truncate": 0} and len(lines) == 5
+    loaded = Transcript.load(path)
+    assert loaded.problem is None and [len(m.parts) for m in loaded.messages] == [2, 1]
+    path.write_text(path.read_text() + orjson.dumps({"v": 1, "truncate": 9}).decode() + "\n")
+    bad = Transcript.load(path)
+    assert bad.problem is not None and "truncate 9 is past the conversation" in bad.problem
+    assert len(bad.messages) == 2  # (the good prefix)

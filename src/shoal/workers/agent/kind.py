@@ -569,10 +569,11 @@ class AgentKind:
 
     def _stopped(self, task: LocalAgentTaskState, store: TaskStore, late: list[str]) -> None:
         """A killed agent is not resumed by messages that came too late (they are noted);
-        one stopped on request is not news: no notification, as for shells."""
+        one stopped on request is not news: no notification, as for shells. A coordinator's
+        worker is the exception: its coordinator waits for every worker's end."""
         if late:
             store.note(f"agent {task.id} was stopped; {len(late)} message(s) to it were dropped")
-        if task.kill_reason in (None, STOPPED_ON_REQUEST):
+        if task.kill_reason in (None, STOPPED_ON_REQUEST) and task.worker_of is None:
             store.mark_notified(task.id)
             final = store.get(task.id)
             if final is not None:

@@ -208,7 +208,7 @@ class AgentLoop:
         self.output = output or Output(None)
         self.history: list[ModelMessage] = list(history)
         if transcript is not None:
-            transcript.written = len(self.history)
+            transcript.resume(self.history)
         self.limits = limits
         self.progress = Progress()
         self.on_progress = on_progress
@@ -282,8 +282,6 @@ class AgentLoop:
             and any(isinstance(p, ToolCallPart) for p in self.history[-1].parts)
         ):
             self.history.pop()
-        if self.transcript is not None:
-            self.transcript.written = min(self.transcript.written, len(self.history))
 
     def pending(self) -> list[str]:
         """Take the messages queued for a next run (they came after this one ended)."""

@@ -1,5 +1,12 @@
 """The sidechain transcript: `sessions/{s}/transcripts/{agent_id}.jsonl`, one model message
-(request or response, pydantic-ai's message JSON) per line, appended as it happens.
+(request or response, pydantic-ai's message JSON) per line, appended as it happens:
+
+    {"v": 1, "message": {...}}
+    {"v": 1, "truncate": 7}      the conversation from message 7 on is replaced by what follows
+
+A conversation whose earlier messages changed (pydantic-ai replaces a request that took a
+queued message with a copy; a stopped turn drops its round in flight) is never rewritten in
+place: a `truncate` record says from where the lines after it stand instead.
 
 A kill -9 loses at most the line being written: `load` keeps the good prefix, reports the
 first bad line, and drops a trailing response whose tool calls never got their results (the
@@ -47,22 +54,38 @@ class Transcript:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.written = 0  # messages of the conversation already on disk
+        self._kept: list[ModelMessage] = []  # the conversation as the file now says it
+
+    @property
+    def written(self) -> int:
+        """How many messages of the conversation are on disk."""
+        return len(self._kept)
+
+    def resume(self, messages: Sequence[ModelMessage]) -> None:
+        """The file already holds `messages` (a conversation loaded from it)."""
+        self._kept = list(messages)
 
     def append(self, messages: Sequence[ModelMessage]) -> None:
-        """Append the messages past `written` (callers pass the whole history each time)."""
-        new = messages[self.written :]
-        if not new:
+        """Bring the file up to `messages` (callers pass the whole history each time): the
+        new ones appended, after a `truncate` record when earlier ones changed."""
+        same = 0
+        for old, new_message in zip(self._kept, messages, strict=False):
+            if old is not new_message and old != new_message:
+                break
+            same += 1
+        if same == len(self._kept) == len(messages):
             return
-        records = _adapter().dump_python(list(new), mode="json")
-        data = b"".join(orjson.dumps({"v": 1, "message": r}) + b"\n" for r in records)
+        records = _adapter().dump_python(list(messages[same:]), mode="json")
+        lines = [orjson.dumps({"v": 1, "truncate": same})] if same < len(self._kept) else []
+        lines += [orjson.dumps({"v": 1, "message": r}) for r in records]
+        data = b"".join(line + b"\n" for line in lines)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path, _FLAGS, FILE_MODE)
         try:
             os.write(fd, data)  # one write: a line is torn only by a crash inside it
         finally:
             os.close(fd)
-        self.written = len(messages)
+        self._kept = list(messages)
 
     @staticmethod
     def load(path: Path) -> Loaded:
@@ -81,6 +104,12 @@ class Transcript:
                 record = orjson.loads(line)
                 if not isinstance(record, dict) or record.get("v") != 1:
                     raise ValueError("not a transcript record")
+                if "truncate" in record:
+                    cut = record["truncate"]
+                    if not isinstance(cut, int) or not 0 <= cut <= len(loaded.messages):
+                        raise ValueError(f"truncate {cut!r} is past the conversation")
+                    del loaded.messages[cut:]
+                    continue
                 loaded.messages.extend(adapter.validate_python([record["message"]]))
             except Exception as exc:  # orjson, pydantic and key errors alike: stop here
                 rest = len(raw.splitlines()) - number + 1
