@@ -456,3 +456,61 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+STALLING = """
+final = "after: {prompt}"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "reader", prompt = "Read the pipe" }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "read: {last}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Read"
+args = { file_path = "pipe" }
+"""
+
+
+def test_a_silent_worker_is_reported_stalled_once(cli: Cli, tmp_path: Path) -> None:
+    # The worker's Read of a FIFO blocks with no writer: no model response, no tool output.
+    up = cli("up", "--team", "st", "--detach", "--quiet",
+             env={**FAST, "SHOAL_WORKER_STALL_S": "1"})  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        os.mkfifo(tmp_path / "pipe")
+        model = script(tmp_path, STALLING)
+        out = cli("agent", "--team", "st", "--coordinator", "--model", model, "--cwd",
+                  str(tmp_path), "--backend", "process", *BYPASS, "go")  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        coord = out.stdout.strip()
+        rows = json.loads(cli("ps", "--team", "st", "--all", "--json").stdout)
+        output = Path(next(t for t in rows if t["id"] == coord)["output_file"])
+        wait_until(lambda: output.exists() and "appears stalled" in output.read_text(),
+                   timeout=60, what="the stall notice")  # fmt: skip
+        with open(tmp_path / "pipe", "w") as pipe:
+            pipe.write("unblocked\n")
+
+        def done() -> dict[str, Any] | None:
+            rows = json.loads(cli("ps", "--team", "st", "--all", "--json").stdout)
+            task = next(t for t in rows if t["id"] == coord)
+            return task if task["status"] in TERMINAL else None
+
+        task = wait_until(done, timeout=60, what="the coordinator to end")
+        assert task["status"] == "completed", task
+        from shoal.workers.agent.transcript import Transcript
+
+        prompts = [p.content for m in Transcript.load(Path(task["transcript"])).messages
+                   for p in m.parts if p.part_kind == "user-prompt"]  # fmt: skip
+        assert sum("appears stalled" in str(text) for text in prompts) == 1, prompts
+        (worker,) = [t for t in json.loads(cli("ps", "--team", "st", "--all", "--json").stdout)
+                     if t.get("worker_of")]  # fmt: skip
+        assert "unblocked" in worker["result"]
+        assert notified_ids(Path(task["transcript"])).count(worker["id"]) == 2  # notice + end
+    finally:
+        cli("down", "--team", "st")

@@ -53,10 +53,26 @@ def config_file(home: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: {exc}") from None
 
 
-def config_value(home: Path, key: str, kind: type, example: str) -> Any:
+def config_value(home: Path, key: str, kind: type | tuple[type, ...], example: str) -> Any:
     """`key` of config.toml, None when unset; a value of another type is a usage error that
     names the file, the key and an `example` of a good value."""
     value = config_file(home).get(key)
     if value is not None and not isinstance(value, kind):
         raise UsageError(f"{home / 'config.toml'}: {key} must be {example}, not {value!r}")
     return value
+
+
+def worker_stall_s(home: Path) -> float:
+    """After how long without a model response or tool activity a coordinator's worker
+    "appears stalled": $SHOAL_WORKER_STALL_S, else `stall_s` in config.toml, else 300."""
+    if os.environ.get("SHOAL_WORKER_STALL_S"):
+        return _env_float("SHOAL_WORKER_STALL_S", WORKER_STALL_S)
+    value = config_value(home, "stall_s", (int, float), "a number of seconds")
+    if value is None:
+        return WORKER_STALL_S
+    if isinstance(value, bool) or value <= 0:
+        raise UsageError(f"{home / 'config.toml'}: stall_s must be a positive number of seconds")
+    return float(value)
+
+
+WORKER_STALL_S = 300.0

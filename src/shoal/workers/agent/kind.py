@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.core.config import worker_stall_s
 from shoal.core.errors import ShoalError
 from shoal.core.events import TaskProgress, task_started, task_terminated
+from shoal.core.notify import task_notification_xml
+from shoal.core.output import tail
 from shoal.core.procs import Termination, is_alive, process_start_time
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
@@ -72,6 +75,9 @@ class _Live:
     ending: Termination | None = None
     status_mtime: int = 0
     last_event: float = 0.0
+    last_activity: float = field(default_factory=time.monotonic)  # a status written, or none
+    busy: bool = False  # running a command, or waiting for a permission answer
+    stall_told: bool = False
     handle: Any = None  # the tmux pane's backend handle
     done: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -114,6 +120,7 @@ class AgentKind:
         self._exited: set[str] = set()
         self._host = _InProcessHost()
         self._tmux: Any = None
+        self.stall_s = worker_stall_s(home)
         # Set by the leader: resume a finished agent with messages that came too late.
         self.resume_with: Callable[[LocalAgentTaskState, list[str]], Any] | None = None
 
@@ -156,6 +163,33 @@ class AgentKind:
                 live = self.runs.get(task_id)
                 if live is not None:
                     self._read_status(live, store)
+        elif what is Poll.STALLS:
+            for task_id in ids:
+                live = self.runs.get(task_id)
+                if live is not None and not live.stall_told and not live.busy:
+                    self._check_stall(live, store, time.monotonic())
+
+    def _check_stall(self, live: _Live, store: TaskStore, now: float) -> None:
+        """A coordinator's worker silent (no model response, no tool activity) for stall_s
+        tells its coordinator once that it appears stalled."""
+        if now - live.last_activity < self.stall_s:
+            return
+        task = store.get(live.task_id)
+        if not isinstance(task, LocalAgentTaskState) or task.worker_of is None:
+            return
+        live.stall_told = True
+        quiet = int(now - live.last_activity)
+        summary = f'Worker "{task.description}" appears stalled (no activity for {quiet}s)'
+        xml = task_notification_xml(
+            task_id=task.id,
+            task_type=task.type,
+            output_file=task.output_file,
+            status=task.status,
+            summary=summary,
+            output_tail=tail(task.output_file, 1024),
+        )
+        store.notify_owner(task, xml, summary, status="running", msg_id=None)
+        store.note(f"worker {task.id} appears stalled; its coordinator was told")
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         if task.is_terminal:
@@ -455,6 +489,8 @@ class AgentKind:
         status = AgentStatus.load(live.status_file)
         if status is None:
             return None
+        live.last_activity = time.monotonic()
+        live.busy = bool(status.commands) or status.waiting is not None
         progress = _progress(status.progress)
         task = store.get(live.task_id)
         if isinstance(task, LocalAgentTaskState) and task.waiting_for != status.waiting:

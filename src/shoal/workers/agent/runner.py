@@ -234,19 +234,24 @@ class Consent:
             self.status.flush()
 
 
-NOTIFICATION_ID: Final = re.compile(r"<task-notification>\s*<task-id>([^<]+)</task-id>")
+# A notification of a task's end (not a notice, such as "appears stalled", of a running one).
+FINAL_NOTIFICATION: Final = re.compile(
+    r"<task-notification>\s*<task-id>([^<]+)</task-id>(?:(?!</task-notification>).)*?"
+    r"<status>(?:completed|failed|killed)</status>",
+    re.DOTALL,
+)
 COORDINATOR_IDLE_CHECK_S: Final = 1.0
 
 
 def notification_task(text: str) -> str | None:
-    """The task id of a `<task-notification>` message, else None."""
-    found = NOTIFICATION_ID.match(text.lstrip())
+    """The task id of a `<task-notification>` of a task's end, else None."""
+    found = FINAL_NOTIFICATION.match(text.lstrip())
     return found.group(1) if found else None
 
 
 def recorded_notifications(agent: AgentLoop) -> set[str]:
-    """The task ids whose notifications are in the agent's conversation."""
-    return {m.group(1) for text in agent.user_texts() for m in NOTIFICATION_ID.finditer(text)}
+    """The task ids whose end notifications are in the agent's conversation."""
+    return {m.group(1) for text in agent.user_texts() for m in FINAL_NOTIFICATION.finditer(text)}
 
 
 def watch_coordinator_inbox(
