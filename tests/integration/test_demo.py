@@ -54,3 +54,35 @@ def test_demo_does_real_work_and_leaves_nothing(
         assert gone.returncode != 0
     # The demo only read the project.
     assert sorted(p.name for p in work.rglob("*")) == ["a.py", "b.py", "notes.md", "src"]
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_the_coordinator_demo_goes_through_the_four_phases(
+    cli: Cli, home: Path, tmp_path: Path, backend: str
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "shoal", "demo", "--coordinator", "--backend", backend],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SHOAL_HOME": str(home)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    for phase in ("Phase 1, research", "Phase 2, synthesis", "Phase 3, implementation",
+                  "Phase 4, verification"):  # fmt: skip
+        assert phase in text, text
+    rows = [line for line in text.splitlines() if " tokens " in line]
+    assert len(rows) == 6, text  # two researchers, three implementers, one verifier
+    assert sum("read-only" in r for r in rows) == 3
+    assert sum("lease #" in r for r in rows) == 3 and "docs/**" in text
+    assert "waits for the lease of" in text  # the two writers of calc/ops.py took turns
+    assert all("completed" in r for r in rows), rows
+    assert "ran the tests (verified: OK)" in text
+    assert "no worker process or pane is left" in text
+    assert json.loads(cli("team", "list", "--json").stdout) == []
+    runners = subprocess.run(["pgrep", "-af", "shoal.orchestrator.agent_runner"],
+                             capture_output=True)  # fmt: skip
+    assert str(home) not in runners.stdout.decode()  # (its runners' job files are under it)
+    assert [p for p in tmp_path.iterdir() if p != home] == []  # (its project was elsewhere)

@@ -165,16 +165,33 @@ def reject(name: str, feedback: str, as_json: bool) -> None:
     default=None,
     help="Where the teammates run (default: tmux when installed, else process).",
 )
+@click.option(
+    "--coordinator",
+    is_flag=True,
+    help="Instead: a coordinator fixes a small project's failing test through six workers.",
+)
 @common_options
-def demo(backend: str | None) -> None:
+def demo(backend: str | None, coordinator: bool) -> None:
     """Watch a lead and three scripted teammates survey this directory (offline, read-only).
 
     They claim dependent tasks from a shared list, run real commands on the files here,
-    message each other and report back; everything they started is gone at the end.
+    message each other and report back; everything they started is gone at the end. With
+    --coordinator: one coordinator researches, synthesises, implements (write-set leases:
+    one writer per file) and verifies through workers, on a temporary project.
     """
     from shoal.orchestrator.demo import run_demo, tmux_available
 
     env = get_env(click.get_current_context())
+    if coordinator:
+        from shoal.orchestrator.demo_coordinator import run_coordinator_demo, summary
+
+        agent_backend = backend if backend in ("process", "tmux", "in-process") else None
+        if agent_backend is None:
+            agent_backend = "tmux" if tmux_available() and os.environ.get("TMUX") else "process"
+        done = run_coordinator_demo(env.layout, backend=agent_backend, say=click.echo)
+        for line in summary(done):
+            click.echo(line)
+        return
     if backend is not None:
         chosen, why = backend, "asked for with --backend"
     elif tmux_available():

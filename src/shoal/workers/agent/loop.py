@@ -198,6 +198,7 @@ class AgentLoop:
         history: Sequence[ModelMessage] = (),
         limits: Limits = Limits(),
         on_progress: Callable[[Progress], None] | None = None,
+        journal: Path | None = None,
     ) -> None:
         from pydantic_ai import Agent
 
@@ -212,6 +213,7 @@ class AgentLoop:
         self.limits = limits
         self.progress = Progress()
         self.on_progress = on_progress
+        self.journal = journal  # a coordinator's texts, kept where its workers can read them
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
@@ -360,6 +362,8 @@ class AgentLoop:
             for part in node.model_response.parts:
                 if isinstance(part, TextPart) and part.content.strip():
                     self.output.write(f"{part.content.strip()}\n")
+                    if self.journal is not None:
+                        Output(self.journal).write(f"{part.content.strip()}\n\n")
                 elif isinstance(part, ToolCallPart):
                     line = describe_call(part.tool_name, part.args_as_dict())
                     self.progress.tool_use_count += 1

@@ -241,6 +241,8 @@ FINAL_NOTIFICATION: Final = re.compile(
     re.DOTALL,
 )
 COORDINATOR_IDLE_CHECK_S: Final = 1.0
+# In the scratchpad: what the coordinator said (its synthesis), for its workers to read.
+COORDINATOR_JOURNAL: Final = "coordinator.md"
 
 
 def notification_task(text: str) -> str | None:
@@ -477,6 +479,9 @@ async def run_job(
                 history=history,
                 limits=Limits(**job.limits.model_dump()),
                 on_progress=status.progress,
+                journal=Path(job.scratchpad) / COORDINATOR_JOURNAL
+                if job.coordinator and job.scratchpad
+                else None,
             )
             if status.note:
                 loop.output.write(f"[resumed: {status.note}]\n")

@@ -14,7 +14,8 @@ request, run through pydantic-ai's `FunctionModel` (no network, no randomness).
 
 Strings (texts and every string inside `args`) are templates: `{prompt}` the latest user
 message, `{last}` the latest tool result, `{result_N}` the N-th tool result of the whole
-conversation (from 1), `{turn}` this turn's number (from 1), `{{`/`}}` literal braces. Turns
+conversation (from 1), `{turn}` this turn's number (from 1), `{notified}` the `<result>` of
+the latest task notification (a coordinator's), `{{`/`}}` literal braces. Turns
 count across the conversation, so a resumed agent goes on with the next turn.
 
 A coordinator's workers run on the coordinator's model, so one script can hold theirs too:
@@ -29,10 +30,25 @@ prompt (with none matching, the top-level turns).
     [[worker.turn.call]]
     tool = "Grep"
     args = { pattern = "def divide" }
+
+A coordinator hears of its workers' ends as they come, one or several to a request, so its
+later turns are better keyed to how many have come than to their number: an `[[after]]` table
+with `notifications = N` is played once, at the first request when at least N end
+notifications are in the conversation (in the order the tables are written); a request with
+no turn and no `[[after]]` due gets `final`. An `[[after]]` without calls needs a text that
+opens with fixed words (that is how it is known to have been played).
+
+    [[after]]
+    notifications = 2
+    text = "Both research results are in: implementing."
+    [[after.call]]
+    tool = "Agent"
+    args = { description = "fix divide", prompt = "...", write_set = ["calc/ops.py"] }
 """
 
 from __future__ import annotations
 
+import html
 import re
 import string
 import tomllib
@@ -48,7 +64,8 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-_FIELD: Final = re.compile(r"^(prompt|last|turn|result_[1-9][0-9]*)$")
+_FIELD: Final = re.compile(r"^(prompt|last|turn|notified|result_[1-9][0-9]*)$")
+_RESULT: Final = re.compile(r"<result>(.*?)</result>", re.DOTALL)
 _DEFAULT: Final = "default_script.toml"
 
 
@@ -80,6 +97,7 @@ class Script:
     final: str = "done"
     source: str = "the default script"
     workers: tuple[tuple[re.Pattern[str] | None, Script], ...] = ()
+    after: tuple[tuple[int, Turn], ...] = ()  # (end notifications needed, the turn)
 
     def for_conversation(self, first_prompt: str) -> Script:
         """The script a conversation that opened with `first_prompt` follows."""
@@ -111,7 +129,7 @@ class Script:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{source}: {exc}") from None
-        unknown = set(data) - {"turn", "final", "worker"}
+        unknown = set(data) - {"turn", "final", "worker", "after"}
         if unknown:
             raise UsageError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
         raw_workers = data.get("worker", [])
@@ -148,7 +166,22 @@ class Script:
         if not isinstance(final, str):
             raise UsageError(f"{source}: final must be a string")
         _check_template(final, f"{source}: final")
-        return cls(turns, final, source, workers)
+        raw_after = data.get("after", [])
+        if not isinstance(raw_after, list):
+            raise UsageError(f"{source}: `after` must be an array of tables ([[after]])")
+        after: list[tuple[int, Turn]] = []
+        for i, raw in enumerate(raw_after, 1):
+            where = f"{source}: after {i}"
+            if not isinstance(raw, dict):
+                raise UsageError(f"{where}: must be a table")
+            count = raw.get("notifications")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise UsageError(f"{where}: needs notifications = N (a whole number)")
+            turn = _turn({k: v for k, v in raw.items() if k != "notifications"}, where)
+            if not turn.calls and not _fixed_prefix(turn.text):
+                raise UsageError(f"{where}: a text-only [[after]] must open with fixed words")
+            after.append((count, turn))
+        return cls(turns, final, source, workers, tuple(after))
 
 
 def _turn(raw: Any, where: str) -> Turn:
@@ -196,7 +229,7 @@ def _check_template(text: str, where: str) -> None:
         if not _FIELD.match(name):
             raise UsageError(
                 f"{where}: unknown template field {{{name}}} "
-                "(known: {prompt}, {last}, {result_N}, {turn})"
+                "(known: {prompt}, {last}, {result_N}, {turn}, {notified})"
             )
 
 
@@ -238,6 +271,9 @@ def conversation_values(messages: list[ModelMessage]) -> tuple[int, _Values]:
             if isinstance(part, UserPromptPart):
                 content = part.content
                 values["prompt"] = content if isinstance(content, str) else str(content)
+                found = _RESULT.findall(values["prompt"])
+                if found:
+                    values["notified"] = html.unescape(found[-1])
             elif isinstance(part, ToolReturnPart | RetryPromptPart):
                 results += 1
                 text = (
@@ -268,16 +304,65 @@ def respond(script: Script, messages: list[ModelMessage]) -> ModelResponse:
 
     script = script.for_conversation(first_prompt(messages))
     answered, values = conversation_values(messages)
-    if answered >= len(script.turns):
-        return ModelResponse(parts=[TextPart(script.final.format_map(values))])
-    turn = script.turns[answered]
+    tag = f"call_{answered + 1}"
+    if answered < len(script.turns):
+        turn = script.turns[answered]
+    else:
+        due = _due_after(script, messages)
+        if due is None:
+            return ModelResponse(parts=[TextPart(script.final.format_map(values))])
+        index, turn = due
+        tag = f"after_{index}"
     parts: list[Any] = []
     if turn.text:
         parts.append(TextPart(turn.text.format_map(values)))
     for i, call in enumerate(turn.calls, 1):
         args = _render(dict(call.args), values)
-        parts.append(ToolCallPart(call.tool, args, tool_call_id=f"call_{answered + 1}_{i}"))
+        parts.append(ToolCallPart(call.tool, args, tool_call_id=f"{tag}_{i}"))
     return ModelResponse(parts=parts)
+
+
+_END_NOTIFICATION: Final = re.compile(
+    r"<task-notification>(?:(?!</task-notification>).)*?"
+    r"<status>(?:completed|failed|killed)</status>",
+    re.DOTALL,
+)
+
+
+def _fixed_prefix(text: str) -> str:
+    return text.split("{", 1)[0].strip()
+
+
+def _due_after(script: Script, messages: list[ModelMessage]) -> tuple[int, Turn] | None:
+    """The first `[[after]]` not played yet whose count of end notifications has come."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
+
+    if not script.after:
+        return None
+    ends = 0
+    played: set[int] = set()
+    texts: list[str] = []
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                content = getattr(part, "content", None)
+                if part.part_kind == "user-prompt" and isinstance(content, str):
+                    ends += len(_END_NOTIFICATION.findall(content))
+        elif isinstance(message, ModelResponse):
+            for rpart in message.parts:
+                if isinstance(rpart, ToolCallPart) and (rpart.tool_call_id or "").startswith(
+                    "after_"
+                ):
+                    played.add(int(rpart.tool_call_id.split("_")[1]))
+                elif isinstance(rpart, TextPart):
+                    texts.append(rpart.content)
+    for index, (count, turn) in enumerate(script.after, 1):
+        if index in played:
+            continue
+        if not turn.calls and any(t.startswith(_fixed_prefix(turn.text)) for t in texts):
+            continue
+        return (index, turn) if ends >= count else None
+    return None
 
 
 def scripted_model(script: Script) -> FunctionModel:
