@@ -1579,6 +1579,117 @@ def bench_agent(cfg: Config) -> SectionResult:
     return result
 
 
+def _coordinator_script(n: int, worker_command: str) -> str:
+    """A scripted coordinator that starts `n` read-only workers in one turn."""
+    calls = "".join(
+        f'[[turn.call]]\ntool = "Agent"\nargs = {{ description = "w{i}", prompt = "Work {i}" }}\n'
+        for i in range(n)
+    )
+    worker = (
+        '[[worker]]\nfinal = "done"\n[[worker.turn]]\n[[worker.turn.call]]\ntool = "Bash"\n'
+        f"args = {{ command = {json.dumps(worker_command)} }}\n"
+    )
+    return f'final = "noted"\n\n[[turn]]\n{calls}\n[[turn]]\ntext = "waiting"\n\n{worker}'
+
+
+def _first_request(output: Path) -> bool:
+    try:
+        return b"> " in output.read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+@section("coordinator", "coordinator mode: dispatch overhead, notifications into one coordinator")
+def bench_coordinator(cfg: Config) -> SectionResult:
+    import re
+
+    result = SectionResult()
+    home = cfg.workdir / "coordinator-home"
+    work = cfg.workdir / "coordinator-work"
+    work.mkdir(parents=True, exist_ok=True)
+    _shoal_cli(home, "up", "--team", "bench", "--detach", "--quiet")
+    try:
+        # Dispatch: from the coordinator's Agent call to each worker's first model request.
+        n = 10
+        script = work / "dispatch.toml"
+        script.write_text(_coordinator_script(n, "true"))
+        rec = json.loads(_shoal_cli(
+            home, "agent", "--team", "bench", "--coordinator", "--backend", "in-process",
+            "--permission-mode", "bypassPermissions", "--model", f"scripted:{script}",
+            "--cwd", str(work), "--json", "go",
+        ).stdout)  # fmt: skip
+        coordinator_out = Path(rec["output_file"])
+        t_call = None
+        deadline = time.monotonic() + 120
+        while t_call is None and time.monotonic() < deadline:
+            if coordinator_out.exists() and b"Agent(" in coordinator_out.read_bytes():
+                t_call = time.perf_counter()
+            time.sleep(0.001)
+        tasks_dir = coordinator_out.parent
+        firsts: dict[str, float] = {}
+        while len(firsts) < n and time.monotonic() < deadline:
+            for out in tasks_dir.glob("*.output"):
+                if out != coordinator_out and out.name not in firsts and _first_request(out):
+                    firsts[out.name] = time.perf_counter()
+            time.sleep(0.001)
+        _shoal_cli(home, "wait", "--team", "bench", rec["id"], "--timeout", "120")
+        if t_call is None or len(firsts) < n:
+            raise BenchError("the dispatch run did not start its workers")
+        lat = sorted(t - t_call for t in firsts.values())
+        result.rows.append(
+            Row(f"Agent call -> worker's first model request ({n} at once), mean", "ms",
+                sum(lat) / n * 1000, None, "lower")
+        )  # fmt: skip
+        result.rows.append(
+            Row(f"Agent call -> worker's first model request ({n} at once), last", "ms",
+                lat[-1] * 1000, None, "lower")
+        )  # fmt: skip
+        # 50 workers ending at once: every end into the transcript, none twice.
+        n = 50
+        gate = work / "go"
+        script = work / "fanin.toml"
+        script.write_text(_coordinator_script(n, f"until [ -e {gate} ]; do sleep 0.05; done"))
+        rec = json.loads(_shoal_cli(
+            home, "agent", "--team", "bench", "--coordinator", "--backend", "in-process",
+            "--permission-mode", "bypassPermissions", "--model", f"scripted:{script}",
+            "--cwd", str(work), "--json", "go",
+        ).stdout)  # fmt: skip
+        out = Path(rec["output_file"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = out.read_text() if out.exists() else ""
+            if f"waiting for {n} worker(s)" in text:
+                break
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+        gate.touch()
+        _shoal_cli(home, "wait", "--team", "bench", rec["id"], "--timeout", "300")
+        elapsed = time.perf_counter() - t0
+        final = next(
+            t for t in json.loads(_shoal_cli(home, "ps", "--team", "bench", "--all", "--json")
+                                  .stdout) if t["id"] == rec["id"]
+        )  # fmt: skip
+        from shoal.workers.agent.transcript import Transcript
+
+        ids: list[str] = []
+        for message in Transcript.load(Path(final["transcript"])).messages:
+            for part in message.parts:
+                if part.part_kind == "user-prompt" and isinstance(part.content, str):
+                    ids += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", part.content)
+        ok = len(ids) == n == len(set(ids))
+        result.rows.append(
+            Row(f"{n} workers ending at once -> all in the coordinator's transcript", "ends/s",
+                n / elapsed, None, "higher", "all, once", ok)
+        )  # fmt: skip
+        result.notes.append(
+            f"fan-in: {len(set(ids))} distinct ends of {n} in the transcript, {len(ids)} in all "
+            f"(the time includes the workers' own ends, {elapsed:.2f}s from the gate)"
+        )
+    finally:
+        _shoal_cli(home, "down", "--team", "bench")
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:

@@ -514,3 +514,26 @@ def test_a_silent_worker_is_reported_stalled_once(cli: Cli, tmp_path: Path) -> N
         assert notified_ids(Path(task["transcript"])).count(worker["id"]) == 2  # notice + end
     finally:
         cli("down", "--team", "st")
+
+
+def test_twenty_workers_ending_at_once_each_arrive_once(leader: Cli, tmp_path: Path) -> None:
+    n = 20
+    calls = "".join(
+        f'[[turn.call]]\ntool = "Agent"\nargs = {{ description = "w{i}", prompt = "Work {i}" }}\n'
+        for i in range(n)
+    )
+    text = (
+        f'final = "noted"\n\n[[turn]]\n{calls}\n[[turn]]\ntext = "waiting"\n\n'
+        '[[worker]]\nfinal = "done"\n[[worker.turn]]\n[[worker.turn.call]]\ntool = "Bash"\n'
+        'args = { command = "until [ -e go ]; do sleep 0.05; done" }\n'
+    )
+    model = script(tmp_path, text)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+    output = Path(record(leader, coord)["output_file"])
+    wait_until(lambda: output.exists() and f"waiting for {n} worker(s)" in output.read_text(),
+               timeout=60, what="all the workers to run")  # fmt: skip
+    (tmp_path / "go").touch()
+    task = ended(leader, coord, timeout=90)
+    assert task["status"] == "completed", task
+    ids = notified_ids(Path(task["transcript"]))
+    assert len(ids) == n == len(set(ids)), ids

@@ -381,3 +381,17 @@ def test_a_transcript_whose_earlier_messages_changed_records_a_truncate(tmp_path
     bad = Transcript.load(path)
     assert bad.problem is not None and "truncate 9 is past the conversation" in bad.problem
     assert len(bad.messages) == 2  # (the good prefix)
+
+
+def test_queued_texts_joined_into_one_request_count_as_delivered(tmp_path: Path) -> None:
+    # Two messages queued into a run can reach the model in one prompt part; neither may be
+    # queued again (that showed a coordinator one worker's end twice).
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    loop = _loop('final = "ok"\n', tmp_path)
+    loop._into_run = ["first end", "second end", "third end"]
+    loop.history = [ModelRequest(parts=[UserPromptPart("first end\n\nsecond end")])]
+    assert loop._undelivered(0) == ["third end"]
+    loop._into_run = ["same", "same"]
+    loop.history = [ModelRequest(parts=[UserPromptPart("same")])]
+    assert loop._undelivered(0) == ["same"]  # (sent twice, arrived once: once more to go)

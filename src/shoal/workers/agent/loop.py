@@ -265,13 +265,13 @@ class AgentLoop:
             for part in message.parts
             if isinstance(part, UserPromptPart) and isinstance(part.content, str)
         ]
+        # (several queued texts may reach one request together, joined in one prompt part)
         left: list[str] = []
+        asked: dict[str, int] = {}
         for text in self._into_run:
-            hit = next((i for i, content in enumerate(delivered) if text in content), None)
-            if hit is None:
+            asked[text] = asked.get(text, 0) + 1
+            if asked[text] > sum(content.count(text) for content in delivered):
                 left.append(text)
-            else:
-                delivered.pop(hit)
         return left
 
     def drop_in_flight(self) -> None:
