@@ -537,3 +537,58 @@ def test_twenty_workers_ending_at_once_each_arrive_once(leader: Cli, tmp_path: P
     assert task["status"] == "completed", task
     ids = notified_ids(Path(task["transcript"]))
     assert len(ids) == n == len(set(ids)), ids
+
+
+READER = """
+final = "report: {notified}"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "reader", prompt = "Read the data" }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "data says {last}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Read"
+args = { file_path = "data.txt" }
+"""
+
+
+def test_a_replayed_run_makes_no_model_calls_and_reports_a_divergence(
+    leader: Cli, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("forty-two\n")
+    model = script(tmp_path, READER)
+    original = ended(leader, coordinate(leader, model, work, "--backend", "in-process"))
+    assert original["status"] == "completed" and "forty-two" in original["result"], original
+    out = leader("agent", "--team", TEAM, "--coordinator", "--replay", original["id"],
+                 "--backend", "in-process")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    replayed = ended(leader, out.stdout.strip())
+    assert replayed["status"] == "completed", replayed
+    assert replayed["model"] == f"replay:{original['transcript']}"
+    assert replayed["result"] == original["result"]
+    (worker,) = [t for t in tasks(leader) if t.get("worker_of") == replayed["agent_id"]]
+    assert worker["model"].startswith("replay:"), worker
+    assert worker["status"] == "completed", worker["error"]
+    # The file the worker reads changed: its replay stops at the turn where it diverged.
+    (work / "data.txt").write_text("something else\n")
+    out = leader("agent", "--team", TEAM, "--coordinator", "--replay", original["id"],
+                 "--backend", "in-process")  # fmt: skip
+    diverged = ended(leader, out.stdout.strip())
+    (worker,) = [t for t in tasks(leader) if t.get("worker_of") == diverged["agent_id"]]
+    assert worker["status"] == "failed" and "diverged at turn 2" in worker["error"], worker
+    assert "something else" in worker["error"] and "forty-two" in worker["error"]
+
+
+def test_replay_needs_a_coordinator_run(leader: Cli, tmp_path: Path) -> None:
+    out = leader("agent", "--team", TEAM, "--replay", "a00000000")
+    assert out.returncode == 2 and "add --coordinator" in out.stderr
+    out = leader("agent", "--team", TEAM, "--coordinator", "--replay", "a00000000")
+    assert out.returncode == 2 and "no coordinator run 'a00000000'" in out.stderr

@@ -73,6 +73,14 @@ def _tool_list(text: str | None) -> list[str] | None:
 )
 @click.option("--simple", is_flag=True, help="A coordinator's workers get only Bash, Read, Edit.")
 @click.option(
+    "--replay",
+    "replay",
+    default=None,
+    metavar="ID",
+    help="With --coordinator: re-drive a recorded coordinator run (its task id, or a session "
+    "id) with zero model calls, its workers too; the first divergence is reported.",
+)
+@click.option(
     "--budget-tokens", type=click.IntRange(min=1), default=None, help="A coordinator run's tokens."
 )
 @click.option(
@@ -119,6 +127,7 @@ def agent(
     fork: bool | None,
     coordinator: bool | None,
     simple: bool,
+    replay: str | None,
     budget_tokens: int | None,
     budget_tool_uses: int | None,
     budget_seconds: float | None,
@@ -140,6 +149,16 @@ def agent(
     env = get_env(click.get_current_context())
     if prompt == "-":
         prompt = sys.stdin.read()
+    if coordinator is None and env_mode(os.environ):
+        coordinator = True
+    if replay is not None:
+        if not coordinator:
+            raise UsageError("--replay re-drives a coordinator run: add --coordinator")
+        if resume is not None or model is not None:
+            raise UsageError(
+                "--replay takes neither --resume nor --model (it answers from the run)"
+            )
+        prompt = prompt or "replay"
     if resume is None and not (prompt or "").strip():
         raise UsageError("no prompt given (usage: shoal agent PROMPT, or - for standard input)")
     if model is not None:
@@ -180,6 +199,10 @@ def agent(
         spec["simple"] = True
     if budget:
         spec["budget"] = budget
+    if replay is not None:
+        spec["replay"] = replay
+        if cwd is None:
+            spec["cwd"] = None  # (the recorded run's)
     if resume is not None:
         text = (prompt or "").strip() or "Continue."
         answer = call(env.layout, team, "agent_send", {"task_id": resume, "text": text})

@@ -326,6 +326,9 @@ class LocalAgentTaskState(TaskStateBase):
     """A coordinator's run budget, or a worker's share of it ({tokens, tool_uses, seconds})."""
     violations: tuple[JsonDict, ...] = ()
     """Files a worker's Bash commands changed outside its lease ({command, paths})."""
+    replay_workers: dict[str, str] | None = None
+    """A replayed coordinator's: the recorded transcript of each worker of the run it
+    re-drives, by the worker's description and prompt (its workers replay those)."""
 
 
 class RemoteAgentTaskState(TaskStateBase):

@@ -85,6 +85,7 @@ class AgentSpec(BaseModel):
     budget: dict[str, Any] | None = None  # a coordinator's run budget, or a worker's share
     write_set: list[Any] | Any | None = None  # a worker's write set (checked here)
     worker_for: str | None = None  # the coordinator task whose Agent tool asked
+    replay: str | None = None  # re-drive this recorded coordinator run (zero model calls)
 
 
 def _environ(host: AgentHost, extra: dict[str, str] | None) -> dict[str, str]:
@@ -192,6 +193,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         return new_fork_task(host, spec)
     if spec.worker_for is not None:
         return new_worker_task(host, spec)
+    if spec.replay is not None:
+        return new_replay_task(host, spec)
     if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
         raise UsageError(
             f"unknown permission mode {spec.permission_mode!r} "
@@ -279,6 +282,41 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     )
 
 
+def new_replay_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
+    """A coordinator that re-drives the recorded run `spec.replay` with zero model calls: it
+    answers from its transcript, and each worker it starts from the recorded worker with the
+    same description and prompt."""
+    assert spec.replay is not None
+    boss, workers = coordinator.recorded_run(host.layout, spec.replay)
+    transcript = boss.get("transcript")
+    if not transcript or not Path(transcript).is_file():
+        raise UsageError(f"coordinator run {boss['id']} has no transcript to replay")
+    mapping = {
+        coordinator.replay_key(w.get("description", ""), w.get("prompt", "")): str(w["transcript"])
+        for w in workers
+        if w.get("transcript")
+    }
+    prompt = str(boss.get("prompt") or "")
+    if prompt.startswith(coordinator.CONTEXT_OPEN):  # (a fresh context block opens it again)
+        prompt = prompt.split("\n\n", 1)[-1] if "\n\n" in prompt else prompt
+    task = new_agent_task(
+        host,
+        spec.model_copy(
+            update={
+                "replay": None,
+                "coordinator": True,
+                "model": f"replay:{transcript}",
+                "prompt": prompt or "replay",
+                "cwd": spec.cwd or boss.get("cwd"),
+                "permission_mode": spec.permission_mode or boss.get("permission_mode"),
+                "budget": spec.budget or boss.get("budget"),
+                "description": spec.description or f"replay of {boss['id']}",
+            }
+        ),
+    )
+    return task.model_copy(update={"replay_workers": mapping})
+
+
 def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     """A worker for the coordinator task `spec.worker_for` (its Agent tool asked): the run's
     model, the coordinator's cwd, MCP servers and permission mode (`default` gives
@@ -303,6 +341,15 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
             tools = tuple(t for t in tools if t in definition.tools)
     else:
         instructions = None
+    model = boss.model
+    if boss.replay_workers is not None:  # (a replayed run: this worker replays its recording)
+        recorded = boss.replay_workers.get(coordinator.replay_key(_describe(spec), spec.prompt))
+        if recorded is None:
+            raise UsageError(
+                f"replay of {boss.id} diverged: the recorded run started no worker "
+                f"{_describe(spec)!r} with this prompt"
+            )
+        model = f"replay:{recorded}"
     task_id = new_task_id(TaskType.LOCAL_AGENT)
     return LocalAgentTaskState(
         id=task_id,
@@ -312,7 +359,7 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         agent_id=task_id,
         prompt=spec.prompt,
         agent_type=spec.agent_type or DEFAULT_AGENT_TYPE,
-        model=boss.model,
+        model=model,
         backend=boss.backend,
         cwd=boss.cwd,
         env=boss.env,

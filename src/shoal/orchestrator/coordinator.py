@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.errors import UsageError
+from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState
 from shoal.workers.agent.filters import ASYNC_AGENT_ALLOWED_TOOLS
 from shoal.workers.agent.kind import SCRATCHPAD, coordinator_inbox
@@ -60,10 +61,13 @@ def inbox_dir(session_dir: Path, agent_id: str) -> Path:
     return coordinator_inbox(session_dir, agent_id)
 
 
+CONTEXT_OPEN: Final = "<coordinator-context>"
+
+
 def user_context(simple: bool, mcp_servers: Iterable[str], scratchpad: Path) -> str:
     """The coordinator's context block (the seed's getCoordinatorUserContext)."""
     lines = [
-        "<coordinator-context>",
+        CONTEXT_OPEN,
         "Workers started with the Agent tool have these tools: "
         + ", ".join(worker_tools(simple))
         + ". A worker without a write_set is read-only: it has no Write and no Edit.",
@@ -168,3 +172,40 @@ def mode_message(stored: bool, asked: bool) -> str | None:
         if stored
         else "exited coordinator mode to match the resumed session"
     )
+
+
+def recorded_run(layout: Layout, ref: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The coordinator record `ref` names (its task id, its agent id, or a session with one
+    coordinator) and its workers' records, from any session under `layout`; a UsageError
+    says what was not found or what is ambiguous."""
+    from shoal.orchestrator.session import Session
+
+    root = layout.sessions_dir
+    sessions = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if ref in sessions:
+        sessions = [ref]
+    for session_id in sessions:
+        session = Session(layout, session_id)
+        live = session.read_tasks_raw()
+        records = {**session.history(), **live}
+        bosses = [r for r in records.values() if r.get("coordinator")]
+        if session_id == ref:
+            if len(bosses) != 1:
+                ids = ", ".join(sorted(r["id"] for r in bosses)) or "none"
+                raise UsageError(
+                    f"session {ref} has {len(bosses)} coordinator runs ({ids}); give one's id"
+                )
+            chosen = bosses[0]
+        else:
+            found = [r for r in bosses if ref in (r.get("id"), r.get("agent_id"))]
+            if not found:
+                continue
+            chosen = max(found, key=lambda r: r.get("start_time") or 0)  # (its latest resume)
+        workers = [r for r in records.values() if r.get("worker_of") == chosen["agent_id"]]
+        return chosen, workers
+    raise UsageError(f"no coordinator run {ref!r} in {root} (give a task id or a session id)")
+
+
+def replay_key(description: str, prompt: str) -> str:
+    """How a replayed worker is matched with the recorded one it re-drives."""
+    return f"{description}\n{prompt}"

@@ -2,15 +2,18 @@
 
 Request N is answered with the N-th recorded response. Before answering, the tool results the
 run produced are compared with the ones recorded at that point; the first difference stops the
-run with `ReplayDiverged`, naming the turn, the tool and both results.
+run with `ReplayDiverged`, naming the turn, the tool and both results. Task ids in results
+(`started worker a1b2c3d4e`) are new in every run, so they are compared as `<task-id>`.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from shoal.core.errors import ShoalError
+from shoal.core.tasks import TASK_ID_PREFIXES
 from shoal.workers.agent.transcript import Transcript
 
 if TYPE_CHECKING:
@@ -22,13 +25,16 @@ class ReplayDiverged(ShoalError):
     """The replayed run's tool results differ from the recorded ones."""
 
 
+_TASK_ID: Final = re.compile(r"\b[" + "".join(TASK_ID_PREFIXES.values()) + r"][0-9a-z]{8}\b")
+
+
 def _results(message: ModelMessage) -> list[tuple[str, str]]:
     from pydantic_ai.messages import ModelRequest, ToolReturnPart
 
     if not isinstance(message, ModelRequest):
         return []
     parts = [p for p in message.parts if isinstance(p, ToolReturnPart)]
-    return [(p.tool_name, p.model_response_str()) for p in parts]
+    return [(p.tool_name, _TASK_ID.sub("<task-id>", p.model_response_str())) for p in parts]
 
 
 def replay_model(path: Path) -> FunctionModel:
