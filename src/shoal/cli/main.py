@@ -22,7 +22,7 @@ COMMANDS: dict[str, str] = {
     "spawn": "swarm:spawn", "worker": "worker:worker", "send": "mail:send",
     "inbox": "mail:inbox", "approve": "swarm:approve", "reject": "swarm:reject",
     "task": "tasklist:task", "attach": "attach:attach", "pill": "ui:pill", "ui": "ui:ui",
-    "agent": "agent:agent", "agents": "agent:agents",
+    "agent": "agent:agent", "agents": "agent:agents", "chat": "chat:chat",
 }  # fmt: skip
 
 

@@ -15,7 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from shoal.core.config import config_value
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.paths import Layout
-from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType, new_task_id
+from shoal.core.tasks import (
+    MAIN_SESSION_AGENT_TYPE,
+    LocalAgentTaskState,
+    TaskStatus,
+    TaskType,
+    new_task_id,
+)
 from shoal.core.writeset import check_write_set
 from shoal.orchestrator import coordinator
 from shoal.orchestrator.coordinator import env_mode
@@ -86,6 +92,7 @@ class AgentSpec(BaseModel):
     write_set: list[Any] | Any | None = None  # a worker's write set (checked here)
     worker_for: str | None = None  # the coordinator task whose Agent tool asked
     replay: str | None = None  # re-drive this recorded coordinator run (zero model calls)
+    main_session: bool = False  # `shoal chat`'s conversation (agent_type main-session)
 
 
 def _environ(host: AgentHost, extra: dict[str, str] | None) -> dict[str, str]:
@@ -212,8 +219,12 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     agent_type = spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE)
     if coordinating:
         agent_type = COORDINATOR_TYPE
+    elif spec.main_session:
+        agent_type = MAIN_SESSION_AGENT_TYPE
     definition = load_catalog(host.layout.home, cwd).get(
-        DEFAULT_AGENT_TYPE if coordinating else agent_type
+        DEFAULT_AGENT_TYPE
+        if agent_type in (COORDINATOR_TYPE, MAIN_SESSION_AGENT_TYPE)
+        else agent_type
     )
     asked = spec.model or (parent.model if parent is not None else None)
     model = choose_model(asked, definition.model or spec.inherit_model, env, host.layout.home)

@@ -1,0 +1,323 @@
+"""`shoal chat`: the interactive main session, a prompt_toolkit REPL over the agent runtime.
+
+The conversation runs as a `local_agent` task of the team's leader (agent_type
+`main-session`, left out of a coordinator's workers and panel); the REPL sends it each line
+and prints its readable transcript as it grows, and the ends of the session's other tasks as
+they come. Ctrl+B twice moves the running query to the background (it goes on, and tells when
+it is done) and gives a fresh prompt; `/fg ID` brings a query back, `/stop ID` stops a task,
+`/tasks` lists them. Ctrl+C stops the running turn; Ctrl+D or `/exit` leaves (a running query
+goes on in the background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from shoal.cli.common import common_options, get_env
+from shoal.core.errors import ShoalError, UsageError
+
+DOUBLE_PRESS_S: Final = 1.0
+POLL_S: Final = 0.05
+HELP: Final = (
+    "/tasks  the session's tasks   /fg ID  bring a query back   /stop ID  stop a task\n"
+    "/help   this                  /exit   leave (Ctrl+D)        Ctrl+B Ctrl+B: background"
+)
+
+
+@dataclass
+class ChatState:
+    """What the REPL follows: the foreground query, its output offset, what was announced."""
+
+    current: str | None = None  # the foreground query's task id
+    offset: int = 0
+    output: Path | None = None
+    backgrounded: set[str] = field(default_factory=set)
+    announced: set[str] = field(default_factory=set)
+    last_ctrl_b: float = 0.0
+
+
+class Chat:
+    """One interactive session against team `team`'s leader."""
+
+    def __init__(self, env: Any, team: str, spec: dict[str, Any]) -> None:
+        from shoal.cli.tasks import _session
+
+        self.env = env
+        self.team = team
+        self.spec = spec
+        self.session = _session(env.layout, team)
+        self.state = ChatState()
+        self._events_offset = self._events_size()
+
+    # -- the leader ------------------------------------------------------------------------
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        from shoal.orchestrator.control import call
+
+        return call(self.env.layout, self.team, op, args)
+
+    def record(self, task_id: str) -> dict[str, Any] | None:
+        from shoal.cli.tasks import _tasks
+
+        return _tasks(self.session, include_history=True).get(task_id)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def handle(self, line: str) -> bool:
+        """One line from the user; False to leave."""
+        text = line.strip()
+        if not text:
+            return True
+        if text.startswith("/"):
+            return self.command(text)
+        if self.state.current is None:
+            task = self.call("agent", {"spec": {**self.spec, "prompt": text}})
+            self.follow(task["id"], from_start=True)
+        else:
+            answer = self.call("agent_send", {"task_id": self.state.current, "text": text})
+            if answer["task_id"] != self.state.current:  # (it had finished: a continuation)
+                self.follow(answer["task_id"], from_start=False, skip_prompt=True)
+        return True
+
+    def command(self, text: str) -> bool:
+        word, _, rest = text.partition(" ")
+        arg = rest.strip()
+        if word in ("/exit", "/quit"):
+            return False
+        if word == "/help":
+            click.echo(HELP)
+        elif word == "/tasks":
+            self.tasks()
+        elif word == "/stop":
+            if not arg:
+                raise UsageError("/stop ID (see /tasks)")
+            final = self.call("stop", {"task_id": arg})
+            click.echo(f"[{arg} is {final['status']}]")
+        elif word == "/fg":
+            if not arg:
+                raise UsageError("/fg ID (see /tasks)")
+            if self.record(arg) is None:
+                raise UsageError(f"no task {arg} in this session (see /tasks)")
+            self.state.backgrounded.discard(arg)
+            click.echo(f"[{arg} is in the foreground]")
+            self.follow(arg, from_start=True)
+        else:
+            raise UsageError(f"unknown command {word} (/help lists them)")
+        return True
+
+    def tasks(self) -> None:
+        from shoal.cli.tasks import _tasks
+
+        rows = sorted(
+            _tasks(self.session, include_history=True).values(), key=lambda t: t["start_time"]
+        )
+        if not rows:
+            click.echo("[no tasks yet]")
+        for t in rows:
+            mark = "*" if t["id"] == self.state.current else " "
+            kind = t.get("agent_type") or t["type"]
+            click.echo(f"{mark} {t['id']}  {t['status']:<9}  {kind:<14} {t.get('description', '')}")
+
+    def background(self) -> None:
+        """Ctrl+B twice: the running query goes on in the background; a fresh prompt."""
+        current = self.state.current
+        if current is None:
+            click.echo("[nothing runs in the foreground]")
+            return
+        self.pump()
+        self.state.backgrounded.add(current)
+        self.state.current, self.state.output = None, None
+        click.echo(f"[{current} moved to the background; /fg {current} brings it back]")
+
+    def stop_turn(self) -> None:
+        if self.state.current is None:
+            return
+        with_turn = self.record(self.state.current) or {}
+        if with_turn.get("status") == "running":
+            self.call("stop", {"task_id": self.state.current, "turn": True})
+            click.echo(f"[turn of {self.state.current} stopped]")
+
+    # -- output -------------------------------------------------------------------------------
+
+    def follow(self, task_id: str, *, from_start: bool, skip_prompt: bool = False) -> None:
+        task = self.record(task_id) or {}
+        self.state.current = task_id
+        self.state.output = Path(task["output_file"]) if task.get("output_file") else None
+        self.state.offset = 0
+        self._skip_prompt = skip_prompt and not from_start
+
+    def pump(self) -> None:
+        """Print what the foreground query wrote since the last look."""
+        path = self.state.output
+        if path is None and self.state.current is not None:
+            task = self.record(self.state.current) or {}
+            if task.get("output_file"):
+                path = self.state.output = Path(task["output_file"])
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.state.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        if not data:
+            return
+        self.state.offset += len(data)
+        text = data.decode("utf-8", "replace")
+        if getattr(self, "_skip_prompt", False) and text.startswith("> "):
+            self._skip_prompt = False
+            text = text.split("\n\n", 1)[-1] if "\n\n" in text else ""
+        if text:
+            click.echo(text, nl=False)
+
+    def _events_size(self) -> int:
+        try:
+            return self.session.events_file.stat().st_size
+        except OSError:
+            return 0
+
+    def notifications(self) -> None:
+        """The ends of other tasks, as they come (one line each)."""
+        import orjson
+
+        try:
+            with open(self.session.events_file, "rb") as f:
+                f.seek(self._events_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._events_offset += end
+        for line in data[:end].splitlines():
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if event.get("subtype") != "task_terminated":
+                continue
+            task_id = event.get("task_id")
+            if task_id == self.state.current or task_id in self.state.announced:
+                continue
+            self.state.announced.add(task_id)
+            line = f"◆ {task_id} {event.get('status')}: {event.get('summary')}"
+            if task_id in self.state.backgrounded:
+                result = str((self.record(task_id) or {}).get("result") or "").strip()
+                first = result.splitlines()[0][:200] if result else ""
+                line += f" (in the background: {first}; /fg {task_id})"
+            click.echo(line)
+
+
+async def _repl(chat: Chat) -> None:
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.key_binding import KeyBindings
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    bindings = KeyBindings()
+
+    @bindings.add("c-b")
+    def _ctrl_b(event: Any) -> None:
+        now = time.monotonic()
+        if now - chat.state.last_ctrl_b <= DOUBLE_PRESS_S:
+            chat.state.last_ctrl_b = 0.0
+            chat.background()
+        else:
+            chat.state.last_ctrl_b = now
+
+    @bindings.add("c-c")
+    def _ctrl_c(event: Any) -> None:
+        if chat.state.current is not None:
+            chat.stop_turn()
+        else:
+            event.app.current_buffer.reset()
+
+    session: PromptSession[str] = PromptSession(key_bindings=bindings)
+
+    async def watch() -> None:
+        while True:
+            chat.pump()
+            chat.notifications()
+            await asyncio.sleep(POLL_S)
+
+    with patch_stdout(raw=True):
+        watcher = asyncio.ensure_future(watch())
+        click.echo(f"shoal chat on team {chat.team}: /help for the commands, Ctrl+D to leave")
+        try:
+            while True:
+                try:
+                    line = await session.prompt_async("› ")
+                except EOFError:
+                    break
+                try:
+                    if not chat.handle(line):
+                        break
+                except ShoalError as exc:
+                    click.echo(f"shoal: {exc}")
+        finally:
+            watcher.cancel()
+    if chat.state.current is not None:
+        record = chat.record(chat.state.current) or {}
+        if record.get("status") == "running":
+            click.echo(f"{chat.state.current} goes on in the background (shoal ps)")
+
+
+@click.command()
+@click.option("--model", default=None, help="anthropic:NAME, openai:NAME, scripted:FILE, ...")
+@click.option(
+    "--coordinator/--no-coordinator",
+    default=None,
+    help="Coordinator mode (default: $SHOAL_COORDINATOR_MODE).",
+)
+@click.option(
+    "--permission-mode",
+    default=None,
+    type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions"]),
+    help="What the session's agent may do without asking.",
+)
+@click.option(
+    "--backend",
+    default="in-process",
+    type=click.Choice(["process", "in-process"]),
+    help="Where the session's agent runs (default: inside the leader).",
+)
+@click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
+@common_options
+def chat(
+    model: str | None,
+    coordinator: bool | None,
+    permission_mode: str | None,
+    backend: str,
+    cwd: str | None,
+) -> None:
+    """An interactive session with an agent (or, with --coordinator, a coordinator).
+
+    Lines go to the agent; its transcript and the ends of other tasks print as they come.
+    Ctrl+B twice moves the running query to the background; /fg ID, /stop ID, /tasks.
+    """
+    import sys
+
+    from shoal.orchestrator.coordinator import env_mode
+    from shoal.workers.agent.models import ModelSpec
+
+    if not sys.stdin.isatty():
+        raise UsageError("shoal chat needs a terminal; use `shoal agent PROMPT` in scripts")
+    if model is not None:
+        ModelSpec.parse(model)
+    env = get_env(click.get_current_context())
+    spec: dict[str, Any] = {
+        "model": model,
+        "agent_type": None,
+        "backend": backend,
+        "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
+        "permission_mode": permission_mode,
+        "coordinator": coordinator if coordinator is not None else env_mode(os.environ),
+        "main_session": True,
+    }
+    asyncio.run(_repl(Chat(env, env.team(), spec)))
