@@ -207,12 +207,12 @@ class Chat:
             if task_id == self.state.current or task_id in self.state.announced:
                 continue
             self.state.announced.add(task_id)
-            line = f"◆ {task_id} {event.get('status')}: {event.get('summary')}"
+            told = f"◆ {task_id} {event.get('status')}: {event.get('summary')}"
             if task_id in self.state.backgrounded:
                 result = str((self.record(task_id) or {}).get("result") or "").strip()
                 first = result.splitlines()[0][:200] if result else ""
-                line += f" (in the background: {first}; /fg {task_id})"
-            click.echo(line)
+                told += f" (in the background: {first}; /fg {task_id})"
+            click.echo(told)
 
 
 async def _repl(chat: Chat) -> None:
