@@ -395,3 +395,15 @@ def test_queued_texts_joined_into_one_request_count_as_delivered(tmp_path: Path)
     loop._into_run = ["same", "same"]
     loop.history = [ModelRequest(parts=[UserPromptPart("same")])]
     assert loop._undelivered(0) == ["same"]  # (sent twice, arrived once: once more to go)
+
+
+def test_a_queued_text_inside_the_runs_own_prompt_is_not_taken_as_delivered(
+    tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    loop = _loop('final = "ok"\n', tmp_path)
+    loop._run_prompt = "fix the tests"
+    loop._into_run = ["test"]
+    loop.history = [ModelRequest(parts=[UserPromptPart("fix the tests")])]
+    assert loop._undelivered(0) == ["test"]

@@ -48,6 +48,8 @@ def test_a_write_set_is_normalised() -> None:
         (["src/*.py"], ["src/*.md"], False),
         (["a/b"], ["a"], False),
         (["src/{a,b}.py"], ["src/b.py"], True),
+        (["{src/a,b}/x.py"], ["src/a/x.py"], True),  # (a brace holding a slash)
+        (["{src/a,b}/x.py"], ["src/c/x.py"], False),
     ],
 )
 def test_overlaps(a: list[str], b: list[str], expected: bool) -> None:
@@ -80,3 +82,13 @@ def test_leases_fence_wait_and_release(tmp_path: Path) -> None:
     again, holder = leases.acquire("a4", ["docs/x.md"], str(tmp_path), lambda h: h in alive)
     assert again is not None and holder is None
     assert set(leases.held()) == {"a2", "a4"}
+
+
+def test_a_cwd_reached_through_a_link_is_the_same_directory(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    leases = Leases(tmp_path)
+    mine, _ = leases.acquire("a1", ["x.py"], str(real), lambda h: True)
+    other, holder = leases.acquire("a2", ["x.py"], str(tmp_path / "link"), lambda h: True)
+    assert mine is not None and other is None and holder == "a1"

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
+import bracex
 from wcmatch import fnmatch, glob
 
 from shoal.core.errors import UsageError
@@ -100,6 +101,19 @@ def _globs_overlap(a: list[str], b: list[str]) -> bool:
     return _segments_overlap(a[0], b[0]) and _globs_overlap(a[1:], b[1:])
 
 
+def _expanded(globs: Sequence[str]) -> list[str]:
+    """The globs with their braces expanded (`{src/a,b}/x.py` is two paths' worth)."""
+    out: list[str] = []
+    for glob_ in globs:
+        try:
+            out += bracex.expand(glob_, limit=1000)
+        except (ValueError, RecursionError):  # (too many: compare it unexpanded)
+            out.append(glob_)
+    return out
+
+
 def overlaps(a: Sequence[str], b: Sequence[str]) -> bool:
     """Whether some path could be in both write sets."""
-    return any(_globs_overlap(x.split("/"), y.split("/")) for x in a for y in b)
+    return any(
+        _globs_overlap(x.split("/"), y.split("/")) for x in _expanded(a) for y in _expanded(b)
+    )

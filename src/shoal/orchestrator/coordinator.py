@@ -155,7 +155,10 @@ def worker_limits(
         share[key] = value
     for key, value in remaining.items():
         if value <= 0:
-            raise UsageError(f"the run's {key} budget is spent; no worker can start")
+            raise UsageError(
+                f"the run's {key} budget has nothing left (what finished workers spent and "
+                "running ones hold); no worker can start until running workers end"
+            )
         share.setdefault(key, value)
     limits: dict[str, Any] = {}
     for key, value in share.items():

@@ -325,7 +325,7 @@ class Leader(LeaderRequests):
             if self.jobs > 0 and self.shell.running() >= self.jobs:
                 return
             task = self.registry.get(self.queue.popleft())
-            if task is not None and task.status == TaskStatus.PENDING:
+            if task is not None and task.status == TaskStatus.PENDING and self.admitted(task):
                 self.kinds[task.type].start(task, self)
 
     def persist(self, *, force: bool = False) -> None:

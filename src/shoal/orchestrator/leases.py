@@ -32,7 +32,7 @@ LEASES_FILE: Final = "leases.json"
 
 
 def _absolute(cwd: str, write_set: Sequence[str]) -> list[str]:
-    root = os.path.abspath(cwd).strip("/")
+    root = os.path.realpath(cwd).strip("/")  # (a cwd reached through a link is the same)
     return [f"{root}/{glob}" if root else glob for glob in write_set]
 
 
@@ -88,7 +88,7 @@ class Leases:
             lease = {
                 "fence": data["fence"],
                 "write_set": list(write_set),
-                "cwd": os.path.abspath(cwd),
+                "cwd": os.path.realpath(cwd),
                 "acquired_at": time.time(),
             }
             leases[holder] = lease

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
-from shoal.core.errors import TaskError
+from shoal.core.errors import ShoalError, TaskError
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -121,9 +121,8 @@ class LeaderRequests(LeaderStore, ABC):
         task = new_agent_task(self, spec)
         self.layout.ensure(self.session.tasks_dir)
         self.register(task)
-        if task.write_set is None or self.lease_policy().admit(self, task):
-            self.queue.append(task.id)
-            self.start_pending()
+        self.queue.append(task.id)
+        self.start_pending()  # (a worker with a write set starts once it holds its lease)
         self.persist(force=True)
         self.wake()
         current = self.registry.get(task.id)
@@ -231,8 +230,26 @@ class LeaderRequests(LeaderStore, ABC):
             if isinstance(policy, LeasePolicy):
                 return policy
         policy = LeasePolicy(Leases(self.session.dir))
+        policy.holders = {  # (a resumed leader's live holders: released when they end)
+            t.id
+            for t in self.registry.get_all_tasks()
+            if isinstance(t, LocalAgentTaskState) and t.lease is not None and not t.is_terminal
+        }
         self.policies.append(policy)
         return policy
+
+    def admitted(self, task: AnyTaskState) -> bool:
+        """Whether `task` may start now: a worker with a write set only once it holds its
+        lease (else it waits, pending); one whose lease cannot be taken at all fails."""
+        if not isinstance(task, LocalAgentTaskState) or task.write_set is None:
+            return True
+        if task.lease is not None:
+            return True
+        try:
+            return self.lease_policy().admit(self, task)
+        except ShoalError as exc:
+            self.move_task(task.id, TaskStatus.FAILED, error=f"could not take its lease: {exc}")
+            return False
 
     def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
         """Every worker of coordinator `agent_id` in this session (live and evicted)."""

@@ -35,7 +35,7 @@ def _stat(root: Path, rel: str) -> tuple[int, int] | None:
 def _relative(path: Path, root: Path) -> str | None:
     try:
         return path.resolve().relative_to(root).as_posix()
-    except ValueError:
+    except (ValueError, RuntimeError, OSError):  # (outside; a symlink loop)
         return None
 
 

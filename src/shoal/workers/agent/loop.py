@@ -217,6 +217,8 @@ class AgentLoop:
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
+        self._tokens_done = 0  # tokens of the runs before this one
+        self._run_prompt: str | None = None  # the prompt the run in progress began with
         self._acks: list[tuple[str, Callable[[], None]]] = []  # run once a text is recorded
 
     def on_recorded(self, text: str, ack: Callable[[], None]) -> None:
@@ -265,6 +267,8 @@ class AgentLoop:
             for part in message.parts
             if isinstance(part, UserPromptPart) and isinstance(part.content, str)
         ]
+        if self._run_prompt is not None and self._run_prompt in delivered:
+            delivered.remove(self._run_prompt)  # (the run's own prompt delivers none of them)
         # (several queued texts may reach one request together, joined in one prompt part)
         left: list[str] = []
         asked: dict[str, int] = {}
@@ -304,6 +308,7 @@ class AgentLoop:
         texts = [*self._pending, *([prompt] if prompt else [])]
         self._pending.clear()
         since = len(self.history)
+        self._run_prompt = "\n\n".join(texts) if texts else None
         if texts:
             self.output.write("".join(f"> {t}\n\n" for t in texts))
         error: str | None = None
@@ -337,7 +342,11 @@ class AgentLoop:
             self._pending[:0] = self._undelivered(since)
             self._into_run = []
         usage = run.usage if run is not None else None
-        total = (usage.input_tokens + usage.output_tokens) if usage is not None else 0
+        # (every run of this loop counts: a coordinator runs once per batch of notifications)
+        total = self._tokens_done + (
+            (usage.input_tokens + usage.output_tokens) if usage is not None else 0
+        )
+        self._tokens_done = total
         self.progress.token_count = total
         if error is not None:
             self.output.write(f"\n[failed: {error}]\n")
@@ -376,7 +385,7 @@ class AgentLoop:
                 elif isinstance(req_part, RetryPromptPart):
                     self.output.write(_short(f"error: {req_part.model_response()}") + "\n")
         usage = run.usage
-        self.progress.token_count = usage.input_tokens + usage.output_tokens
+        self.progress.token_count = self._tokens_done + usage.input_tokens + usage.output_tokens
         if self.on_progress is not None:
             self.on_progress(self.progress)
 

@@ -156,15 +156,19 @@ class Feed:
         queued = self._agent.pending()
         if queued:
             return "\n\n".join(queued)
-        self._waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
         try:
-            return await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except TimeoutError:
-            return None
+            pass
         finally:
-            if self._waiter is not None and not self._waiter.done():
-                self._waiter.cancel()
             self._waiter = None
+        # (a message may have come between the timeout and this task's turn on the loop)
+        if waiter.done() and not waiter.cancelled():
+            return waiter.result()
+        waiter.cancel()
+        return None
 
     def abort_turn(self) -> bool:
         """Stop the turn in progress (from any thread); the agent then waits for a message."""
@@ -263,6 +267,14 @@ def watch_coordinator_inbox(
     transcript (a coordinator killed in between gets it again, and sees it once)."""
 
     def run() -> None:
+        while not stop.is_set():
+            try:
+                serve()
+            except Exception as exc:  # (the inbox, not the agent, failed: say so, go on)
+                feed.put(f"[shoal: the notification inbox {path} failed ({exc}); retrying]")
+                stop.wait(1.0)
+
+    def serve() -> None:
         maildir = Maildir.create(path, home)
         with Inbox(maildir) as inbox:
 
@@ -330,6 +342,10 @@ async def _coordinator_wait(
             return "\n\n".join(queued)
         outstanding = await asyncio.to_thread(_outstanding, job, leader, loop)
         if not outstanding:
+            if _replay_left(job, loop) > 0:
+                # (the recording answered more requests: its notifications came in another
+                # batching than this run's, so the replay goes on where the recording did)
+                return REPLAY_CONTINUE
             return None
         if outstanding != feed.waiting_shown:
             feed.waiting_shown = outstanding
@@ -340,6 +356,21 @@ async def _coordinator_wait(
         text = await feed.next_message(timeout=COORDINATOR_IDLE_CHECK_S)
         if text is not None:
             return text
+
+
+REPLAY_CONTINUE: Final = "(replay: go on as recorded)"
+
+
+def _replay_left(job: AgentJob, loop: AgentLoop) -> int:
+    """How many recorded responses a replayed coordinator has not given yet (0 otherwise)."""
+    from pydantic_ai.messages import ModelResponse
+
+    spec = ModelSpec.parse(job.model)
+    if spec.provider != "replay":
+        return 0
+    recorded = Transcript.load(Path(spec.name)).messages
+    given = sum(isinstance(m, ModelResponse) for m in loop.history)
+    return sum(isinstance(m, ModelResponse) for m in recorded) - given
 
 
 def coordinator_tools(job: AgentJob, leader: LeaderPort) -> list[Any]:
@@ -428,6 +459,7 @@ async def run_job(
         history: list[Any] = []
         if job.resume:
             loaded = Transcript.load(transcript.path)
+            transcript.adopt(loaded)  # (what it could not use is not left to confuse the next)
             history = loaded.messages
             status.note = loaded.problem
             if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):

@@ -148,7 +148,7 @@ class Workspace:
         raw = Path(os.path.expanduser(name))
         full = raw if raw.is_absolute() else self.cwd / raw
         resolved = full.resolve()
-        if self.mode in CONFINED_MODES:
+        if self.mode in CONFINED_MODES and not self._in_pad(resolved):
             root = self.cwd.resolve()
             if resolved != root and not resolved.is_relative_to(root):
                 how = "through a symlink " if resolved != Path(os.path.abspath(full)) else ""

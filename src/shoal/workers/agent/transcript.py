@@ -15,7 +15,9 @@ round in flight), so a resumed run redoes that round instead of answering a half
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from shoal.core.jsonio import atomic_write
 from shoal.core.paths import FILE_MODE
 
 if TYPE_CHECKING:
@@ -86,6 +89,21 @@ class Transcript:
         finally:
             os.close(fd)
         self._kept = list(messages)
+
+    def adopt(self, loaded: Loaded) -> None:
+        """Continue from `loaded` (read from this file). When it could not use all of the
+        file (a torn or bad line, a round in flight), the file is rewritten to hold exactly
+        what it used, so what is appended next follows it (the old bytes are kept beside it
+        as `{name}.corrupt` when a line was bad)."""
+        if loaded.problem is not None and self.path.exists():
+            if ":" in loaded.problem and "line(s) ignored" in loaded.problem:
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(self.path, self.path.with_name(self.path.name + ".corrupt"))
+            records = _adapter().dump_python(list(loaded.messages), mode="json")
+            data = b"".join(orjson.dumps({"v": 1, "message": r}) + b"\n" for r in records)
+            atomic_write(self.path, data)
+            os.chmod(self.path, FILE_MODE)
+        self._kept = list(loaded.messages)
 
     @staticmethod
     def load(path: Path) -> Loaded:
