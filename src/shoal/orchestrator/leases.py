@@ -3,7 +3,8 @@
 `sessions/{s}/leases.json`, changed only under its lock (`leases.json.lock`):
 
     {"v": 1, "fence": 7, "leases": {"a1b2c3d4e": {"fence": 7, "write_set": ["src/*.py"],
-                                                  "cwd": "/abs/dir", "acquired_at": 1.7e9}}}
+                                                  "cwd": "/abs/dir", "acquired_at": 1.7e9}},
+     "released": [{..., "holder": "a0...", "released_at": 1.7e9}]}   (the last 100)
 
 A worker with a write set takes a lease before it starts; one whose set overlaps a live lease
 waits (`pending`) and is started when the holder ends. Every lease carries the next fencing
@@ -29,6 +30,7 @@ from shoal.core.tasks import LocalAgentTaskState, TaskStatus
 from shoal.core.writeset import overlaps
 
 LEASES_FILE: Final = "leases.json"
+RELEASED_KEPT: Final = 100  # released leases remembered (with when), newest last
 
 
 def _absolute(cwd: str, write_set: Sequence[str]) -> list[str]:
@@ -101,8 +103,13 @@ class Leases:
             return False
         with self._lock:
             data = self._load()
-            if data["leases"].pop(holder, None) is None:
+            lease = data["leases"].pop(holder, None)
+            if lease is None:
                 return False
+            # (kept a while, so a change made under it is still told from a violation)
+            released = [*data.get("released", []), {**lease, "holder": holder,
+                                                    "released_at": time.time()}]  # fmt: skip
+            data["released"] = released[-RELEASED_KEPT:]
             self._save(data)
             return True
 

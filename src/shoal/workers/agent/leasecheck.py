@@ -128,20 +128,28 @@ def outside(
     ]
 
 
-def others_cover(session_dir: Path, holder: str, cwd: Path) -> Callable[[str], bool]:
-    """Whether a changed path (relative to `cwd`) is in another worker's live lease (its
-    writer's, not this worker's, change), read from the session's leases.json."""
+def others_cover(
+    session_dir: Path, holder: str, cwd: Path, since: float = 0.0
+) -> Callable[[str], bool]:
+    """Whether a changed path (relative to `cwd`) is in another worker's lease, live or
+    released after `since` (when the command began): that writer's change, not a violation
+    of this worker's. Read from the session's leases.json."""
     import orjson
 
     try:
         data = orjson.loads((session_dir / "leases.json").read_bytes())
-        leases = data.get("leases") or {}
-    except (OSError, ValueError):
-        leases = {}
+        leases = list((data.get("leases") or {}).items())
+        leases += [
+            (str(r.get("holder")), r)
+            for r in data.get("released") or ()
+            if isinstance(r, dict) and float(r.get("released_at") or 0) >= since
+        ]
+    except (OSError, ValueError, TypeError, AttributeError):
+        leases = []
     root = cwd.resolve()
     others: list[tuple[Path, list[str]]] = [
         (Path(lease.get("cwd") or root).resolve(), list(lease.get("write_set") or ()))
-        for who, lease in leases.items()
+        for who, lease in leases
         if who != holder and isinstance(lease, dict)
     ]
 

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,13 +293,16 @@ class Workspace:
             )
         from shoal.workers.agent import leasecheck
 
+        began = time.time()
         before = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
         out = await run_foreground(
             args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
         )
         after = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
         elsewhere = (
-            leasecheck.others_cover(*self.lease_peers, self.cwd) if self.lease_peers else None
+            leasecheck.others_cover(*self.lease_peers, self.cwd, began)
+            if self.lease_peers
+            else None
         )
         outside = leasecheck.outside(before, after, self.write_set, elsewhere)
         if not outside:
