@@ -137,10 +137,12 @@ tool = "Agent"
 args = { description = "first", prompt = "Implement first", write_set = ["src/*.py"] }
 [[turn.call]]
 tool = "Agent"
-args = { description = "second", prompt = "Implement second", write_set = ["src/calc.py"] }
+args = { description = "docs", prompt = "Implement docs", write_set = ["docs/**"] }
+
+[[turn]]
 [[turn.call]]
 tool = "Agent"
-args = { description = "docs", prompt = "Implement docs", write_set = ["docs/**"] }
+args = { description = "second", prompt = "Implement second", write_set = ["src/calc.py"] }
 
 [[turn]]
 text = "Waiting for the implementers."

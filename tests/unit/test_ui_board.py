@@ -234,3 +234,21 @@ def test_unchanged_files_print_nothing_new(layout: Layout, tmp_path: Path) -> No
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+def test_an_agent_line_shows_the_lease_it_waits_for_its_budget_and_violations() -> None:
+    from shoal.ui.board import task_line
+    from shoal.ui.source import TaskRow
+
+    record = {
+        "id": "a1b2c3d4e", "type": "local_agent", "status": "pending", "description": "fix",
+        "start_time": NOW, "agent_type": "general-purpose",
+        "waiting_for": {"lease": "a9a9a9a9a", "write_set": ["src/*.py"]},
+        "budget": {"tokens": 20000, "tool_uses": 40}, "progress": {"token_count": 1200,
+                                                              "tool_use_count": 3},
+        "violations": [{"command": "touch x", "paths": ["x"]}],
+    }  # fmt: skip
+    line = task_line(TaskRow(record=record), NOW)
+    assert "[waiting for the lease of a9a9a9a9a]" in line.description
+    assert "[budget: 1,200/20,000 tokens, 3/40 tool uses]" in line.description
+    assert "[1 lease violation(s)]" in line.description

@@ -186,33 +186,10 @@ def sh(
 
 
 def _waiting(task: dict[str, Any]) -> str:
-    """What an agent waits on or has spent: `  [waits: shoal approve a1b2c3d4e.1 (Bash)]`,
-    `  [waiting for the lease of a1b2c3d4e]`, `  [budget: 1,200/20,000 tokens, 3/40 tool uses]`."""
-    waiting = task.get("waiting_for")
-    shown = ""
-    if isinstance(waiting, dict) and waiting.get("request_id"):
-        shown = f"  [waits: shoal approve {waiting['request_id']} ({waiting.get('tool')})]"
-    elif isinstance(waiting, dict) and waiting.get("lease"):
-        shown = f"  [waiting for the lease of {waiting['lease']}]"
-    budget = task.get("budget")
-    if isinstance(budget, dict) and budget:
-        usage = task.get("usage") or {}
-        progress = task.get("progress") or {}
-        spent = {
-            "tokens": usage.get("total_tokens", progress.get("token_count", 0)),
-            "tool_uses": usage.get("tool_uses", progress.get("tool_use_count", 0)),
-        }
-        parts = [
-            f"{spent[key]:,}/{int(budget[key]):,} {key.replace('_', ' ')}"
-            for key in ("tokens", "tool_uses")
-            if key in budget
-        ]
-        if "seconds" in budget:
-            parts.append(f"{int(budget['seconds'])}s")
-        shown += f"  [budget: {', '.join(parts)}]"
-    if task.get("violations"):
-        shown += f"  [{len(task['violations'])} lease violation(s)]"
-    return shown
+    """What an agent waits on or has spent (see ui/status.py's agent_notes)."""
+    from shoal.ui.status import agent_notes
+
+    return agent_notes(task)
 
 
 def _exit_code(task: dict[str, Any]) -> int | None:

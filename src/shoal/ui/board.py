@@ -31,6 +31,7 @@ from shoal.core.events import (
 )
 from shoal.ui.source import MemberRow, Snapshot, SwarmSource, TaskRow
 from shoal.ui.status import (
+    agent_notes,
     describe_teammate_activity,
     member_icon,
     one_line,
@@ -140,6 +141,8 @@ def task_line(task: TaskRow, now: float, member: MemberRow | None = None) -> Tas
             icon, style = status_icon("running", facts.flags), status_style("running", facts.flags)
         activity = describe_teammate_activity(facts)
         description = f"{description} · {activity}" if description else activity
+    if task.type == "local_agent":
+        description += agent_notes(task.record)  # (a lease waited on, a budget, violations)
     return TaskLine(
         icon=icon,
         icon_style=style,

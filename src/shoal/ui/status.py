@@ -281,3 +281,33 @@ def one_line(text: Any, width: int = 80, *, line_sep: str = " ") -> str:
     lines = (" ".join(part.split()) for part in str(text or "").splitlines())
     flat = line_sep.join(line for line in lines if line)
     return flat if len(flat) <= width else flat[: max(0, width - 1)].rstrip() + "…"
+
+
+def agent_notes(task: Mapping[str, Any]) -> str:
+    """What an agent waits on or has spent: `  [waits: shoal approve a1b2c3d4e.1 (Bash)]`,
+    `  [waiting for the lease of a1b2c3d4e]`, `  [budget: 1,200/20,000 tokens, 3/40 tool uses]`."""
+    waiting = task.get("waiting_for")
+    shown = ""
+    if isinstance(waiting, dict) and waiting.get("request_id"):
+        shown = f"  [waits: shoal approve {waiting['request_id']} ({waiting.get('tool')})]"
+    elif isinstance(waiting, dict) and waiting.get("lease"):
+        shown = f"  [waiting for the lease of {waiting['lease']}]"
+    budget = task.get("budget")
+    if isinstance(budget, dict) and budget:
+        usage = task.get("usage") or {}
+        progress = task.get("progress") or {}
+        spent = {
+            "tokens": usage.get("total_tokens", progress.get("token_count", 0)),
+            "tool_uses": usage.get("tool_uses", progress.get("tool_use_count", 0)),
+        }
+        parts = [
+            f"{spent[key]:,}/{int(budget[key]):,} {key.replace('_', ' ')}"
+            for key in ("tokens", "tool_uses")
+            if key in budget
+        ]
+        if "seconds" in budget:
+            parts.append(f"{int(budget['seconds'])}s")
+        shown += f"  [budget: {', '.join(parts)}]"
+    if task.get("violations"):
+        shown += f"  [{len(task['violations'])} lease violation(s)]"
+    return shown
