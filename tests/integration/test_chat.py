@@ -116,6 +116,36 @@ def test_a_query_runs_goes_to_the_background_and_comes_back(pane: Pane, cli: Cli
     pane.wait_for("CHAT-EXITED 0")
 
 
+def test_chat_resumes_a_coordinator_in_its_stored_mode(
+    cli: Cli, home: Path, tmp_path: Path
+) -> None:
+    up = cli("up", "--team", TEAM, "--detach", "--quiet", env={"SHOAL_POLL_INTERVAL": "0.1"})
+    assert up.returncode == 0, up.stderr
+    socket = f"shoal-chat-r-{tmp_path.name}"[-60:]
+    try:
+        script = tmp_path / "plain.toml"
+        script.write_text('final = "coordinated: {prompt}"\n')
+        out = cli("agent", "--team", TEAM, "--coordinator", "--backend", "in-process",
+                  "--model", f"scripted:{script}", "first")  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        coord = out.stdout.strip()
+        wait_until(lambda: next(t for t in _tasks(cli) if t["id"] == coord)["status"]
+                   == "completed", what="the coordinator")  # fmt: skip
+        command = " ".join(shlex.quote(a) for a in [
+            "env", f"SHOAL_HOME={home}", sys.executable, "-m", "shoal", "chat", "--team", TEAM,
+            "--no-coordinator", "--resume", coord])  # fmt: skip
+        pane = Pane(socket, f"{command}; sleep 60")
+        pane.wait_for("entered coordinator mode to match the resumed session")
+        pane.wait_for("coordinated: ")  # (its conversation so far)
+        pane.keys("again", "Enter")
+        pane.wait_for("coordinated: again")
+        (resumed,) = [t for t in _tasks(cli) if t.get("resumed_from") == coord]
+        assert resumed["coordinator"]
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+        cli("down", "--team", TEAM)
+
+
 def test_chat_needs_a_terminal(cli: Cli) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "shoal", "chat", "--team", TEAM],

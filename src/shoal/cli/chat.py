@@ -12,7 +12,9 @@ goes on in the background).
 from __future__ import annotations
 
 import asyncio
+import html
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from shoal.core.errors import ShoalError, UsageError
 
 DOUBLE_PRESS_S: Final = 1.0
 POLL_S: Final = 0.05
+RESULT: Final = re.compile(r"<result>(.*?)</result>", re.DOTALL)
 HELP: Final = (
     "/tasks  the session's tasks   /fg ID  bring a query back   /stop ID  stop a task\n"
     "/help   this                  /exit   leave (Ctrl+D)        Ctrl+B Ctrl+B: background"
@@ -201,15 +204,20 @@ class Chat:
                 event = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-            if event.get("subtype") != "task_terminated":
-                continue
+            kind = event.get("subtype")
             task_id = event.get("task_id")
+            if kind not in ("task_terminated", "task_notification"):
+                continue
             if task_id == self.state.current or task_id in self.state.announced:
                 continue
+            background = task_id in self.state.backgrounded
+            if background and kind != "task_notification":
+                continue  # (told with its result, from its notification)
             self.state.announced.add(task_id)
-            told = f"◆ {task_id} {event.get('status')}: {event.get('summary')}"
-            if task_id in self.state.backgrounded:
-                result = str((self.record(task_id) or {}).get("result") or "").strip()
+            told = f"◆ {task_id} {event.get('status')}: {event.get('summary') or ''}".rstrip()
+            if background:
+                found = RESULT.search(str(event.get("notification") or ""))
+                result = html.unescape(found.group(1)).strip() if found else ""
                 first = result.splitlines()[0][:200] if result else ""
                 told += f" (in the background: {first}; /fg {task_id})"
             click.echo(told)
@@ -288,6 +296,13 @@ async def _repl(chat: Chat) -> None:
     help="Where the session's agent runs (default: inside the leader).",
 )
 @click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
+@click.option(
+    "--resume",
+    "resume",
+    default=None,
+    metavar="ID",
+    help="Continue the conversation of agent task ID (it keeps its stored mode).",
+)
 @common_options
 def chat(
     model: str | None,
@@ -295,6 +310,7 @@ def chat(
     permission_mode: str | None,
     backend: str,
     cwd: str | None,
+    resume: str | None,
 ) -> None:
     """An interactive session with an agent (or, with --coordinator, a coordinator).
 
@@ -320,4 +336,16 @@ def chat(
         "coordinator": coordinator if coordinator is not None else env_mode(os.environ),
         "main_session": True,
     }
-    asyncio.run(_repl(Chat(env, env.team(), spec)))
+    session = Chat(env, env.team(), spec)
+    if resume is not None:
+        from shoal.orchestrator.coordinator import mode_message
+
+        record = session.record(resume)
+        if record is None or record.get("type") != "local_agent":
+            raise UsageError(f"no agent task {resume} in this session (see `shoal ps --all`)")
+        asked = coordinator if coordinator is not None else env_mode(os.environ)
+        said = mode_message(bool(record.get("coordinator")), asked)
+        if said and (coordinator is not None or env_mode(os.environ)):
+            click.echo(f"shoal: {said}", err=True)
+        session.follow(resume, from_start=True)
+    asyncio.run(_repl(session))
