@@ -93,7 +93,7 @@ def _tool_list(text: str | None) -> list[str] | None:
     "--budget-seconds",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="A coordinator run's wall time per worker share (s).",
+    help="A coordinator run's worker time (s): each worker's wall time comes out of it.",
 )
 @click.option(
     "--mcp-config",
