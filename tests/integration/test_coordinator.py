@@ -594,3 +594,45 @@ def test_replay_needs_a_coordinator_run(leader: Cli, tmp_path: Path) -> None:
     assert out.returncode == 2 and "add --coordinator" in out.stderr
     out = leader("agent", "--team", TEAM, "--coordinator", "--replay", "a00000000")
     assert out.returncode == 2 and "no coordinator run 'a00000000'" in out.stderr
+
+
+HOLDING = """
+final = "done"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "first", prompt = "Hold it", write_set = ["src/**"] }
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "second", prompt = "After it", write_set = ["src/a.py"] }
+
+[[turn]]
+text = "waiting"
+
+[[worker]]
+match = "^Hold"
+final = "started a shell"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 30", run_in_background = true }
+
+[[worker]]
+final = "second ran"
+"""
+
+
+def test_a_lease_is_held_until_the_holders_shells_are_gone(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, HOLDING)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+    task = ended(leader, coord, timeout=90)
+    assert task["status"] == "completed", task
+    rows = tasks(leader)
+    first = next(t for t in rows if t.get("description") == "first")
+    second = next(t for t in rows if t.get("description") == "second")
+    (shell,) = [t for t in rows if t["type"] == "local_bash" and t.get("owner") == first["id"]]
+    assert shell["status"] in TERMINAL and first["end_time"] <= shell["end_time"]
+    assert second["start_time"] >= shell["end_time"], (shell, second)

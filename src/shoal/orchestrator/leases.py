@@ -9,8 +9,9 @@
 A worker with a write set takes a lease before it starts; one whose set overlaps a live lease
 waits (`pending`) and is started when the holder ends. Every lease carries the next fencing
 number, so a late write of a holder that lost its lease can be told from the new holder's. A
-lease is released when its holder's task ends, and only then (never by a timer alone); a lease
-whose holder is no longer alive is dropped at the next acquire.
+lease is released when its holder's task and the shells it started have ended, and only then
+(never by a timer alone); a lease whose holder is no longer alive is dropped at the next
+acquire.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from filelock import FileLock
 
 from shoal.core.errors import CorruptFileError
 from shoal.core.jsonio import atomic_write
-from shoal.core.tasks import LocalAgentTaskState, TaskStatus
+from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType
 from shoal.core.writeset import overlaps
 
 LEASES_FILE: Final = "leases.json"
@@ -165,5 +166,12 @@ class LeasePolicy:
 
 
 def _alive(leader: Any, task_id: str) -> bool:
+    """A holder is alive while its task runs, and then while any shell it started runs (a
+    background command of a finished worker may still be writing its files)."""
     task = leader.registry.get(task_id)
-    return task is not None and not task.is_terminal
+    if task is not None and not task.is_terminal:
+        return True
+    return any(
+        t.type == TaskType.LOCAL_BASH and t.owner == task_id and not t.is_terminal
+        for t in leader.registry.get_all_tasks()
+    )
