@@ -636,3 +636,40 @@ def test_a_lease_is_held_until_the_holders_shells_are_gone(leader: Cli, tmp_path
     (shell,) = [t for t in rows if t["type"] == "local_bash" and t.get("owner") == first["id"]]
     assert shell["status"] in TERMINAL and first["end_time"] <= shell["end_time"]
     assert second["start_time"] >= shell["end_time"], (shell, second)
+
+
+BACKGROUND_WRITER = """
+final = "done"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "bg", prompt = "Write in the background", write_set = ["src/*"] }
+
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "told: {prompt}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "echo x > outside.txt", run_in_background = true }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "until [ -e outside.txt ]; do sleep 0.05; done; sleep 2" }
+"""
+
+
+def test_a_workers_background_command_is_lease_checked_when_it_ends(
+    leader: Cli, tmp_path: Path
+) -> None:
+    (tmp_path / "src").mkdir()
+    model = script(tmp_path, BACKGROUND_WRITER)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+    task = ended(leader, coord, timeout=90)
+    assert task["status"] == "completed", task
+    (worker,) = [t for t in tasks(leader) if t.get("description") == "bg"]
+    (violation,) = worker["violations"]
+    assert violation["paths"] == ["outside.txt"] and "(background b" in violation["command"]

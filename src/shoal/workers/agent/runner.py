@@ -123,6 +123,7 @@ class Feed:
         self.turn_aborted = False
         self._waiter: asyncio.Future[str] | None = None
         self.waiting_shown: list[str] = []  # a coordinator's outstanding workers, as last said
+        self.on_text: Callable[[str], str] | None = None  # sees each message as it is fed
 
     def attach(self, loop: asyncio.AbstractEventLoop, agent: AgentLoop) -> None:
         self._loop, self._agent = loop, agent
@@ -137,6 +138,8 @@ class Feed:
         self._loop.call_soon_threadsafe(self._deliver, text, ack)
 
     def _deliver(self, text: str, ack: Callable[[], None] | None = None) -> None:
+        if self.on_text is not None and ack is None:
+            text = self.on_text(text)
         if ack is not None and self._agent is not None:
             task_id = notification_task(text)
             if task_id is not None and task_id in recorded_notifications(self._agent):
@@ -522,6 +525,10 @@ async def run_job(
             for text in feed.late:
                 loop.enqueue(text)
             feed.late.clear()
+            if job.worker:  # (its background commands' ends are lease-checked)
+                feed.on_text = lambda text: workspace.background_ended(
+                    notification_task(text), text
+                )
             feed.attach(asyncio.get_running_loop(), loop)
             if job.coordinator and job.coordinator_inbox:
                 stop_inbox = threading.Event()
@@ -548,6 +555,8 @@ async def run_job(
                     if prompt is not None:
                         continue
                 break
+        for shell_id in list(workspace.background_watch):  # (ended or not: what it did)
+            await asyncio.to_thread(workspace.background_ended, shell_id, "")
         status.progress(loop.progress, force=True)
         return JobOutcome(
             status="completed" if outcome.status == "completed" else "failed",

@@ -140,6 +140,8 @@ class Workspace:
     scratchpad: Path | None = None
     lease_skip: tuple[Path, ...] = ()  # left out of the check (shoal's home)
     lease_peers: tuple[Path, str] | None = None  # (session dir, own task id): others' leases
+    # A worker's background commands: task id -> (command, snapshot at start, start time)
+    background_watch: dict[str, tuple[str, Any, float]] = field(default_factory=dict)
     on_violation: Callable[[str, list[str]], None] | None = None
 
     # -- paths -----------------------------------------------------------------------------
@@ -281,7 +283,16 @@ class Workspace:
         if args.run_in_background:
             if self.start_background is None:
                 raise ToolFailure("background commands are not available to this agent")
+            watched = None
+            if self.write_set is not None:
+                from shoal.workers.agent import leasecheck
+
+                began = time.time()
+                watched = (await asyncio.to_thread(leasecheck.snapshot, self.cwd,
+                                                   self.lease_skip), began)  # fmt: skip
             task_id = await self.start_background(args.command, args.description)
+            if watched is not None:
+                self.background_watch[task_id] = (args.command, *watched)
             return (
                 f"started background task {task_id}; its <task-notification> arrives when it "
                 f"ends (TaskOutput {task_id} reads its output so far)"
@@ -298,7 +309,23 @@ class Workspace:
         out = await run_foreground(
             args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
         )
-        after = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
+        return out + self._lease_check(args.command, before, began)
+
+    def background_ended(self, task_id: str | None, text: str) -> str:
+        """A worker's background command ended (its notification is `text`): what it changed
+        outside the lease since it started is reported with it, and recorded."""
+        watched = self.background_watch.pop(task_id, None) if task_id else None
+        if watched is None:
+            return text
+        command, before, began = watched
+        return text + self._lease_check(f"{command} (background {task_id})", before, began)
+
+    def _lease_check(self, command: str, before: Any, began: float) -> str:
+        """The violation note for what changed outside the lease since `before` ("" if none)."""
+        from shoal.workers.agent import leasecheck
+
+        assert self.write_set is not None
+        after = leasecheck.snapshot(self.cwd, self.lease_skip)
         elsewhere = (
             leasecheck.others_cover(*self.lease_peers, self.cwd, began)
             if self.lease_peers
@@ -306,14 +333,14 @@ class Workspace:
         )
         outside = leasecheck.outside(before, after, self.write_set, elsewhere)
         if not outside:
-            return out
+            return ""
         if self.on_violation is not None:
-            self.on_violation(args.command, outside)
+            self.on_violation(command, outside)
         shown = ", ".join(outside[:20]) + (
             f" (+{len(outside) - 20} more)" if len(outside) > 20 else ""
         )
         return (
-            f"{out}\n[lease violation: this command changed files outside your write set "
+            f"\n[lease violation: this command changed files outside your write set "
             f"({', '.join(self.write_set)}): {shown}. Undo those changes; only your write set "
             "may change. This is recorded in your task.]"
         )
