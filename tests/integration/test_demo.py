@@ -56,17 +56,20 @@ def test_demo_does_real_work_and_leaves_nothing(
     assert sorted(p.name for p in work.rglob("*")) == ["a.py", "b.py", "notes.md", "src"]
 
 
-@pytest.mark.parametrize("backend", ["process", "in-process"])
+@pytest.mark.parametrize(
+    "backend", ["process", "in-process", pytest.param("tmux", marks=pytest.mark.tmux)]
+)
 def test_the_coordinator_demo_goes_through_the_four_phases(
     cli: Cli, home: Path, tmp_path: Path, backend: str
 ) -> None:
+    socket = f"shoal-cdemo-{tmp_path.name}"[-60:]
     out = subprocess.run(
         [sys.executable, "-m", "shoal", "demo", "--coordinator", "--backend", backend],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "SHOAL_HOME": str(home)},
+        env={**os.environ, "SHOAL_HOME": str(home), "SHOAL_TMUX_SOCKET": socket},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
@@ -86,3 +89,7 @@ def test_the_coordinator_demo_goes_through_the_four_phases(
                              capture_output=True)  # fmt: skip
     assert str(home) not in runners.stdout.decode()  # (its runners' job files are under it)
     assert [p for p in tmp_path.iterdir() if p != home] == []  # (its project was elsewhere)
+    if backend == "tmux":
+        assert "watch them: shoal attach --team" in text
+        gone = subprocess.run(["tmux", "-L", socket, "ls"], capture_output=True)
+        assert gone.returncode != 0  # (no pane, no server left)

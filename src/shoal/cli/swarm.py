@@ -186,8 +186,8 @@ def demo(backend: str | None, coordinator: bool) -> None:
         from shoal.orchestrator.demo_coordinator import run_coordinator_demo, summary
 
         agent_backend = backend if backend in ("process", "tmux", "in-process") else None
-        if agent_backend is None:
-            agent_backend = "tmux" if tmux_available() and os.environ.get("TMUX") else "process"
+        if agent_backend is None:  # (as the teammates' demo: panes of a dedicated server)
+            agent_backend = "tmux" if tmux_available() else "process"
         done = run_coordinator_demo(env.layout, backend=agent_backend, say=click.echo)
         for line in summary(done):
             click.echo(line)

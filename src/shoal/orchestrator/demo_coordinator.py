@@ -121,6 +121,8 @@ def run_coordinator_demo(
             )
         )
         say(f"coordinator {coordinator.id} ({backend}) dispatches; workers appear as they start:")
+        if backend == "tmux":
+            say(f"  watch them: shoal attach --team {team}")
         deadline = time.monotonic() + timeout
         final: LocalAgentTaskState | None = None
         while time.monotonic() < deadline:
