@@ -461,6 +461,8 @@ def test_sigint_stops_everything_and_resume_runs_only_the_rest(
     proc = start_run(home, spec, "--report", str(report), "--joblog", str(log))
     stopper.append(proc)
     wait_until(lambda: (tmp_path / "ran-gate").exists() and (tmp_path / "ran-after-quick").exists())
+    # (and until both quick tasks have ended, not only begun: the joblog is in order of ends)
+    wait_until(lambda: log.exists() and len(read_joblog(log)) >= 2, what="two joblog rows")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, out + err
