@@ -1592,6 +1592,16 @@ def _coordinator_script(n: int, worker_command: str) -> str:
     return f'final = "noted"\n\n[[turn]]\n{calls}\n[[turn]]\ntext = "waiting"\n\n{worker}'
 
 
+def _start_coordinator(home: Path, script: Path, work: Path) -> dict[str, Any]:
+    """Start an in-process coordinator on `script` in `work`; its task record."""
+    rec: dict[str, Any] = json.loads(_shoal_cli(
+        home, "agent", "--team", "bench", "--coordinator", "--backend", "in-process",
+        "--permission-mode", "bypassPermissions", "--model", f"scripted:{script}",
+        "--cwd", str(work), "--json", "go",
+    ).stdout)  # fmt: skip
+    return rec
+
+
 def _first_request(output: Path) -> bool:
     try:
         return b"> " in output.read_bytes()
@@ -1613,11 +1623,7 @@ def bench_coordinator(cfg: Config) -> SectionResult:
         n = 10
         script = work / "dispatch.toml"
         script.write_text(_coordinator_script(n, "true"))
-        rec = json.loads(_shoal_cli(
-            home, "agent", "--team", "bench", "--coordinator", "--backend", "in-process",
-            "--permission-mode", "bypassPermissions", "--model", f"scripted:{script}",
-            "--cwd", str(work), "--json", "go",
-        ).stdout)  # fmt: skip
+        rec = _start_coordinator(home, script, work)
         coordinator_out = Path(rec["output_file"])
         t_call = None
         deadline = time.monotonic() + 120
@@ -1649,11 +1655,7 @@ def bench_coordinator(cfg: Config) -> SectionResult:
         gate = work / "go"
         script = work / "fanin.toml"
         script.write_text(_coordinator_script(n, f"until [ -e {gate} ]; do sleep 0.05; done"))
-        rec = json.loads(_shoal_cli(
-            home, "agent", "--team", "bench", "--coordinator", "--backend", "in-process",
-            "--permission-mode", "bypassPermissions", "--model", f"scripted:{script}",
-            "--cwd", str(work), "--json", "go",
-        ).stdout)  # fmt: skip
+        rec = _start_coordinator(home, script, work)
         out = Path(rec["output_file"])
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -673,3 +673,36 @@ def test_a_workers_background_command_is_lease_checked_when_it_ends(
     (worker,) = [t for t in tasks(leader) if t.get("description") == "bg"]
     (violation,) = worker["violations"]
     assert violation["paths"] == ["outside.txt"] and "(background b" in violation["command"]
+
+
+def test_the_leaders_environment_does_not_make_subagents_coordinators(
+    cli: Cli, tmp_path: Path
+) -> None:
+    up = cli("up", "--team", "envmode", "--detach", "--quiet",
+             env={**FAST, "SHOAL_COORDINATOR_MODE": "1"})  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        model = script(tmp_path, SUBAGENT_CALL)
+        out = cli("agent", "--team", "envmode", "--no-coordinator", "--backend", "in-process",
+                  "--model", model, *BYPASS, "top")  # fmt: skip
+        assert out.returncode == 0, out.stderr
+
+        def done() -> list[dict[str, Any]] | None:
+            rows = json.loads(cli("ps", "--team", "envmode", "--all", "--json").stdout)
+            return rows if rows and all(r["status"] in TERMINAL for r in rows) else None
+
+        rows = wait_until(done, timeout=60, what="the agent and its subagent")
+        assert len(rows) == 2 and not any(r["coordinator"] for r in rows), rows
+    finally:
+        cli("down", "--team", "envmode")
+
+
+SUBAGENT_CALL = """
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "helper", prompt = "say hi", subagent_type = "general-purpose" }
+
+[[turn]]
+text = "parent saw: {last}"
+"""

@@ -180,8 +180,6 @@ def agent(
         "mcp_config": os.path.abspath(mcp_config) if mcp_config else None,
         "fork": fork,
     }
-    if coordinator is None and env_mode(os.environ):
-        coordinator = True
     budget = {
         k: v
         for k, v in (

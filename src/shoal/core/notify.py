@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
 from xml.sax.saxutils import escape
 
@@ -130,3 +131,12 @@ def stall_notification_xml(task: TaskStateBase, tail: str) -> str:
 def is_task_notification(text: str) -> bool:
     """True if `text` is a task notification rather than a user message (by its opening tag)."""
     return text.lstrip().startswith(NOTIFICATION_OPEN_TAG)
+
+
+# A notification of a task's end (not a notice, such as "appears stalled", of a running one);
+# group 1 is its task id.
+END_NOTIFICATION: Final = re.compile(
+    r"<task-notification>\s*<task-id>([^<]+)</task-id>(?:(?!</task-notification>).)*?"
+    r"<status>(?:completed|failed|killed)</status>",
+    re.DOTALL,
+)

@@ -24,7 +24,6 @@ from shoal.core.tasks import (
 )
 from shoal.core.writeset import check_write_set
 from shoal.orchestrator import coordinator
-from shoal.orchestrator.coordinator import env_mode
 from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
@@ -212,10 +211,10 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     if not cwd.is_dir():
         raise TaskError(f"working directory {cwd} does not exist")
     parent = host.find_agent(spec.resume) if spec.resume else None
-    if parent is not None:  # (a resumed session keeps its stored mode: see mode_message)
-        coordinating = parent.coordinator
-    else:
-        coordinating = spec.coordinator if spec.coordinator is not None else env_mode(env)
+    # A resumed session keeps its stored mode (see mode_message); else the caller decides,
+    # $SHOAL_COORDINATOR_MODE included: the leader's environment must not make every agent it
+    # starts, subagents too, a coordinator.
+    coordinating = parent.coordinator if parent is not None else bool(spec.coordinator)
     agent_type = spec.agent_type or (parent.agent_type if parent else DEFAULT_AGENT_TYPE)
     if coordinating:
         agent_type = COORDINATOR_TYPE

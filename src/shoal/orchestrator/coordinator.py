@@ -19,7 +19,7 @@ from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState
 from shoal.workers.agent.filters import ASYNC_AGENT_ALLOWED_TOOLS
-from shoal.workers.agent.kind import SCRATCHPAD, coordinator_inbox
+from shoal.workers.agent.kind import SCRATCHPAD
 
 PROMPT_FILE: Final = "coordinator_prompt.md"
 ENV_FLAG: Final = "SHOAL_COORDINATOR_MODE"
@@ -54,11 +54,6 @@ def worker_tools(simple: bool) -> tuple[str, ...]:
 def scratchpad_dir(session_dir: Path) -> Path:
     """`sessions/{s}/scratchpad/`: every worker may read and write there without asking."""
     return session_dir / SCRATCHPAD
-
-
-def inbox_dir(session_dir: Path, agent_id: str) -> Path:
-    """Where the workers of coordinator `agent_id` deliver their notifications."""
-    return coordinator_inbox(session_dir, agent_id)
 
 
 CONTEXT_OPEN: Final = "<coordinator-context>"

@@ -12,7 +12,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -135,12 +135,8 @@ def run_demo(
         elif isinstance(event, MessageReceived) and event.kind == "task_notification":
             say(f"  {event.message.get('summary') or event.message['from']}")
 
-    leader = Leader(layout, team, on_event=on_event).start()
-    stop = threading.Event()
-    loop = threading.Thread(target=leader.run, args=(stop,), name="shoal-demo-leader")
-    loop.start()
     result = DemoResult(team=team, backend="", why="")
-    try:
+    with demo_leader(layout, team, on_event=on_event) as leader:
         scratch = layout.ensure(layout.scratchpad_dir(team))
         script = scratch / "teammate.toml"
         script.write_text(SCRIPT)
@@ -200,15 +196,29 @@ def run_demo(
         with contextlib.suppress(OSError):
             result.report = (scratch / "report.txt").read_text()
         result.messages = sum(1 for e in events if isinstance(e, MessageReceived))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+@contextlib.contextmanager
+def demo_leader(
+    layout: Layout, team: str, on_event: Callable[[Event], None] | None = None
+) -> Iterator[Leader]:
+    """A leader of `team` running on a thread of this process; at the end it shuts down
+    (every task and teammate with it) and the team is deleted."""
+    leader = Leader(layout, team, on_event=on_event).start()
+    stop = threading.Event()
+    loop = threading.Thread(target=leader.run, args=(stop,), name="shoal-demo-leader")
+    loop.start()
+    try:
+        yield leader
     finally:
         stop.set()
         leader.wake()
         loop.join(30)
         leader.shutdown()
         with contextlib.suppress(ShoalError):
-            teams.delete(team, force=True)
-        result.seconds = time.monotonic() - started
-    return result
+            Teams(layout).delete(team, force=True)
 
 
 def tmux_available() -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,8 +25,11 @@ from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState
 from shoal.orchestrator.agent_tasks import AgentSpec
+from shoal.orchestrator.coordinator import scratchpad_dir
+from shoal.orchestrator.demo import demo_leader
 from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams
+from shoal.workers.agent.runner import COORDINATOR_JOURNAL
 
 DEMO_TIMEOUT_S: Final = 55.0
 SCRIPT: Final = "demo_coordinator.toml"
@@ -102,63 +104,56 @@ def run_coordinator_demo(
     script = project.parent / f"{project.name}.toml"
     script.write_text(resources.files("shoal.orchestrator").joinpath(SCRIPT).read_text())
     result = CoordinatorDemoResult(team=team, backend=backend, project=str(project))
-    leader = Leader(layout, team).start()
-    stop = threading.Event()
-    loop = threading.Thread(target=leader.run, args=(stop,), name="shoal-demo-leader")
-    loop.start()
-    seen: set[str] = set()
+    seen: set[str] = set()  # workers told as started
+    waited: set[str] = set()  # workers told as waiting for a lease
     try:
-        say(f"project {project}: calc/ops.py, whose test fails")
-        coordinator = leader.start_agent(
-            AgentSpec(
-                prompt="tests/test_ops.py fails. Find out why, fix it, document it, verify it.",
-                model=f"scripted:{script}",
-                coordinator=True,
-                permission_mode="bypassPermissions",  # (the demo's own temporary project)
-                backend=backend,
-                cwd=str(project),
-                description="coordinator: fix the failing test",
+        with demo_leader(layout, team) as leader:
+            say(f"project {project}: calc/ops.py, whose test fails")
+            coordinator = leader.start_agent(
+                AgentSpec(
+                    prompt="tests/test_ops.py fails. Find out why, fix it, document it, verify it.",
+                    model=f"scripted:{script}",
+                    coordinator=True,
+                    permission_mode="bypassPermissions",  # (the demo's own temporary project)
+                    backend=backend,
+                    cwd=str(project),
+                    description="coordinator: fix the failing test",
+                )
             )
-        )
-        say(f"coordinator {coordinator.id} ({backend}) dispatches; workers appear as they start:")
-        if backend == "tmux":
-            say(f"  watch them: shoal attach --team {team}")
-        deadline = time.monotonic() + timeout
-        final: LocalAgentTaskState | None = None
-        while time.monotonic() < deadline:
-            for worker in _workers(leader, coordinator.agent_id):
-                if worker.id not in seen and worker.status.value != "pending":
-                    seen.add(worker.id)
-                    lease = ", ".join(worker.write_set) if worker.write_set else "read-only"
-                    say(f"  + {worker.id} {worker.description} [{lease}]")
-                elif worker.id not in seen and worker.waiting_for and worker.id + "w" not in seen:
-                    seen.add(worker.id + "w")
-                    holder = worker.waiting_for.get("lease")
-                    say(f"  … {worker.id} {worker.description} waits for the lease of {holder}")
-            task = leader.call(lambda: leader.find_agent(coordinator.id)).result(10)
-            if task.is_terminal:
-                final = task
-                break
-            time.sleep(0.05)
-        if final is None:
-            raise ShoalError(
-                f"the coordinator demo did not finish within {timeout:g}s; see "
-                f"`shoal ps --team {team} --all`"
-            )
-        if final.status.value != "completed":
-            raise ShoalError(f"the coordinator {final.status.value}: {final.error}")
-        result.result = final.result or ""
-        result.workers = _rows(leader, final.agent_id, final.start_time)
-        pad = Path(final.output_file).parent.parent / "scratchpad" / "coordinator.md"
-        with contextlib.suppress(OSError):
-            result.synthesis = pad.read_text()
+            say(f"coordinator {coordinator.id} ({backend}) dispatches; workers as they start:")
+            if backend == "tmux":
+                say(f"  watch them: shoal attach --team {team}")
+            deadline = time.monotonic() + timeout
+            final: LocalAgentTaskState | None = None
+            while time.monotonic() < deadline:
+                for worker in _workers(leader, coordinator.agent_id):
+                    if worker.id not in seen and worker.status.value != "pending":
+                        seen.add(worker.id)
+                        lease = ", ".join(worker.write_set) if worker.write_set else "read-only"
+                        say(f"  + {worker.id} {worker.description} [{lease}]")
+                    elif worker.id not in seen | waited and worker.waiting_for:
+                        waited.add(worker.id)
+                        holder = worker.waiting_for.get("lease")
+                        say(f"  … {worker.id} {worker.description} waits for the lease of {holder}")
+                task = leader.call(lambda: leader.find_agent(coordinator.id)).result(10)
+                if task.is_terminal:
+                    final = task
+                    break
+                time.sleep(0.05)
+            if final is None:
+                raise ShoalError(
+                    f"the coordinator demo did not finish within {timeout:g}s; see "
+                    f"`shoal ps --team {team} --all`"
+                )
+            if final.status.value != "completed":
+                raise ShoalError(f"the coordinator {final.status.value}: {final.error}")
+            result.result = final.result or ""
+            result.workers = _rows(leader, final.agent_id, final.start_time)
+            session_dir = Path(final.output_file).parent.parent
+            pad = scratchpad_dir(session_dir) / COORDINATOR_JOURNAL
+            with contextlib.suppress(OSError):
+                result.synthesis = pad.read_text()
     finally:
-        stop.set()
-        leader.wake()
-        loop.join(30)
-        leader.shutdown()
-        with contextlib.suppress(ShoalError):
-            teams.delete(team, force=True)
         shutil.rmtree(project, ignore_errors=True)
         script.unlink(missing_ok=True)
         result.seconds = time.monotonic() - started

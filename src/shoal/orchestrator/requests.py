@@ -28,7 +28,6 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator import coordinator
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
 from shoal.orchestrator.control import ShellSpec
 from shoal.orchestrator.leases import LeasePolicy, Leases
@@ -36,7 +35,7 @@ from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
-from shoal.workers.agent.kind import AgentKind
+from shoal.workers.agent.kind import AgentKind, coordinator_inbox
 from shoal.workers.kinds import TaskKind
 
 T = TypeVar("T")
@@ -182,7 +181,7 @@ class LeaderRequests(LeaderStore, ABC):
         if isinstance(task, LocalAgentTaskState) and task.worker_of is not None:
             # A coordinator's worker: into the coordinator's own maildir, whatever its state
             # (a coordinator resumed later reads what came while it was down).
-            inbox = coordinator.inbox_dir(self.session.dir, task.worker_of)
+            inbox = coordinator_inbox(self.session.dir, task.worker_of)
             Maildir.create(inbox, self.layout.home)
             message = make_message(
                 sender=LEAD_NAME,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.errors import ShoalError
+from shoal.core.notify import END_NOTIFICATION
 from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
@@ -241,12 +242,6 @@ class Consent:
             self.status.flush()
 
 
-# A notification of a task's end (not a notice, such as "appears stalled", of a running one).
-FINAL_NOTIFICATION: Final = re.compile(
-    r"<task-notification>\s*<task-id>([^<]+)</task-id>(?:(?!</task-notification>).)*?"
-    r"<status>(?:completed|failed|killed)</status>",
-    re.DOTALL,
-)
 COORDINATOR_IDLE_CHECK_S: Final = 1.0
 # In the scratchpad: what the coordinator said (its synthesis), for its workers to read.
 COORDINATOR_JOURNAL: Final = "coordinator.md"
@@ -254,13 +249,13 @@ COORDINATOR_JOURNAL: Final = "coordinator.md"
 
 def notification_task(text: str) -> str | None:
     """The task id of a `<task-notification>` of a task's end, else None."""
-    found = FINAL_NOTIFICATION.match(text.lstrip())
+    found = END_NOTIFICATION.match(text.lstrip())
     return found.group(1) if found else None
 
 
 def recorded_notifications(agent: AgentLoop) -> set[str]:
     """The task ids whose end notifications are in the agent's conversation."""
-    return {m.group(1) for text in agent.user_texts() for m in FINAL_NOTIFICATION.finditer(text)}
+    return {m.group(1) for text in agent.user_texts() for m in END_NOTIFICATION.finditer(text)}
 
 
 def watch_coordinator_inbox(

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from shoal.core.errors import UsageError
+from shoal.core.notify import END_NOTIFICATION
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage, ModelResponse
@@ -322,13 +323,6 @@ def respond(script: Script, messages: list[ModelMessage]) -> ModelResponse:
     return ModelResponse(parts=parts)
 
 
-_END_NOTIFICATION: Final = re.compile(
-    r"<task-notification>(?:(?!</task-notification>).)*?"
-    r"<status>(?:completed|failed|killed)</status>",
-    re.DOTALL,
-)
-
-
 def _fixed_prefix(text: str) -> str:
     return text.split("{", 1)[0].strip()
 
@@ -347,7 +341,7 @@ def _due_after(script: Script, messages: list[ModelMessage]) -> tuple[int, Turn]
             for part in message.parts:
                 content = getattr(part, "content", None)
                 if part.part_kind == "user-prompt" and isinstance(content, str):
-                    ends += len(_END_NOTIFICATION.findall(content))
+                    ends += len(END_NOTIFICATION.findall(content))
         elif isinstance(message, ModelResponse):
             for rpart in message.parts:
                 if isinstance(rpart, ToolCallPart) and (rpart.tool_call_id or "").startswith(
