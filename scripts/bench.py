@@ -1671,13 +1671,12 @@ def bench_coordinator(cfg: Config) -> SectionResult:
             t for t in json.loads(_shoal_cli(home, "ps", "--team", "bench", "--all", "--json")
                                   .stdout) if t["id"] == rec["id"]
         )  # fmt: skip
+        from shoal.workers.agent.loop import prompt_texts
         from shoal.workers.agent.transcript import Transcript
 
         ids: list[str] = []
-        for message in Transcript.load(Path(final["transcript"])).messages:
-            for part in message.parts:
-                if part.part_kind == "user-prompt" and isinstance(part.content, str):
-                    ids += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", part.content)
+        for text in prompt_texts(Transcript.load(Path(final["transcript"])).messages):
+            ids += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", text)
         ok = len(ids) == n == len(set(ids))
         result.rows.append(
             Row(f"{n} workers ending at once -> all in the coordinator's transcript", "ends/s",

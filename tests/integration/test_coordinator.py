@@ -66,13 +66,12 @@ def notified_ids(transcript: Path) -> list[str]:
     truncate records applied), as often as each appears."""
     import re
 
+    from shoal.workers.agent.loop import prompt_texts
     from shoal.workers.agent.transcript import Transcript
 
     seen: list[str] = []
-    for message in Transcript.load(transcript).messages:
-        for part in message.parts:
-            if part.part_kind == "user-prompt" and isinstance(part.content, str):
-                seen += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", part.content)
+    for text in prompt_texts(Transcript.load(transcript).messages):
+        seen += re.findall(r"<task-notification>\s*<task-id>([^<]+)<", text)
     return seen
 
 

@@ -183,6 +183,25 @@ def make_tools(
     ]
 
 
+def prompt_texts(messages: Sequence[ModelMessage]) -> list[str]:
+    """The text of every user prompt part of `messages`. A part's content is a string, or a
+    list when several queued messages reached one request together (its strings count)."""
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    texts: list[str] = []
+    for message in messages:
+        if not isinstance(message, ModelRequest):
+            continue
+        for part in message.parts:
+            if not isinstance(part, UserPromptPart):
+                continue
+            if isinstance(part.content, str):
+                texts.append(part.content)
+            else:
+                texts += [item for item in part.content if isinstance(item, str)]
+    return texts
+
+
 class AgentLoop:
     """Runs one agent conversation turn by turn; `enqueue` queues a message for the next tool
     round boundary (or, once the run is over, for the next run)."""
@@ -237,15 +256,21 @@ class AgentLoop:
 
     def user_texts(self) -> list[str]:
         """The text of every user prompt in the conversation so far."""
-        from pydantic_ai.messages import ModelRequest, UserPromptPart
 
-        return [
-            part.content
-            for message in self.history
-            if isinstance(message, ModelRequest)
-            for part in message.parts
-            if isinstance(part, UserPromptPart) and isinstance(part.content, str)
-        ]
+        return prompt_texts(self.history)
+
+    def _not_yet_said(self, texts: list[str]) -> list[str]:
+        """`texts` less the notifications of task ends already in the conversation (a task
+        ends once: its end is never told twice, whatever path brought it again)."""
+        from shoal.core.notify import END_NOTIFICATION
+
+        said = {m.group(1) for text in self.user_texts() for m in END_NOTIFICATION.finditer(text)}
+        kept: list[str] = []
+        for text in texts:
+            found = END_NOTIFICATION.match(text.lstrip())
+            if found is None or found.group(1) not in said:
+                kept.append(text)
+        return kept
 
     def enqueue(self, text: str) -> None:
         """A message for the agent: drained at the next tool round as a user message."""
@@ -258,15 +283,8 @@ class AgentLoop:
     def _undelivered(self, since: int) -> list[str]:
         """The texts enqueued into the run that never reached a request of its history after
         message `since` (a run stopped or failed before its next request): kept for the next."""
-        from pydantic_ai.messages import ModelRequest, UserPromptPart
 
-        delivered = [
-            part.content
-            for message in self.history[since:]
-            if isinstance(message, ModelRequest)
-            for part in message.parts
-            if isinstance(part, UserPromptPart) and isinstance(part.content, str)
-        ]
+        delivered = prompt_texts(self.history[since:])
         if self._run_prompt is not None and self._run_prompt in delivered:
             delivered.remove(self._run_prompt)  # (the run's own prompt delivers none of them)
         # (several queued texts may reach one request together, joined in one prompt part)
@@ -292,7 +310,7 @@ class AgentLoop:
     def pending(self) -> list[str]:
         """Take the messages queued for a next run (they came after this one ended)."""
         texts, self._pending = self._pending, []
-        return texts
+        return self._not_yet_said(texts)
 
     async def run(self, prompt: str | None) -> Outcome:
         """One run from `prompt` (None: continue from the history's last request)."""
@@ -305,7 +323,7 @@ class AgentLoop:
             total_tokens_limit=self.limits.max_tokens,
             tool_calls_limit=self.limits.max_tool_uses,
         )
-        texts = [*self._pending, *([prompt] if prompt else [])]
+        texts = [*self._not_yet_said(self._pending), *([prompt] if prompt else [])]
         self._pending.clear()
         since = len(self.history)
         self._run_prompt = "\n\n".join(texts) if texts else None

@@ -329,20 +329,17 @@ def _fixed_prefix(text: str) -> str:
 
 def _due_after(script: Script, messages: list[ModelMessage]) -> tuple[int, Turn] | None:
     """The first `[[after]]` not played yet whose count of end notifications has come."""
-    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
     if not script.after:
         return None
-    ends = 0
+    from shoal.workers.agent.loop import prompt_texts
+
+    ends = sum(len(END_NOTIFICATION.findall(text)) for text in prompt_texts(messages))
     played: set[int] = set()
     texts: list[str] = []
     for message in messages:
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                content = getattr(part, "content", None)
-                if part.part_kind == "user-prompt" and isinstance(content, str):
-                    ends += len(END_NOTIFICATION.findall(content))
-        elif isinstance(message, ModelResponse):
+        if isinstance(message, ModelResponse):
             for rpart in message.parts:
                 if isinstance(rpart, ToolCallPart) and (rpart.tool_call_id or "").startswith(
                     "after_"
