@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,39 @@ def test_workers_take_the_run_model_and_default_mode_gives_accept_edits(
     assert worker["budget"]["tokens"] <= 50000 and worker["limits"]["max_tool_uses"] <= 30
     shown = leader("ps", "--team", TEAM, "--all").stdout
     assert "/50,000 tokens" in shown and "/30 tool uses]" in shown, shown
+
+
+SLOW_WORKER = """
+final = "done"
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "slow", prompt = "Sleep" }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "slept"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 60" }
+"""
+
+
+def test_the_seconds_budget_bounds_the_coordinators_own_time(leader: Cli, tmp_path: Path) -> None:
+    model = script(tmp_path, SLOW_WORKER)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS,
+                       "--budget-seconds", "4")  # fmt: skip
+    task = ended(leader, coord, timeout=40)
+    # The coordinator's own wall time is capped too (a backstop for the time it spends
+    # thinking or waiting, which no worker's share counts); the worker, holding all the run
+    # had left, is stopped at its share: which of the two fires first is a race of instants.
+    assert task["limits"]["timeout"] == 4.0, task["limits"]
+    (worker,) = [t for t in tasks(leader) if t.get("description") == "slow"]
+    worker = ended(leader, worker["id"], timeout=30)
+    assert worker["status"] in ("failed", "killed"), worker
+    assert worker["limits"]["timeout"] <= 4.0, worker["limits"]
 
 
 def test_budget_flags_need_coordinator_mode(leader: Cli, tmp_path: Path) -> None:
@@ -705,3 +739,70 @@ args = { description = "helper", prompt = "say hi", subagent_type = "general-pur
 [[turn]]
 text = "parent saw: {last}"
 """
+
+
+# A real MCP server (the mcp SDK over stdio) with a tool that writes a file: a worker's MCP
+# calls are lease-checked as its Bash commands are.
+WRITING_SERVER = """
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("writer")
+
+
+@server.tool()
+def write(path: str, text: str) -> str:
+    Path(path).write_text(text)
+    return "wrote " + path
+
+
+server.run()
+"""
+
+MCP_LEASED = """
+final = "done"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "mcp", prompt = "Implement via mcp", write_set = ["src/**"] }
+
+[[turn]]
+text = "Waiting."
+
+[[worker]]
+match = "^Implement via mcp"
+final = "mcp: {result_1} || {result_2}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "mcp__writer__write"
+args = { path = "src/ok.py", text = "x = 1" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "mcp__writer__write"
+args = { path = "elsewhere.txt", text = "not mine" }
+"""
+
+
+def test_a_workers_mcp_calls_are_lease_checked(leader: Cli, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    server = tmp_path / "writer_server.py"
+    server.write_text(WRITING_SERVER)
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"writer": {"command": sys.executable, "args": [str(server)]}}})
+    )
+    model = script(tmp_path, MCP_LEASED)
+    coord = coordinate(
+        leader, model, tmp_path, "--backend", "in-process", "--mcp-config", str(config), *BYPASS
+    )
+    assert ended(leader, coord, timeout=90)["status"] == "completed"
+    (worker,) = [t for t in tasks(leader) if t.get("description") == "mcp"]
+    first, second = worker["result"].split(" || ")
+    assert first.endswith("wrote src/ok.py"), worker["result"]
+    assert "lease violation" not in first
+    assert "lease violation" in second and "elsewhere.txt" in second, worker["result"]
+    (violation,) = worker["violations"]
+    assert violation["paths"] == ["elsewhere.txt"]
+    assert violation["command"] == "mcp__writer__write"

@@ -197,6 +197,8 @@ def agent(
         spec["simple"] = True
     if budget:
         spec["budget"] = budget
+    if budget_seconds is not None and timeout is None:
+        spec["timeout"] = budget_seconds  # (the run as a whole lasts no longer than its budget)
     if replay is not None:
         spec["replay"] = replay
         if cwd is None:

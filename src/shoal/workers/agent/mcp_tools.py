@@ -15,7 +15,7 @@ import contextlib
 import json
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,6 +31,9 @@ SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 START_TIMEOUT_S: Final = 30.0
 CALL_TIMEOUT_S: Final = 120.0
 STDERR_TAIL_CHARS: Final = 500
+
+Guard = Callable[[str, Callable[[], Awaitable[str]]], Awaitable[str]]
+"""Wraps one tool call: (the tool's name, the call) -> its result."""
 
 
 class McpServer(BaseModel):
@@ -92,8 +95,11 @@ async def open_servers(
     env: dict[str, str],
     cwd: Path,
     note: Callable[[str], None],
+    guard: Guard | None = None,
 ) -> list[Tool[Any]]:
-    """Start every server inside `stack` and return their tools (a failed one is noted)."""
+    """Start every server inside `stack` and return their tools (a failed one is noted).
+    `guard`, when given, wraps every call (a worker's lease check: what the server changed
+    outside the worker's write set is reported with the result)."""
     import asyncio
 
     from mcp import ClientSession
@@ -129,7 +135,7 @@ async def open_servers(
         for tool in listed.tools:
             tools.append(
                 Tool.from_schema(
-                    _caller(session, name, tool.name, tool_error, errlog),
+                    _caller(session, name, tool.name, tool_error, errlog, guard),
                     f"mcp__{name}__{tool.name}",
                     tool.description or "",
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
@@ -149,11 +155,21 @@ def _tail(errlog: Any) -> str:
 
 
 def _caller(
-    session: Any, server: str, tool: str, tool_error: Callable[[str], str], errlog: Any
+    session: Any,
+    server: str,
+    tool: str,
+    tool_error: Callable[[str], str],
+    errlog: Any,
+    guard: Guard | None,
 ) -> Any:
     import asyncio
 
     async def call(**kwargs: Any) -> str:
+        if guard is None:
+            return await plain(**kwargs)
+        return await guard(f"mcp__{server}__{tool}", lambda: plain(**kwargs))
+
+    async def plain(**kwargs: Any) -> str:
         try:
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 result = await session.call_tool(tool, kwargs)

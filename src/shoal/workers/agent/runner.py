@@ -470,6 +470,7 @@ async def run_job(
                 dict(env),
                 cwd,
                 notes.append,
+                workspace.lease_guard if workspace.write_set is not None else None,
             )
             if job.coordinator:
                 tools = coordinator_tools(job, leader)

@@ -311,6 +311,18 @@ class Workspace:
         )
         return out + self._lease_check(args.command, before, began)
 
+    async def lease_guard(self, name: str, call: Callable[[], Awaitable[str]]) -> str:
+        """An MCP tool call of a worker, checked as a Bash command is: what the server changed
+        outside the worker's lease while it ran is reported with the result and recorded."""
+        if self.write_set is None:
+            return await call()
+        from shoal.workers.agent import leasecheck
+
+        began = time.time()
+        before = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
+        out = await call()
+        return out + await asyncio.to_thread(self._lease_check, name, before, began)
+
     def background_ended(self, task_id: str | None, text: str) -> str:
         """A worker's background command ended (its notification is `text`): what it changed
         outside the lease since it started is reported with it, and recorded."""
