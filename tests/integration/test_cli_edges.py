@@ -100,10 +100,11 @@ def test_an_empty_team_option_is_refused(cli: Cli, home: Path) -> None:
         assert out.returncode == EXIT_USAGE, out.stderr
         assert out.stderr.startswith("shoal: error: Invalid value for '--team': ")
         assert "the team name is empty" in out.stderr
-    # An empty $SHOAL_TEAM is unset, as empty variables go: the only team is taken.
+    # An empty $SHOAL_TEAM is unset, as empty variables go: the default team is taken.
+    Teams(Layout(home)).create("default")
     out = cli("team", "show", env={"SHOAL_TEAM": ""})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("team only")
+    assert out.stdout.startswith("team default")
 
 
 def test_send_refuses_an_empty_message(cli: Cli, home: Path) -> None:

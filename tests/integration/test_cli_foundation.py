@@ -66,7 +66,8 @@ def test_taken_and_invalid_names(cli: Cli, home: Path) -> None:
     )
 
 
-def test_join_send_inbox_round_trip(cli: Cli) -> None:
+def test_join_send_inbox_round_trip(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOAL_TEAM", "alpha")  # (the default team is `default`)
     cli("team", "create", "alpha")
     member = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -94,7 +95,8 @@ def test_join_send_inbox_round_trip(cli: Cli) -> None:
         member.wait()
 
 
-def test_send_errors(cli: Cli, home: Path) -> None:
+def test_send_errors(cli: Cli, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOAL_TEAM", "alpha")  # (the default team is `default`)
     cli("team", "create", "alpha")
     unknown = cli("send", "mallory", "hi")
     assert unknown.returncode == 1 and "mallory" in unknown.stderr
@@ -118,8 +120,9 @@ def test_send_errors(cli: Cli, home: Path) -> None:
     huge = cli("send", "team-lead", "-", input="x" * (1024 * 1024 + 10))
     assert huge.returncode == 2 and "cap" in huge.stderr
     cli("team", "create", "beta")
-    ambiguous = cli("send", "team-lead", "hi")
-    assert ambiguous.returncode == 2 and "--team" in ambiguous.stderr
+    monkeypatch.delenv("SHOAL_TEAM")
+    nameless = cli("send", "team-lead", "hi")  # (no `default` team: the others are named)
+    assert nameless.returncode == 1 and "teams on disk: alpha, beta" in nameless.stderr
 
 
 def test_team_delete_refused_while_members_are_active(cli: Cli) -> None:
@@ -149,7 +152,10 @@ def test_corrupt_team_file_is_named(cli: Cli, home: Path) -> None:
     assert listed.returncode == 0 and "CORRUPT" in listed.stdout
 
 
-def test_inbox_follow_prints_as_messages_arrive(cli: Cli, home: Path) -> None:
+def test_inbox_follow_prints_as_messages_arrive(
+    cli: Cli, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOAL_TEAM", "alpha")  # (the default team is `default`)
     cli("team", "create", "alpha")
     cli("team", "join", "alpha", "bob", "--pid", str(os.getpid()))
     follower = subprocess.Popen(
@@ -177,7 +183,18 @@ def test_inbox_listens_for_unix_socket_peers(cli: Cli, home: Path, tmp_path: Pat
     cli("team", "join", "alpha", "bob", "--pid", str(os.getpid()))
     sock = tmp_path / "bob.sock"
     listener = subprocess.Popen(
-        [sys.executable, "-m", "shoal", "inbox", "bob", "--listen", str(sock), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "inbox",
+            "--team",
+            "alpha",
+            "bob",
+            "--listen",
+            str(sock),
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "SHOAL_HOME": str(home)},
@@ -204,7 +221,8 @@ def test_inbox_listens_for_unix_socket_peers(cli: Cli, home: Path, tmp_path: Pat
     ("argv", "says"),
     [
         (["ps", "--bogus"], "No such option '--bogus' (see `shoal ps --help`)"),
-        (["bogus"], "No such command 'bogus' (see `shoal --help`)"),
+        (["bogus"], "no such command 'bogus' (see `shoal --help`)"),
+        (["wiat"], "no such command 'wiat'; did you mean 'wait'? (see `shoal --help`)"),
         (["team", "list", "--bogus"], "(see `shoal team list --help`)"),
         (["sh", "--batch", "/nonexistent/cmds"], "No such file or directory"),
     ],
@@ -219,7 +237,7 @@ def test_usage_errors_are_one_line_and_exit_2(cli: Cli, argv: list[str], says: s
 
 def test_no_team_at_all_is_not_found(cli: Cli) -> None:
     out = cli("ps")
-    assert out.returncode == 1 and "no team exists yet" in out.stderr
+    assert out.returncode == 1 and "no team 'default'" in out.stderr and "shoal up" in out.stderr
 
 
 def test_home_and_team_may_come_before_the_subcommand(cli: Cli, tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ TEAM = "alpha"
 
 
 @pytest.fixture
-def team(teams: Teams) -> TaskList:
-    """Team alpha (the only team, so no --team is needed) with members alice and bob."""
+def team(teams: Teams, monkeypatch: pytest.MonkeyPatch) -> TaskList:
+    """Team alpha ($SHOAL_TEAM, so no --team is needed) with members alice and bob."""
+    monkeypatch.setenv("SHOAL_TEAM", TEAM)
     teams.create(TEAM)
     teams.join(TEAM, "alice")
     teams.join(TEAM, "bob")

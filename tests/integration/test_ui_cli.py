@@ -31,7 +31,7 @@ def test_pill(cli: Cli, layout: Layout) -> None:
     assert (out.returncode, out.stdout, out.stderr) == (0, "7 background tasks\n", "")
     out = cli("--home", str(layout.home), "--team", "demo", "pill")
     assert out.stdout == "7 background tasks\n"
-    out = cli("pill", "--json")
+    out = cli("pill", "--team", "demo", "--json")
     assert out.returncode == 0 and '"label": "7 background tasks"' in out.stdout
     assert "status-right" in cli("pill", "--help").stdout
 
@@ -46,11 +46,18 @@ def test_pill_errors(cli: Cli, layout: Layout) -> None:
     out = cli("pill")
     assert out.returncode == 1  # not found, as for any command
     assert cli("ps").returncode == 1
-    assert out.stderr == "shoal: error: no team exists yet; start a leader with `shoal up`\n"
+    assert out.stderr == (
+        "shoal: error: no team 'default' (start its leader with `shoal up --team default`)\n"
+    )
     build_swarm(layout)
     out = cli("pill", "--team", "nope")
     assert out.returncode == 1
-    assert out.stderr == "shoal: error: no team 'nope' (create it with `shoal team create nope`)\n"
+    assert out.stderr == (
+        "shoal: error: no team 'nope' (start its leader with `shoal up --team nope`; teams on "
+        "disk: demo (pass --team NAME or set SHOAL_TEAM))\n"
+    )
+    out = cli("pill")  # (the default team is `default`, never "the only team on disk")
+    assert out.returncode == 1 and "no team 'default'" in out.stderr and "demo" in out.stderr
 
 
 def test_pill_fast_path_skips_click_and_pydantic(cli: Cli, layout: Layout) -> None:
@@ -204,7 +211,7 @@ def test_tmux_status_line_shows_the_pill(layout: Layout, tmux_socket: str) -> No
         text=True,
         check=True,
     ).stdout.strip()
-    assert shown == hint.status_right
+    assert shown.startswith(hint.status_right)  # (in front of what was there)
     # What tmux runs every status-interval prints the pill.
     command = hint.status_right[2:-1].replace("##", "#")
     out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
@@ -241,32 +248,53 @@ def _answer_in_pty(
     return proc, master, out
 
 
-@pytest.mark.tmux
-def test_up_inside_tmux_offers_the_status_line_and_the_leader_never_waits_on_it(
-    cli: Cli, layout: Layout, tmux_socket: str
-) -> None:
-    env = {**os.environ, "SHOAL_HOME": str(layout.home), "TMUX": f"{tmux_socket},1,0"}
-    question = b"status line?"
-    # --detach: the question comes from the foreground process once the leader runs.
-    argv = [sys.executable, "-m", "shoal", "up", "--detach", "--team", "tm"]
-    proc, master, out = _answer_in_pty(argv, env, question, b"y\n", b"\x00never")
-    proc.wait(timeout=30)
-    os.close(master)
-    assert question in out and proc.returncode == 0, out
-    shown = subprocess.run(
-        ["tmux", "-S", tmux_socket, "show-options", "-gv", "status-right"],
+def _status_right(sock: str) -> str:
+    return subprocess.run(
+        ["tmux", "-S", sock, "show-options", "-gv", "status-right"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
-    assert "pill" in shown and "tm" in shown
-    assert cli("down", "--team", "tm").returncode == 0
-    # In the foreground the question comes first: once the leader runs, nothing waits on it.
+    ).stdout.rstrip("\n")
+
+
+@pytest.mark.tmux
+def test_up_inside_tmux_asks_nothing_and_tmux_status_keeps_the_users_status_right(
+    cli: Cli, layout: Layout, tmux_socket: str
+) -> None:
+    env = {**os.environ, "SHOAL_HOME": str(layout.home), "TMUX": f"{tmux_socket},1,0"}
+    mine = "#[fg=green]%H:%M %d-%b"
+    subprocess.run(["tmux", "-S", tmux_socket, "set-option", "-g", "status-right", mine],
+                   check=True)  # fmt: skip
+    # On a terminal, in the foreground: no question; a task sent at once runs.
     argv = [sys.executable, "-m", "shoal", "up", "--no-board", "--team", "tf"]
-    proc, master, out = _answer_in_pty(argv, env, question, b"n\n", b"running (session")
+    proc, master, out = _answer_in_pty(argv, env, b"\x00never", b"", b"status line)")
     try:
-        assert b"to do it later" in out
+        assert b"running (session" in out and b"--tmux-status" in out, out
+        assert b"[y/N]" not in out
         task = cli("sh", "--team", "tf", "--", "true").stdout.strip()
         assert cli("wait", "--team", "tf", "--timeout", "20", task).returncode == 0
+        assert _status_right(tmux_socket) == mine
     finally:
         _interrupt_and_drain(proc, master)
+    # --tmux-status puts the pill in front of what was there, once; `down` restores it.
+    for _ in range(2):
+        up = subprocess.run([sys.executable, "-m", "shoal", "up", "--detach", "--team", "tm",
+                             "--tmux-status"], env=env, capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert up.returncode in (0, 1), up.stderr  # (the second: a leader already runs)
+    shown = _status_right(tmux_socket)
+    assert shown.endswith(" " + mine) and shown.count("pill") == 1 and "tm" in shown, shown
+    assert cli("down", "--team", "tm").returncode == 0
+    assert _status_right(tmux_socket) == mine
+    assert not (layout.home / "teams" / "tm" / "tmux-status.json").exists()
+
+
+def test_tmux_status_outside_tmux_is_a_warning(cli: Cli, layout: Layout) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TMUX"}
+    up = subprocess.run([sys.executable, "-m", "shoal", "--home", str(layout.home), "up",
+                         "--detach", "--team", "nt", "--tmux-status"], env=env,
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    try:
+        assert up.returncode == 0 and "not inside tmux" in up.stderr, up.stderr
+    finally:
+        cli("down", "--team", "nt")

@@ -181,9 +181,9 @@ def test_corrupt_state_is_shown_not_raised(layout: Layout) -> None:
 
 def test_missing_team(layout: Layout) -> None:
     snapshot = FileSource(layout, "nope").snapshot()
-    assert snapshot.errors == ("no team 'nope' (create it with `shoal team create nope`)",)
+    assert snapshot.errors == ("no team 'nope' (start its leader with `shoal up --team nope`)",)
     assert board_text(snapshot).endswith(
-        "error: no team 'nope' (create it with `shoal team create nope`)\n"
+        "error: no team 'nope' (start its leader with `shoal up --team nope`)\n"
     )
 
 

@@ -11,10 +11,13 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from shoal.core.errors import EXIT_USAGE, NotFoundError, UsageError
+from shoal.core.errors import EXIT_USAGE, UsageError
 from shoal.core.paths import Layout
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_TEAM = "default"
+"""The team of a command given neither --team nor $SHOAL_TEAM."""
 
 
 class Env:
@@ -29,21 +32,9 @@ class Env:
         return Layout(self.home_arg)
 
     def team(self, explicit: str | None = None) -> str:
-        """The team to act on: explicit, --team, $SHOAL_TEAM, else the only team on disk."""
-        from shoal.teams.store import Teams
-
-        name = explicit or self.team_arg or os.environ.get("SHOAL_TEAM")
-        if name:
-            return name
-        names = Teams(self.layout).names()
-        if len(names) == 1:
-            return names[0]
-        if not names:
-            raise NotFoundError(
-                "no team exists yet; start a leader with `shoal up` "
-                "(or create a team with `shoal team create NAME`)"
-            )
-        raise UsageError(f"several teams exist ({', '.join(names)}); pass --team NAME")
+        """The team to act on: explicit, --team, $SHOAL_TEAM, else `default` (never "the only
+        team on disk": a team left by a batch run must not become the one commands act on)."""
+        return explicit or self.team_arg or os.environ.get("SHOAL_TEAM") or DEFAULT_TEAM
 
 
 def get_env(ctx: click.Context) -> Env:

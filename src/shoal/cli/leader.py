@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import click
 
@@ -42,20 +43,6 @@ def _event_line(event: Event) -> str | None:
     return None
 
 
-def _default_team(layout: Layout, explicit: str | None) -> str:
-    from shoal.teams.store import Teams
-
-    env = get_env(click.get_current_context())
-    if explicit:
-        return explicit
-    try:
-        return env.team()
-    except ShoalError:
-        if not Teams(layout).names():
-            return "default"
-        raise
-
-
 @click.command()
 @click.option(
     "--jobs",
@@ -73,8 +60,13 @@ def _default_team(layout: Layout, explicit: str | None) -> str:
     is_flag=True,
     help="Print events as lines even on a terminal (no live board).",
 )
+@click.option(
+    "--tmux-status",
+    is_flag=True,
+    help="Inside tmux: put the task pill in front of status-right (`shoal down` restores it).",
+)
 @common_options
-def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
+def up(jobs: int, detach: bool, quiet: bool, board_off: bool, tmux_status: bool) -> None:
     """Start the team's leader (creating the team if needed; default team 'default').
 
     The leader owns the team's background tasks. Run again after a crash, it resumes the last
@@ -82,20 +74,18 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     """
     env = get_env(click.get_current_context())
     layout = env.layout
-    team = _default_team(layout, env.team_arg)
+    team = env.team()
     if detach:
         _detach(layout, team, jobs, quiet)
-        _offer_tmux_status(layout, team)  # (this process only asks; the leader runs on)
+        _tmux_status(layout, team, tmux_status)
         return
     from shoal.orchestrator.cleanup import CleanupRegistry
     from shoal.orchestrator.leader import Leader
     from shoal.orchestrator.liveness import leader_alive
 
     running = leader_alive(layout, team)
-    if running is not None:  # (before any question: it would be asked in vain)
+    if running is not None:
         raise ShoalError(f"a leader already runs for team {team!r} (pid {running[0]})")
-    # Asked before the leader starts: no task can be left waiting on the answer.
-    _offer_tmux_status(layout, team)
 
     # On a terminal the lead's pane shows the live board; elsewhere, one line per event.
     use_board = sys.stdout.isatty() and not quiet and not board_off
@@ -125,6 +115,8 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
     )
     for note in leader.notes:
         click.echo(f"note: {note}", err=True)
+    if _tmux_status(layout, team, tmux_status):
+        cleanup.register("tmux-status", lambda: _restore_tmux_status(layout, team))
     if use_board:
         from shoal.ui.board import start_board
         from shoal.ui.source import FileSource
@@ -144,22 +136,42 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool) -> None:
         sys.exit(EXIT_INTERRUPTED)  # Ctrl-C; `shoal down` and SIGTERM are a normal stop
 
 
-def _offer_tmux_status(layout: Layout, team: str) -> None:
-    """Inside tmux, on a terminal: offer to show the task pill in tmux's status line."""
-    if not (os.environ.get("TMUX") and sys.stdin.isatty()):
-        return
+def _tmux_status(layout: Layout, team: str, install: bool) -> bool:
+    """With --tmux-status inside tmux, put the pill in front of the server's status-right
+    (True when it is there); without it, inside tmux on a terminal, say how. Asks nothing."""
     from shoal.ui.tmux import install_tmux_status, tmux_status_hint
 
     hint = tmux_status_hint(layout.home, team)
+    if not install:
+        if hint is not None and sys.stderr.isatty():
+            click.echo("(`shoal up --tmux-status` shows the task pill in tmux's status line)",
+                       err=True)  # fmt: skip
+        return False
     if hint is None:
-        return
-    if click.confirm("Show shoal's task pill in this tmux server's status line?", default=False):
-        try:
-            install_tmux_status(hint)
-        except ShoalError as exc:
-            click.echo(f"shoal: warning: {exc}", err=True)
-    else:
-        click.echo(f"(to do it later: {hint.command})", err=True)
+        click.echo("shoal: warning: --tmux-status: not inside tmux ($TMUX is unset)", err=True)
+        return False
+    try:
+        install_tmux_status(hint, saved=_status_record(layout, team))
+    except ShoalError as exc:
+        click.echo(f"shoal: warning: {exc}", err=True)
+        return False
+    click.echo(f"the task pill of team {team} is in tmux's status line", err=True)
+    return True
+
+
+def _status_record(layout: Layout, team: str) -> Path:
+    """Where `up --tmux-status` keeps the status-right it prepended to."""
+    return layout.team_dir(team) / "tmux-status.json"
+
+
+def _restore_tmux_status(layout: Layout, team: str) -> None:
+    """Put tmux's status-right back as `up --tmux-status` found it (a warning if it cannot)."""
+    from shoal.ui.tmux import restore_tmux_status
+
+    try:
+        restore_tmux_status(_status_record(layout, team))
+    except ShoalError as exc:
+        click.echo(f"shoal: warning: {exc}", err=True)
 
 
 def _detach(layout: Layout, team: str, jobs: int, quiet: bool) -> None:
@@ -190,6 +202,7 @@ def down(timeout: float, as_json: bool) -> None:
 
     env = get_env(click.get_current_context())
     report = bring_down(env.layout, env.team(), timeout=timeout)
+    _restore_tmux_status(env.layout, report.team)
     for warning in report.warnings:
         click.echo(f"shoal: warning: {warning}", err=True)
     if as_json:

@@ -42,13 +42,27 @@ class ShoalGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """An unknown command is a usage error that suggests the nearest ones, as option
+        typos are."""
+        name = args[0] if args else ""
+        if args and name not in COMMANDS and not name.startswith("-"):
+            import difflib
+
+            near = difflib.get_close_matches(name, list(COMMANDS), n=3, cutoff=0.7)
+            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            raise click.UsageError(f"no such command {name!r}{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ShoalError as exc:
             click.echo(f"shoal: error: {exc}", err=True)
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, click.exceptions.Abort):  # (Abort: Ctrl-C at a prompt)
             click.echo("shoal: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except (click.exceptions.Exit, click.ClickException, SystemExit):

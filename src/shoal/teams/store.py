@@ -161,7 +161,7 @@ class Teams:
         if st is None:
             _READ_CACHE.pop(path, None)
             self.layout.checked(Path(path))  # (a linked team directory is not "no team")
-            raise NotFoundError(f"no team {team!r} (create it with `shoal team create {team}`)")
+            raise NotFoundError(self._no_team(team))
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
         hit = _READ_CACHE.get(path)
         if hit is not None and hit[0] == key:
@@ -170,11 +170,19 @@ class Teams:
         try:
             tf = _read_model(Path(path), TeamFile, "team file")
         except NotFoundError:
-            raise NotFoundError(
-                f"no team {team!r} (create it with `shoal team create {team}`)"
-            ) from None
+            raise NotFoundError(self._no_team(team)) from None
         _READ_CACHE[path] = (key, tf)
         return tf
+
+    def _no_team(self, team: str) -> str:
+        """What to say of a missing team: how to make it, and which teams there are."""
+        others = [n for n in self.names() if n != team]
+        there = (
+            f"; teams on disk: {', '.join(others)} (pass --team NAME or set SHOAL_TEAM)"
+            if others
+            else ""
+        )
+        return f"no team {team!r} (start its leader with `shoal up --team {team}`{there})"
 
     def exists(self, team: str) -> bool:
         return os.path.lexists(self.layout.team_file(team))  # (a link: refused when read)

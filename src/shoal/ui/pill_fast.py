@@ -95,18 +95,20 @@ def _team(home: Path, explicit: str | None) -> str:
         if not NAME_PATTERN.fullmatch(name):
             raise PillError(f"invalid team name {name!r}; names match ^[a-z][a-z0-9_-]{{0,47}}$", 2)
         return name
+    return "default"  # (never "the only team on disk": see cli/common.py)
+
+
+def _team_names(home: Path, but: str) -> list[str]:
+    """The teams under `home` other than `but` (for the message of a missing team)."""
     try:
         entries = sorted(os.listdir(home / "teams"))
-    except FileNotFoundError:
-        entries = []
-    names = [
-        e for e in entries if not e.startswith(".") and (home / "teams" / e / "team.json").exists()
+    except OSError:
+        return []
+    return [
+        e
+        for e in entries
+        if e != but and not e.startswith(".") and (home / "teams" / e / "team.json").exists()
     ]
-    if len(names) == 1:
-        return names[0]
-    if not names:
-        raise PillError("no team exists yet; start a leader with `shoal up`", 1)
-    raise PillError(f"several teams exist ({', '.join(names)}); pass --team NAME", 2)
 
 
 def pill_text(home: str | os.PathLike[str] | None = None, team: str | None = None) -> str:
@@ -116,7 +118,13 @@ def pill_text(home: str | os.PathLike[str] | None = None, team: str | None = Non
     team_file = root / "teams" / name / "team.json"
     tf = _read_json(team_file, "team file")
     if tf is None:
-        raise PillError(f"no team {name!r} (create it with `shoal team create {name}`)")
+        others = _team_names(root, name)
+        there = (
+            f"; teams on disk: {', '.join(others)} (pass --team NAME or set SHOAL_TEAM)"
+            if others
+            else ""
+        )
+        raise PillError(f"no team {name!r} (start its leader with `shoal up --team {name}`{there})")
     session = tf.get("lead_session_id")
     if not isinstance(session, str) or not session or "/" in session or session.startswith("."):
         return ""

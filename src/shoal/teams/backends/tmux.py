@@ -200,6 +200,16 @@ def set_global_option(socket_path: str, option: str, value: str, *, timeout: flo
         raise TmuxRefused(f"cannot set tmux option {option} on {socket_path}", why)
 
 
+def get_global_option(socket_path: str, option: str, *, timeout: float) -> str:
+    """`tmux -S socket_path show-options -gv option`: a global option's value on that server
+    (errors as `set_global_option`)."""
+    res = _tmux(Server(socket_path=socket_path), "show-options", "-gv", option, timeout=timeout)
+    if res.returncode != 0:
+        why = res.stderr or " ".join(res.stdout).strip() or f"exit code {res.returncode}"
+        raise TmuxRefused(f"cannot read tmux option {option} on {socket_path}", why)
+    return "\n".join(res.stdout)
+
+
 def exec_tmux(argv: list[str]) -> NoReturn:
     """Replace this process with the tmux client `argv` (from `attach_command`).
 
