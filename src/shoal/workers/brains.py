@@ -31,6 +31,7 @@ from shoal.workers.commands import RESULT_TAIL_BYTES as RESULT_TAIL_BYTES
 from shoal.workers.commands import CommandRecord, side_file, tail_since
 from shoal.workers.commands import command_failed as command_failed
 from shoal.workers.commands import exit_code_of as exit_code_of
+from shoal.workers.console import Console, OutputFollower
 
 # Step kinds that change the world: in plan mode they wait for an approved plan.
 WRITE_STEPS = frozenset({"run", "write", "update_task"})
@@ -62,6 +63,9 @@ class TurnContext:
     track: Callable[[CommandRecord], None] | None = None
     # The teammate's output file may not grow past this (bytes); None: no cap.
     output_cap: int | None = None
+    # Where the turn's steps, commands and their output are shown as they happen (the pane);
+    # off for in-process teammates.
+    console: Console = field(default_factory=Console.off)
 
     def values(self) -> dict[str, Any]:
         """Template values: {prompt} {name} {team} {cwd} {task_id} {subject} {description}
@@ -169,6 +173,7 @@ async def run_command(
     shell: bool = False,
     final: bool = True,
     allow_fail: bool = False,
+    echo: bool = True,
 ) -> tuple[int, str]:
     """Run a command in the teammate's cwd with output appended to its output file.
 
@@ -177,7 +182,8 @@ async def run_command(
     the tail of what it printed). Cancelling the turn kills the command's process group; so
     does output past `ctx.output_cap` (OutputCapExceeded). `final`: it is the last step of its
     turn; `allow_fail`: its failure does not fail the turn (both say what its exit code means
-    for the task if the teammate dies before settling it).
+    for the task if the teammate dies before settling it). `echo`: what it prints is shown
+    on the teammate's console as it is written (not for a raw stream the caller shows itself).
     """
     fd = os.open(ctx.output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
     try:
@@ -204,10 +210,12 @@ async def run_command(
             )
         except OSError as exc:
             os.write(fd, f"shoal: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            ctx.console.line("failed", f"cannot run {argv[0]!r}: {exc.strerror}")
             return 127, f"cannot run {argv[0]!r}: {exc.strerror}"
     finally:
         os.close(fd)
     wait = asyncio.ensure_future(proc.wait())
+    follower: OutputFollower | None = None
     try:
         record = CommandRecord(
             pid=proc.pid,
@@ -227,6 +235,9 @@ async def run_command(
             proc.stdin.write(b"go\n")  # the gate: it may run now that it is on record
             await proc.stdin.drain()
         proc.stdin.close()
+        if echo and ctx.console.enabled:
+            follower = ctx.console.follow(ctx.output_file, start)
+            follower.start()
         watch = OutputWatch(ctx.output_file, cap, start) if cap is not None else None
         while not wait.done():
             await asyncio.wait({wait}, timeout=watch.interval() if watch else None)
@@ -245,7 +256,13 @@ async def run_command(
         _kill_group(proc.pid)
         with contextlib.suppress(Exception):
             await asyncio.shield(wait)
+        if follower is not None:
+            follower.stop()
+        ctx.console.line("killed", "the command was stopped")
         raise
+    if follower is not None:
+        follower.stop()
+    ctx.console.exited(code)
     return code, tail_since(ctx.output_file, start)
 
 

@@ -243,7 +243,9 @@ class CliAgentBrain:
         stream = self.stream()
         pump = _Pump(raw, stream, ctx)
         ctx.activity(f"running {self.base[0]}")
-        run = asyncio.ensure_future(run_command(argv, dataclasses.replace(ctx, output_file=raw)))
+        # (the raw stream is not shown: the pump shows its readable text)
+        raw_ctx = dataclasses.replace(ctx, output_file=raw)
+        run = asyncio.ensure_future(run_command(argv, raw_ctx, echo=False))
         try:
             while not run.done():
                 await asyncio.wait({run}, timeout=PUMP_INTERVAL_S)
@@ -306,6 +308,7 @@ class _Pump:
                         self.ctx.activity(text[2:])
                 readable += added
         if readable:
+            self.ctx.console.transcript("\n".join(readable))
             fd = os.open(
                 self.ctx.output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
                 FILE_MODE,

@@ -32,7 +32,9 @@ from shoal.mailbox.inbox import Delivery, Inbox
 from shoal.mailbox.router import deliver_to, send, task_notification_message
 from shoal.mailbox.schema import (
     AnyMessage,
+    ControlMessage,
     PlanApprovalResponseMessage,
+    ShutdownRequestMessage,
     TaskAssignmentMessage,
 )
 from shoal.mailbox.store import Maildir
@@ -42,6 +44,7 @@ from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
 from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_member
+from shoal.workers.console import Console
 
 # Kinds read even while a turn runs.
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
@@ -55,6 +58,9 @@ STATUS_TEXT_CAP = 500
 MAX_TASK_FAILURES = 3
 # The most of a failed turn's result kept as its task's `last_error`.
 LAST_ERROR_CHARS = 500
+# Messages to the lead the console does not list as sent: an idle notice is the `idle` line
+# itself, a plan approval request the `plan` line.
+QUIET_SENDS = frozenset({"idle_notification", "plan_approval_request"})
 
 
 class RunState(StrEnum):
@@ -131,6 +137,9 @@ class RunnerConfig:
     # The teammate's output file may not grow past this many bytes (None: no cap); a command
     # that takes it past is killed and its turn fails.
     output_cap: int | None = None
+    # Where the teammate shows its work as it happens, one line per event (the worker's
+    # stdout: its pane, or its log file); off in-process, where stdout is the leader's.
+    console: Console = field(default_factory=Console.off)
 
 
 class TeammateRunner:
@@ -144,6 +153,7 @@ class TeammateRunner:
         self.watcher = watcher
         self.name = config.name
         self.team = config.team
+        self.console = config.console
         self.exit_code = 0
         # Not started yet counts as idle: nothing is written until `run()` joins the team.
         self._state = RunState.IDLE
@@ -190,6 +200,10 @@ class TeammateRunner:
         status file with `changes`; a refused move changes nothing."""
         self._state = move_run_state(self.name, self._state, target)
         self._set_status(state=target.value, **changes)
+        if target is RunState.BUSY:
+            self.console.busy(str(changes.get("activity") or "busy"))
+        elif target is RunState.IDLE:
+            self.console.idle()
 
     def _begin_stopping(self, **changes: Any) -> None:
         """Enter `stopping` (writing `changes`) unless already stopping or stopped: a second
@@ -249,6 +263,7 @@ class TeammateRunner:
             await self._to_lead(
                 "idle_notification", data={"idle_reason": "ready"}, text=f"{self.name} is ready"
             )
+        self.console.ready(self.name, self.team, cfg.backend, self._inbox.watcher_mode)
         self.ready.set()
         try:
             await self._serve()
@@ -305,6 +320,8 @@ class TeammateRunner:
 
     def abort(self) -> None:
         """Abort the whole teammate (its current turn too); it exits without a handshake."""
+        if not self._stopping:
+            self.console.line("abort", "aborting the teammate")
         self._begin_stopping()
         if self._turn is not None:
             self._turn.cancel()
@@ -315,6 +332,8 @@ class TeammateRunner:
         """Abort only the current turn; the teammate goes on. False when no turn runs."""
         if self._turn is None or self._turn.done():
             return False
+        if not self._stopping:
+            self.console.line("abort", "aborting the current turn")
         self._turn.cancel()
         return True
 
@@ -329,6 +348,7 @@ class TeammateRunner:
         self._state = move_run_state(self.name, self._state, RunState.STOPPED)
         with contextlib.suppress(ShoalError, OSError):
             self._set_status(state=RunState.STOPPED.value)
+        self.console.line("stopped", f"exit code {self.exit_code}")
         if self._leave and not self.config.joined:
             # (teammates joined by the spawner are marked as departed by it, in one batch)
             with contextlib.suppress(ShoalError, OSError):
@@ -350,9 +370,12 @@ class TeammateRunner:
         assert self._inbox is not None
         msg = delivery.message
         self._remember(msg)
+        if self.console.enabled:
+            self.console.received(msg.kind, msg.from_, _about(msg))
         try:
             await self._dispatch(msg)
         except Exception as exc:  # one bad message must not end the teammate
+            self.console.line("error", f"cannot handle that {msg.kind}: {exc!r}")
             await self._to_lead(
                 "text",
                 text=f"{self.name} could not handle a {msg.kind} message from {msg.from_}: {exc!r}",
@@ -390,14 +413,17 @@ class TeammateRunner:
         request_id = msg.data.request_id  # type: ignore[attr-defined]
         policy = getattr(getattr(self.config.brain, "script", None), "on_shutdown", "approve")
         if policy == "ignore":
+            self.console.line("shutdown", "request ignored (the script says on_shutdown = ignore)")
             return
         if policy == "reject":
             reason = getattr(self.config.brain, "script").shutdown_reason or "not now"  # noqa: B009
+            self.console.line("shutdown", f"rejected: {reason}")
             await self._to_lead(
                 "shutdown_response",
                 data={"request_id": request_id, "approve": False, "reason": reason},
             )
             return
+        self.console.line("shutdown", "approved; leaving the team")
         self._begin_stopping(shutdown_requested=True)
         self._leave = True
         # Answered before the turn is aborted: this may run inside that very turn (reading side
@@ -418,8 +444,10 @@ class TeammateRunner:
         try:
             item = self.tasks.claim(task_id, self.name, check_busy=False)
         except ShoalError as exc:
+            self.console.line("task", f"cannot take task {task_id}: {exc}")
             await self._to_lead("text", text=f"{self.name} cannot take task {task_id}: {exc}")
             return
+        self.console.task(f"took assigned task {item.id}: {item.subject}")
         await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
 
     async def _work_on_next_task(self) -> bool:
@@ -439,6 +467,7 @@ class TeammateRunner:
         if item is None:
             self._tasklist_mtime = mtime
             return False
+        self.console.task(f"claimed task {item.id}: {item.subject}")
         await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
         return True
 
@@ -468,6 +497,7 @@ class TeammateRunner:
             env=self.config.env,
             track=self._track_command,
             output_cap=self.config.output_cap,
+            console=self.console,
         )
         self._turn = asyncio.create_task(self.config.brain.turn(ctx))
         cancelled = False  # a fact about this turn, not the run: it was cancelled once already
@@ -522,7 +552,7 @@ class TeammateRunner:
             ),
         )
         task_id = self.config.task_id or f"{self.name}@{self.team}"
-        with contextlib.suppress(ShoalError, OSError):
+        try:
             directory = self.teams.directory(self.team)
             deliver_to(
                 directory.inbox(LEAD_NAME),
@@ -540,6 +570,10 @@ class TeammateRunner:
                     exit_code=result.exit_code,
                 ),
             )
+        except (ShoalError, OSError) as exc:
+            self.console.line("error", f"cannot send the result to {LEAD_NAME}: {exc}")
+        else:
+            self.console.sent("task_notification", LEAD_NAME, f"{status}: {result.result}")
         self._summary = summary
         # Its task is settled: its commands are no longer anyone's business.
         commands, self._commands = self._commands, []
@@ -590,6 +624,7 @@ class TeammateRunner:
     def _activity(self, text: str) -> None:
         # Brains report one activity per step (tool use), so the count is live during a turn.
         self._turn_steps += 1
+        self.console.step(text)
         self._activities.append(text)
         self._set_status(
             activity=text, recent_activities=list(self._activities), progress=self._progress()
@@ -604,6 +639,7 @@ class TeammateRunner:
 
     async def _send_text(self, to: str, text: str) -> None:
         send(self.teams.directory(self.team), to=to, sender=self.name, text=text)
+        self.console.sent("text", to, text)
 
     async def _update_task(self, task_id: int, status: str) -> None:
         self.tasks.update(task_id, status=status)
@@ -616,6 +652,9 @@ class TeammateRunner:
         self._set_status(
             awaiting_approval={"request_id": request_id, "plan": plan},
             activity="awaiting plan approval",
+        )
+        self.console.line(
+            "plan", f"asks {LEAD_NAME} to approve (shoal approve {self.name}): {plan}"
         )
         await self._to_lead(
             "plan_approval_request", text=plan, data={"request_id": request_id, "plan": plan}
@@ -637,6 +676,10 @@ class TeammateRunner:
             self._set_status(awaiting_approval=None)
             raise
         approved, feedback = self._plan_answers.pop(request_id)
+        self.console.line(
+            "approval",
+            "plan approved" if approved else f"plan rejected: {feedback or 'no reason given'}",
+        )
         self._set_status(
             awaiting_approval=None, activity="plan approved" if approved else "plan rejected"
         )
@@ -652,7 +695,7 @@ class TeammateRunner:
         summary: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> None:
-        with contextlib.suppress(ShoalError, OSError):
+        try:
             send(
                 self.teams.directory(self.team),
                 to=LEAD_NAME,
@@ -662,6 +705,14 @@ class TeammateRunner:
                 summary=summary,
                 data=data,
             )
+        except (ShoalError, OSError) as exc:
+            self.console.line("error", f"cannot send a {kind} to {LEAD_NAME}: {exc}")
+            return
+        if kind not in QUIET_SENDS and self.console.enabled:
+            about = text or summary
+            if kind == "shutdown_response" and data is not None:
+                about = "approved" if data.get("approve") else f"rejected: {data.get('reason')}"
+            self.console.sent(kind, LEAD_NAME, about)
 
     def _set_status(self, **changes: Any) -> None:
         self._status.update(changes)
@@ -669,3 +720,17 @@ class TeammateRunner:
         self.teams.write_status(self.team, self.name, self._status)
         if self.config.on_status is not None:
             self.config.on_status(dict(self._status))
+
+
+def _about(msg: AnyMessage) -> str:
+    """What a received message is about, for its console line (previewed there)."""
+    if isinstance(msg, TaskAssignmentMessage):
+        return f"task {msg.data.task_id}: {msg.data.subject}"
+    if isinstance(msg, ShutdownRequestMessage):
+        return msg.data.reason or msg.text or ""
+    if isinstance(msg, PlanApprovalResponseMessage):
+        verdict = "approved" if msg.data.approve else "rejected"
+        return verdict + (f": {msg.data.feedback}" if msg.data.feedback else "")
+    if isinstance(msg, ControlMessage):
+        return msg.data.op
+    return msg.text or msg.summary or ""

@@ -16,6 +16,7 @@ from shoal.core.config import Limits
 from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 from shoal.workers.brains import Brain, make_brain
+from shoal.workers.console import Console
 from shoal.workers.runner import RunnerConfig, TeammateRunner
 
 
@@ -105,6 +106,9 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         agent_type=opts.agent,
         joined=opts.joined,
         output_cap=opts.output_cap if opts.output_cap is not None else Limits().output_cap,
+        # A pane shows the worker's stdout; the process backend logs it. In-process teammates
+        # share the leader's stdout: their console stays off.
+        console=Console.off() if opts.backend == "in-process" else Console.for_stdout(),
     )
     return TeammateRunner(layout, config)
 

@@ -78,7 +78,10 @@ class LlmBrain:
                     LLM_TEAMMATE_TOOLS,
                     self.tools,
                 ),
-                output=Output(ctx.output_file),
+                # (its readable transcript is also what its pane shows, as it is written)
+                output=Output(
+                    ctx.output_file, echo=ctx.console.transcript if ctx.console.enabled else False
+                ),
             )
         return self.loop
 

@@ -99,14 +99,18 @@ class Output:
     """The task's readable output file: what the model said, the tools it called, their
     results (first lines)."""
 
-    def __init__(self, path: Path | None, *, echo: bool = False) -> None:
+    def __init__(self, path: Path | None, *, echo: bool | Callable[[str], None] = False) -> None:
         self.path = path
-        self.echo = echo  # also to stdout: the live transcript of a tmux pane
+        # Also shown live (a tmux pane): True for stdout, or a function given each text (a
+        # teammate's console).
+        self.echo = echo
 
     def write(self, text: str) -> None:
         if not text:
             return
-        if self.echo:
+        if callable(self.echo):
+            self.echo(text)
+        elif self.echo:
             with contextlib.suppress(OSError):
                 sys.stdout.write(text)
                 sys.stdout.flush()
