@@ -161,11 +161,39 @@ def test_stop_kills_the_group_quietly(cli: Cli, leader: LeaderProc, home: Path) 
 
 def test_foreground_streams_and_exits_with_the_code(cli: Cli, leader: LeaderProc) -> None:
     out = cli("sh", "--team", "t", "--foreground", "--", "echo streamed; exit 4")
-    assert out.returncode == 1  # shoal's "a task failed"; the task's own code is named
+    assert out.returncode == 4  # the task's own code, as `timeout` passes it on
     assert out.stdout == "streamed\n"
     assert out.stderr.startswith("shoal: task b") and out.stderr.endswith("failed (exit code 4)\n")
     ok = cli("sh", "--team", "t", "-f", "--", "echo fine")
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, "fine\n", "")
+    killed = cli("sh", "--team", "t", "-f", "--", "kill -USR1 $$")
+    assert killed.returncode == 128 + signal.SIGUSR1, killed.stderr
+
+
+def test_wait_with_no_ids_counts_failures_from_before_it_was_called(
+    cli: Cli, leader: LeaderProc
+) -> None:
+    failed = sh(cli, "--", "exit 5")
+    wait_until(lambda: task_record(cli, failed)["status"] == "failed", what="the task's end")
+    first = cli("wait", "--team", "t")
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert f"{failed} failed" in first.stdout and "1 of 1 tasks did not complete" in first.stderr
+    # Since that wait: nothing new, so nothing failed.
+    assert cli("wait", "--team", "t").returncode == 0
+    ok = sh(cli, "--", "true")
+    again = cli("wait", "--team", "t")
+    assert again.returncode == 0 and f"{ok} completed" in again.stdout
+    assert failed not in again.stdout
+    # An explicit id is always waited for, and any unique prefix of it works.
+    assert cli("wait", "--team", "t", failed[:5]).returncode == 1
+    slow = sh(cli, "--", "sleep 30")
+    timed = cli("wait", "--team", "t", slow, "--timeout", "0.5")
+    assert timed.returncode == 124 and "timed out after 0.5s" in timed.stderr
+    assert cli("stop", "--team", "t", slow[:6]).returncode == 0  # (prefixes everywhere)
+    assert cli("logs", "--team", "t", failed[:6]).returncode == 0
+    ambiguous = cli("wait", "--team", "t", "b")
+    assert ambiguous.returncode == 2 and "ambiguous" in ambiguous.stderr
+    assert cli("wait", "--team", "t", "bzzzz").returncode == 1
 
 
 def test_env_cwd_and_jobs_limit(cli: Cli, home: Path, tmp_path: Path) -> None:

@@ -205,6 +205,9 @@ def agent(
             spec["cwd"] = None  # (the recorded run's)
     if resume is not None:
         text = (prompt or "").strip() or "Continue."
+        from shoal.cli.tasks import full_task_id
+
+        resume = full_task_id(env.layout, team, resume)
         answer = call(env.layout, team, "agent_send", {"task_id": resume, "text": text})
         task_id = answer["task_id"]
         if coordinator is not None:

@@ -9,14 +9,22 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import click
 import orjson
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.control_cmds import queue_notes, queue_options, queue_spec, queue_status
 from shoal.core.cmdsize import command_problem, spec_problem
-from shoal.core.errors import EXIT_FAILED, NotFoundError, ShoalError, UsageError
+from shoal.core.errors import (
+    EXIT_FAILED,
+    NotFoundError,
+    ShoalError,
+    TimedOutError,
+    UsageError,
+)
+from shoal.core.ids import resolve_task_id
 from shoal.core.paths import Layout
 from shoal.core.tasks import is_terminal_task_status
 from shoal.orchestrator.session import HistoryReader, Session, current_session
@@ -53,10 +61,18 @@ def _tasks(
 
 
 def _find(session: Session, task_id: str) -> dict[str, Any]:
-    task = _tasks(session, include_history=True).get(task_id)
-    if task is None:
-        raise NotFoundError(f"no task {task_id!r} in session {session.id} (see `shoal ps --all`)")
-    return task
+    """The record of task `task_id` (any unique prefix of its id), live or finished."""
+    tasks = _tasks(session, include_history=True)
+    return tasks[resolve_task_id(tasks, task_id)]
+
+
+def full_task_id(layout: Layout, team: str, given: str) -> str:
+    """The id of the team's task that `given` is a unique prefix of (itself when there is no
+    session to look in: the leader then says what is wrong)."""
+    session = current_session(layout, team)
+    if session is None:
+        return given
+    return resolve_task_id(_tasks(session, include_history=True), given)
 
 
 def _age(task: dict[str, Any]) -> str:
@@ -100,6 +116,7 @@ def _age(task: dict[str, Any]) -> str:
     is_flag=True,
     help="Stream the output; exit 0 when the task completes, 1 (naming its code) when not.",
 )
+@queue_options
 @json_option
 @common_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -113,6 +130,7 @@ def sh(
     foreground: bool,
     as_json: bool,
     command: tuple[str, ...],
+    **queueing: Any,
 ) -> None:
     """Run COMMAND as a background task; prints its id.
 
@@ -140,6 +158,7 @@ def sh(
         "env": extra or None,
         "kind": "monitor" if monitor else "bash",
         "background": not foreground,
+        **queue_spec(queueing),
     }
     team = env.team()
     if batch is not None:
@@ -177,12 +196,13 @@ def sh(
         return
     session = _session(env.layout, team)
     final = _follow(session, task["id"], stream=True)
+    code = _exit_code(final)
     if final["status"] != "completed":
-        # The exit codes are shoal's (0 ok, 1 a task failed); the task's own code is said here.
-        code = _exit_code(final)
+        # The task's own exit code (128+N after signal N), as `timeout` and `nohup` pass it on;
+        # 1 when it has none (it never started, or its end is known only as a status).
         how = f"exit code {code}" if code is not None else final.get("error") or "no exit code"
         click.echo(f"shoal: task {final['id']} {final['status']} ({how})", err=True)
-        sys.exit(EXIT_FAILED)
+        sys.exit(code if code is not None and 0 < code < 256 else EXIT_FAILED)
 
 
 def _waiting(task: dict[str, Any]) -> str:
@@ -258,13 +278,13 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
         return
     click.echo(f"{'ID':<10} {'TYPE':<10} {'STATUS':<12} {'AGE':>7}  DESCRIPTION")
     for t in rows:
-        status = t["status"]
+        status = queue_status(t) or t["status"]
         code = _exit_code(t)
         if status == "failed" and code is not None:
             status = f"failed({code})"
         click.echo(
             f"{t['id']:<10} {type_label(t):<10} {status:<12} "
-            f"{_age(t):>7}  {t.get('description', '')}{_waiting(t)}"
+            f"{_age(t):>7}  {t.get('description', '')}{_waiting(t)}{queue_notes(t)}"
         )
 
 
@@ -337,7 +357,7 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
         text = tail(task["output_file"], LOGS_JSON_MAX_BYTES) if size else ""
         print_json({**task, "output": text, "output_truncated": size > LOGS_JSON_MAX_BYTES})
         return
-    _follow(session, task_id, stream=follow)
+    _follow(session, _find(session, task_id)["id"], stream=follow)
 
 
 @click.command()
@@ -354,7 +374,9 @@ def stop(task_id: str, turn: bool, as_json: bool) -> None:
     from shoal.orchestrator.control import call
 
     env = get_env(click.get_current_context())
-    task = call(env.layout, env.team(), "stop", {"task_id": task_id, "turn": turn})
+    team = env.team()
+    task_id = full_task_id(env.layout, team, task_id)
+    task = call(env.layout, team, "stop", {"task_id": task_id, "turn": turn})
     if as_json:
         print_json(task)
     elif turn:
@@ -369,9 +391,11 @@ def stop(task_id: str, turn: bool, as_json: bool) -> None:
 @json_option
 @common_options
 def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
-    """Wait for tasks to finish (default: every unfinished task).
+    """Wait for tasks to finish (default: every task of the session since the last `wait`,
+    those that already ended included).
 
-    Exit code 0 when all completed, 1 when any failed or was killed (or on timeout).
+    Exit code 0 when all completed, 1 when any failed or was killed (however long before the
+    call it ended), 124 when --timeout expired first.
     """
     from shoal.orchestrator.liveness import leader_alive
 
@@ -380,39 +404,77 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
     session = _session(env.layout, team)
     history = HistoryReader(session)
     tasks = _tasks(session, include_history=True, history=history)
-    ids = list(task_ids) or [
-        k for k, t in tasks.items() if not is_terminal_task_status(t["status"])
-    ]
-    for task_id in ids:
-        if task_id not in tasks:
-            raise NotFoundError(f"no task {task_id!r} in session {session.id}")
+    if task_ids:
+        ids = [resolve_task_id(tasks, task_id) for task_id in task_ids]
+    else:
+        seen = _waited(session)
+        ids = [k for k, t in tasks.items() if k not in seen and _waitable(t)]
     deadline = None if timeout is None else time.monotonic() + timeout
     done: dict[str, dict[str, Any]] = {}
-    while True:
-        tasks = _tasks(session, include_history=True, history=history)
-        for task_id in ids:
-            t = tasks.get(task_id)
-            if task_id not in done and t is not None and is_terminal_task_status(t["status"]):
-                done[task_id] = t
-                if not as_json:
-                    click.echo(f"{task_id} {t['status']}")
-        if len(done) == len(ids):
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            raise ShoalError(
-                f"timed out after {timeout:g}s waiting for "
-                + " ".join(i for i in ids if i not in done)
-            )
-        if leader_alive(env.layout, team) is None:
-            raise ShoalError(
-                f"the leader of team {team!r} is not running; "
-                "start it with `shoal up` to finish these tasks"
-            )
-        time.sleep(POLL_S)
+    try:
+        while True:
+            tasks = _tasks(session, include_history=True, history=history)
+            for task_id in ids:
+                t = tasks.get(task_id)
+                if task_id not in done and t is not None and is_terminal_task_status(t["status"]):
+                    done[task_id] = t
+                    if not as_json:
+                        click.echo(f"{task_id} {t['status']}")
+            if len(done) == len(ids):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimedOutError(
+                    f"timed out after {timeout:g}s waiting for "
+                    + " ".join(i for i in ids if i not in done)
+                )
+            if leader_alive(env.layout, team) is None:
+                raise ShoalError(
+                    f"the leader of team {team!r} is not running; "
+                    "start it with `shoal up` to finish these tasks"
+                )
+            time.sleep(POLL_S)
+    finally:
+        _mark_waited(session, done)
     if as_json:
         print_json([done[i] for i in ids])
-    if any(t["status"] != "completed" for t in done.values()):
+    failed = [i for i in ids if done[i]["status"] != "completed"]
+    if failed:
+        if not as_json and not task_ids:
+            click.echo(f"{len(failed)} of {len(ids)} tasks did not complete: {' '.join(failed)}",
+                       err=True)  # fmt: skip
         sys.exit(EXIT_FAILED)
+
+
+WAITED_FILE: Final = "waited.json"
+"""The ids a `wait` has reported ended, per session: a later `wait` with no ids skips them."""
+
+
+def _waitable(task: dict[str, Any]) -> bool:
+    """A task a `wait` with no ids waits for: any, but a live teammate's (it ends only when
+    the team shuts it down) and a coordinator's worker (its coordinator waits for it)."""
+    if task.get("type") == "in_process_teammate" and not is_terminal_task_status(task["status"]):
+        return False
+    return not task.get("worker_of")
+
+
+def _waited(session: Any) -> set[str]:
+    try:
+        raw = orjson.loads((session.dir / WAITED_FILE).read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return set()
+    return set(raw.get("ids", [])) if isinstance(raw, dict) else set()
+
+
+def _mark_waited(session: Any, done: dict[str, dict[str, Any]]) -> None:
+    """Add what this `wait` saw end to the session's waited ids (under their lock)."""
+    if not done:
+        return
+    from shoal.core.jsonio import atomic_write, dumps, lock_for
+
+    path = session.dir / WAITED_FILE
+    with lock_for(path):
+        ids = _waited(session) | set(done)
+        atomic_write(path, dumps({"ids": sorted(ids)}))
 
 
 @click.command()

@@ -10,6 +10,7 @@ from pathlib import Path
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 
 
@@ -17,6 +18,12 @@ class ShoalError(Exception):
     """Base of every error shoal reports to a user; `exit_code` is what the CLI exits with."""
 
     exit_code = EXIT_FAILED
+
+
+class TimedOutError(ShoalError):
+    """A wait ran out of time (`shoal wait --timeout`): exit 124, as `timeout` does."""
+
+    exit_code = EXIT_TIMEOUT
 
 
 class UsageError(ShoalError):
