@@ -37,6 +37,7 @@ from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
+from shoal.orchestrator.batch.junit import FileStamp, check_written, stamp
 from shoal.orchestrator.batch.recovery import ENV_RUN, succeeded_attempts, with_recovered
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
@@ -127,6 +128,8 @@ class LeaderShell:
         self.post = post
         self.run_id = run_id
         self.known: set[str] = set()
+        self.junit: dict[str, tuple[str, FileStamp | None]] = {}
+        """Handle -> (the JUnit report it must write, that file's stamp before it started)."""
 
     def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
         """Build and submit the shell tasks in one go (one state write)."""
@@ -142,6 +145,8 @@ class LeaderShell:
                 out.append(Refused(str(exc)))
                 continue
             self.known.add(task.id)
+            if req.junit is not None:
+                self.junit[task.id] = (req.junit, stamp(req.junit))
             tasks.append(task)
             out.append(task.id)
         if tasks:
@@ -176,15 +181,25 @@ class LeaderShell:
         if not isinstance(state, LocalShellTaskState):
             return Finished(event.task_id, event.status, error="lost")
         ran = state.pid is not None
+        status, error = state.status.value, state.error or state.kill_reason
+        junit, before = self.junit.pop(event.task_id, (None, None))
+        junit_error = None
+        if junit is not None and state.status == TaskStatus.COMPLETED:
+            # A task that says it succeeded without a usable report did not: the run's
+            # verdict must not be green on tests nobody saw.
+            junit_error = check_written(junit, before)
+            if junit_error is not None:
+                status, error = TaskStatus.FAILED.value, junit_error
         return Finished(
             event.task_id,
-            state.status.value,
+            status,
             exit_code=state.result.code if state.result is not None else None,
             started_at=state.start_time if ran else None,
             ended_at=state.end_time,
             output_file=state.output_file,
-            error=state.error or state.kill_reason,
+            error=error,
             ran=ran,
+            junit_error=junit_error,
         )
 
 

@@ -106,6 +106,8 @@ class BatchRun:
         self._wall = wall
         self._dependents = spec.dependents()
         self._ready: deque[TaskRun] = deque()
+        self._delayed: list[tuple[float, TaskRun]] = []
+        """Tasks waiting out their retry_delay: (monotonic time it ends, task)."""
         self._handles: dict[str, tuple[TaskRun, Attempt]] = {}
         self._live: dict[str, tuple[TaskRun, Attempt]] = {}
         self._shell_inflight = 0
@@ -155,12 +157,22 @@ class BatchRun:
     # -- the tick ------------------------------------------------------------------------------
 
     def tick(self, now: float | None = None) -> None:
-        """One pass: stop attempts past their timeout, apply the halt policy, submit what is
-        ready (each step a method a test can call on its own)."""
+        """One pass: stop attempts past their timeout, apply the halt policy, release retries
+        whose delay is over, submit what is ready (each step a method a test can call on its
+        own)."""
         now = self._clock() if now is None else now
         self.enforce_timeouts(now)
         self.apply_halt()
+        self.release_retries(now)
         self.schedule()
+
+    def release_retries(self, now: float) -> None:
+        """Tasks whose retry delay is over become ready, ahead of tasks not tried yet."""
+        due = [run for at, run in self._delayed if at <= now]
+        if not due:
+            return
+        self._delayed = [(at, run) for at, run in self._delayed if at > now]
+        self._ready.extendleft(reversed(due))
 
     def enforce_timeouts(self, now: float) -> None:
         """Stop every running attempt past its deadline (it ends as timed_out)."""
@@ -251,6 +263,7 @@ class BatchRun:
                     cwd=spec.cwd,
                     env={**spec.env, ENV_TASK: spec.id, ENV_ATTEMPT: str(number)},
                     timeout=spec.timeout,
+                    junit=spec.junit,
                 )
             )
         handles = self.shell.submit(requests)
@@ -332,6 +345,7 @@ class BatchRun:
             attempt.started_at = None
         attempt.output_file = event.output_file
         attempt.error = event.error
+        attempt.junit_error = event.junit_error
         attempt.move(self._outcome(attempt, event))
         self.version += 1
         if attempt.started_at is not None and self._on_attempt_end is not None:
@@ -341,7 +355,11 @@ class BatchRun:
         retry = attempt.status in (RunStatus.FAILED, RunStatus.TIMED_OUT)
         if retry and len(run.attempts) <= run.spec.retries and self._may_start():
             run.move(RunStatus.PENDING)
-            self._ready.appendleft(run)
+            delay = run.spec.delay_before(attempt.number + 1)
+            if delay > 0:
+                self._delayed.append((self._clock() + delay, run))
+            else:
+                self._ready.appendleft(run)
             self._emit(
                 "task_retrying",
                 id=run.spec.id,
@@ -351,6 +369,7 @@ class BatchRun:
                 reason=self._reason(run, attempt),
                 next_attempt=attempt.number + 1,
                 attempts_max=run.spec.retries + 1,
+                delay_s=delay,
             )
             return
         self._finalize(run, attempt.status, self._reason(run, attempt))
@@ -445,6 +464,7 @@ class BatchRun:
         """Give every task not handed out yet its verdict: a task waiting to be retried keeps
         its last outcome, the rest are skipped with `reason` (no cascade needed: all go)."""
         self._ready.clear()
+        self._delayed.clear()
         for run in self.tasks.values():
             if run.status != RunStatus.PENDING:
                 continue
@@ -481,10 +501,12 @@ class BatchRun:
                 self._finalize(run, RunStatus.KILLED, "killed: the run ended before it did")
 
     def next_deadline(self) -> float | None:
-        """The earliest monotonic time at which a running attempt times out."""
+        """The earliest monotonic time at which a running attempt times out or a retry delay
+        ends."""
         deadlines = [
             a.deadline for _, a in self._live.values() if a.deadline is not None and a.stop is None
         ]
+        deadlines += [at for at, _ in self._delayed]
         return min(deadlines) if deadlines else None
 
     def counts(self) -> dict[str, int]:

@@ -8,7 +8,10 @@ inside an inline table is reported at its table's line).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import itertools
+import math
 import os
 import re
 import shlex
@@ -32,6 +35,7 @@ from shoal.orchestrator.batch.spec import (
     SpecIssue,
     TaskSpec,
     _kind,
+    parse_delay,
     parse_duration,
     parse_halt,
 )
@@ -111,7 +115,17 @@ def _key_path(raw: str) -> str:
 # --------------------------------------------------------------------------- the parser
 
 
-_RUN_KEYS: Final = ("team", "jobs", "backend", "halt", "timeout", "retries", "env", "cwd")
+_RUN_KEYS: Final = (
+    "team",
+    "jobs",
+    "backend",
+    "halt",
+    "timeout",
+    "retries",
+    "retry_delay",
+    "env",
+    "cwd",
+)
 _MEMBER_KEYS: Final = ("name", "agent", "command", "script", "prompt", "plan_mode", "worktree")
 _TASK_KEYS: Final = (
     "id",
@@ -121,10 +135,25 @@ _TASK_KEYS: Final = (
     "after",
     "timeout",
     "retries",
+    "retry_delay",
     "env",
     "cwd",
     "description",
+    "junit",
+    "matrix",
 )
+# A task's matrix: at most this many combinations (each one is a task of the run).
+MAX_MATRIX_COMBINATIONS: Final = 1000
+_MATRIX_KEY: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+# A matrix value becomes part of a task id (`unit[py=3.12]`): no spaces, brackets, braces,
+# commas, equals signs, quotes or backslashes.
+_MATRIX_VALUE: Final = re.compile(r"""^[^\s\[\]{},="'\\]{1,64}$""")
+# `{{name}}` is a literal `{name}`; `${name}` is left to the shell; `{name}` is a placeholder.
+_PLACEHOLDER: Final = re.compile(
+    r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}|(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}"
+)
+# The fields of a matrix task in which placeholders are replaced.
+_MATRIX_FIELDS: Final = ("run", "prompt", "assign", "description", "cwd", "env", "junit", "after")
 
 
 def _suggest(word: str, choices: Sequence[str]) -> str:
@@ -140,7 +169,10 @@ class _Checker:
         self.issues: list[SpecIssue] = []
 
     def add(self, section: tuple[str, int], key: str | None, message: str) -> None:
-        self.issues.append(SpecIssue(self.locator.line(section, key), message))
+        """Record a problem (once: a matrix task is checked once per combination)."""
+        issue = SpecIssue(self.locator.line(section, key), message)
+        if issue not in self.issues:
+            self.issues.append(issue)
 
     def unknown_keys(
         self, table: Mapping[str, Any], allowed: Sequence[str], section: tuple[str, int], where: str
@@ -196,6 +228,18 @@ class _Checker:
             self.add(section, key, f"{where}: {key}: {exc}")
             return None, None
         return seconds, value if isinstance(value, str) else None
+
+    def delay(
+        self, table: Mapping[str, Any], key: str, section: tuple[str, int], where: str
+    ) -> float | None:
+        """A delay in seconds (zero allowed), None when absent or bad (bad is reported)."""
+        if key not in table:
+            return None
+        try:
+            return parse_delay(table[key])
+        except ValueError as exc:
+            self.add(section, key, f"{where}: {key}: {exc}")
+            return None
 
     def env(self, table: Mapping[str, Any], section: tuple[str, int], where: str) -> dict[str, str]:
         value = table.get("env", {})
@@ -258,17 +302,19 @@ def parse_spec_text(text: str, path: Path, *, display: str | None = None) -> Spe
     checker.unknown_keys(data, ("run", "member", "task"), top, "spec")
     settings = _parse_run(checker, data.get("run", {}), base)
     members = _parse_members(checker, data.get("member", []), base)
-    tasks = _parse_tasks(checker, data.get("task", []), settings, base)
+    tasks, tables = _parse_tasks(checker, data.get("task", []), settings, base)
     names = {m.name for m in members}
     for task in tasks:
         if task.assign is not None and task.assign not in names:
             known = ", ".join(sorted(names)) or "none are declared"
             checker.add(
-                ("task", task.seq - 1),
+                ("task", tables[task.id]),
                 "assign",
                 f'task "{task.id}": assign names unknown member "{task.assign}" (members: {known})',
             )
-    _check_graph(checker, tasks)
+    tasks = _resolve_after(checker, tasks, tables)
+    _check_junit_paths(checker, tasks, tables)
+    _check_graph(checker, tasks, tables)
     if checker.issues:
         raise SpecError(shown, checker.issues)
     return Spec(path, shown, settings, tuple(members), tuple(tasks))
@@ -311,6 +357,7 @@ def _parse_run(checker: _Checker, table: object, base: Path) -> RunSettings:
         timeout=timeout,
         timeout_text=timeout_text,
         retries=checker.count(table, "retries", section, "[run]", 0),
+        retry_delay=checker.delay(table, "retry_delay", section, "[run]") or 0.0,
         env=checker.env(table, section, "[run]"),
         cwd=checker.path(table, "cwd", section, "[run]", base),
     )
@@ -424,16 +471,18 @@ def _check_script(checker: _Checker, script: str, section: tuple[str, int], wher
 
 def _parse_tasks(
     checker: _Checker, items: object, settings: RunSettings, base: Path
-) -> list[TaskSpec]:
+) -> tuple[list[TaskSpec], dict[str, int]]:
+    """The tasks, a matrix task expanded into one task per combination, and for each task id
+    the index of the `[[task]]` table it came from (for line numbers)."""
+    tables: dict[str, int] = {}
     if not isinstance(items, list):
         checker.add(("", 0), "task", "tasks are declared as [[task]] tables")
-        return []
+        return [], tables
     if not items:
         checker.issues.append(SpecIssue(None, "no [[task]] in the spec: nothing to run"))
     tasks: list[TaskSpec] = []
     seen: dict[str, int | None] = {}
-    default_cwd = settings.cwd or str(base)
-    base_env = environ_bytes(os.environ)
+    context = _TaskContext(settings, base)
     for index, table in enumerate(items):
         section = ("task", index)
         if not isinstance(table, dict):
@@ -461,57 +510,317 @@ def _parse_tasks(
             else:
                 seen[task_id] = checker.locator.line(section, "id")
         checker.unknown_keys(table, _TASK_KEYS, section, where)
-        run = _argv(checker, table, "run", section, where)
-        prompt = checker.string(table, "prompt", section, where)
-        assign = checker.string(table, "assign", section, where)
-        has_run, has_prompt = "run" in table, "prompt" in table
-        if has_run and has_prompt:
-            checker.add(
-                section, "prompt", f"{where}: give run (a shell command) or prompt, not both"
+        combos = _matrix(checker, table, section, where)
+        # Without a matrix, or with a bad one, the task is checked as written (a bad matrix
+        # is reported, and the task keeps its id for the checks of the tasks after it).
+        variants: list[tuple[dict[str, Any], dict[str, str]]] = [(table, {})]
+        if combos is not None:
+            if isinstance(table["matrix"], dict) and table["matrix"]:
+                _check_placeholders(checker, table, list(table["matrix"]), section, where)
+            if combos:
+                variants = [(_expand(table, combo), combo) for combo in combos]
+        for variant, combo in variants:
+            task = _parse_task(checker, variant, section, where, context)
+            if task_id is None:
+                continue
+            expanded = _matrix_id(task_id, combo) if combo else task_id
+            tables[expanded] = index
+            tasks.append(
+                dataclasses.replace(
+                    task,
+                    id=expanded,
+                    seq=len(tasks) + 1,
+                    base=task_id if combo else None,
+                    matrix=combo,
+                )
             )
-        elif not has_run and not has_prompt:
+    return tasks, tables
+
+
+@dataclasses.dataclass(frozen=True)
+class _TaskContext:
+    """What every task of a spec inherits: the `[run]` defaults and the spec's directory."""
+
+    settings: RunSettings
+    base: Path
+    base_env: int = dataclasses.field(default_factory=lambda: environ_bytes(os.environ))
+
+    @property
+    def cwd(self) -> str:
+        return self.settings.cwd or str(self.base)
+
+
+def _parse_task(
+    checker: _Checker,
+    table: Mapping[str, Any],
+    section: tuple[str, int],
+    where: str,
+    context: _TaskContext,
+) -> TaskSpec:
+    """One task's fields (its id and position are set by the caller); problems are reported,
+    and the task is kept so that the tasks after it are checked against it."""
+    settings = context.settings
+    run = _argv(checker, table, "run", section, where)
+    prompt = checker.string(table, "prompt", section, where)
+    assign = checker.string(table, "assign", section, where)
+    has_run, has_prompt = "run" in table, "prompt" in table
+    if has_run and has_prompt:
+        checker.add(section, "prompt", f"{where}: give run (a shell command) or prompt, not both")
+    elif not has_run and not has_prompt:
+        checker.add(
+            section,
+            None,
+            f"{where}: needs run (a shell command) or prompt with assign (an agent task)",
+        )
+    if has_prompt and "assign" not in table:
+        checker.add(section, "prompt", f'{where}: a prompt needs assign = "MEMBER"')
+    if "assign" in table and not has_prompt:
+        checker.add(section, "assign", f"{where}: assign goes with prompt (an agent task)")
+    after = _after(checker, table, section, where)
+    timeout, timeout_text = checker.duration(table, "timeout", section, where)
+    if timeout is None and "timeout" not in table:
+        timeout, timeout_text = settings.timeout, settings.timeout_text
+    env = {**settings.env, **checker.env(table, section, where)}
+    if run is not None:  # (tasks inherit this process's environment: it counts too)
+        command = [run] if isinstance(run, str) else list(run)
+        problem = command_problem(command, env=env, base_env_bytes=context.base_env)
+        if problem is not None:
+            checker.add(section, "run", f"{where}: {problem}")
+    cwd = checker.path(table, "cwd", section, where, context.base) or context.cwd
+    description = checker.string(table, "description", section, where)
+    retries = checker.count(table, "retries", section, where, settings.retries)
+    retry_delay = checker.delay(table, "retry_delay", section, where)
+    # A task's JUnit file is where its command writes it: relative to the task's cwd.
+    junit = checker.path(table, "junit", section, where, Path(cwd))
+    if junit is not None and has_prompt:
+        checker.add(section, "junit", f"{where}: junit is for run tasks (a command's report)")
+    return TaskSpec(
+        id="",
+        seq=0,
+        run=run,
+        prompt=prompt,
+        assign=assign,
+        after=after,
+        timeout=timeout,
+        timeout_text=timeout_text,
+        retries=retries,
+        retry_delay=settings.retry_delay if retry_delay is None else retry_delay,
+        env=env,
+        cwd=cwd,
+        description=description,
+        junit=junit,
+        line=checker.locator.line(section),
+    )
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def _matrix(
+    checker: _Checker, table: Mapping[str, Any], section: tuple[str, int], where: str
+) -> list[dict[str, str]] | None:
+    """The combinations of a task's `matrix` (in the order its keys and values are written),
+    None when the task has none, [] when the matrix is bad (the problems are reported)."""
+    if "matrix" not in table:
+        return None
+    value = table["matrix"]
+    example = 'e.g. matrix = { py = ["3.11", "3.12"], shard = [1, 2] }'
+    if not isinstance(value, dict) or not value:
+        shown = "an empty table" if isinstance(value, dict) else _kind(value)
+        checker.add(
+            section,
+            "matrix",
+            f"{where}: matrix must be a table of KEY = [values], {example}; not {shown}",
+        )
+        return []
+    axes: list[tuple[str, list[str]]] = []
+    ok = True
+    for key, items in value.items():
+        if not _MATRIX_KEY.fullmatch(key):
             checker.add(
                 section,
-                None,
-                f"{where}: needs run (a shell command) or prompt with assign (an agent task)",
+                "matrix",
+                f'{where}: matrix key "{key}" is not a name (letters, digits and _, '
+                "not starting with a digit, at most 32)",
             )
-        if has_prompt and "assign" not in table:
-            checker.add(section, "prompt", f'{where}: a prompt needs assign = "MEMBER"')
-        if "assign" in table and not has_prompt:
-            checker.add(section, "assign", f"{where}: assign goes with prompt (an agent task)")
-        after = _after(checker, table, section, where)
-        timeout, timeout_text = checker.duration(table, "timeout", section, where)
-        if timeout is None and "timeout" not in table:
-            timeout, timeout_text = settings.timeout, settings.timeout_text
-        env = {**settings.env, **checker.env(table, section, where)}
-        if run is not None:  # (tasks inherit this process's environment: it counts too)
-            command = [run] if isinstance(run, str) else list(run)
-            problem = command_problem(command, env=env, base_env_bytes=base_env)
-            if problem is not None:
-                checker.add(section, "run", f"{where}: {problem}")
-        cwd = checker.path(table, "cwd", section, where, base) or default_cwd
-        description = checker.string(table, "description", section, where)
-        retries = checker.count(table, "retries", section, where, settings.retries)
-        if task_id is None:
+            ok = False
             continue
-        tasks.append(
-            TaskSpec(
-                id=task_id,
-                seq=index + 1,
-                run=run,
-                prompt=prompt,
-                assign=assign,
-                after=after,
-                timeout=timeout,
-                timeout_text=timeout_text,
-                retries=retries,
-                env=env,
-                cwd=cwd,
-                description=description,
-                line=checker.locator.line(section),
+        if not isinstance(items, list) or not items:
+            shown = "an empty array" if isinstance(items, list) else _kind(items)
+            checker.add(
+                section,
+                "matrix",
+                f"{where}: matrix key {key} must be a non-empty array of values, not {shown}",
             )
+            ok = False
+            continue
+        values: list[str] = []
+        for item in items:
+            text = _matrix_value(checker, item, key, section, where)
+            if text is None:
+                ok = False
+            elif text in values:
+                checker.add(section, "matrix", f'{where}: matrix key {key} lists "{text}" twice')
+                ok = False
+            else:
+                values.append(text)
+        axes.append((key, values))
+    if not ok:
+        return []
+    count = math.prod(len(values) for _, values in axes)
+    if count > MAX_MATRIX_COMBINATIONS:
+        checker.add(
+            section,
+            "matrix",
+            f"{where}: matrix has {count} combinations; at most {MAX_MATRIX_COMBINATIONS}",
         )
-    return tasks
+        return []
+    keys = [key for key, _ in axes]
+    combos = itertools.product(*(values for _, values in axes))
+    return [dict(zip(keys, combo, strict=True)) for combo in combos]
+
+
+def _matrix_value(
+    checker: _Checker, item: object, key: str, section: tuple[str, int], where: str
+) -> str | None:
+    """A matrix value as text: a string or an integer (a float would lose digits: 3.10 is 3.1)."""
+    if isinstance(item, float):
+        checker.add(
+            section,
+            "matrix",
+            f"{where}: matrix key {key}: {item!r} is a number with a fraction; write such "
+            'values as strings ("3.10", not 3.10, which TOML reads as the number 3.1)',
+        )
+        return None
+    if isinstance(item, bool) or not isinstance(item, str | int):
+        checker.add(
+            section,
+            "matrix",
+            f"{where}: matrix key {key}: values are strings or integers, not {_kind(item)}",
+        )
+        return None
+    text = str(item)
+    if not _MATRIX_VALUE.fullmatch(text):
+        checker.add(
+            section,
+            "matrix",
+            f"{where}: matrix key {key}: bad value {text!r}: at most 64 characters, without "
+            "spaces, brackets, braces, commas, equals signs, quotes or backslashes",
+        )
+        return None
+    return text
+
+
+def _matrix_id(base: str, combo: Mapping[str, str]) -> str:
+    """`unit[py=3.12,shard=1]`: the id of one combination of task `unit`."""
+    return f"{base}[{','.join(f'{k}={v}' for k, v in combo.items())}]"
+
+
+def _strings(value: object) -> list[str]:
+    """Every string in a field's value (a string, an array of strings, a table's values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    if isinstance(value, dict):
+        return [v for v in value.values() if isinstance(v, str)]
+    return []
+
+
+def _check_placeholders(
+    checker: _Checker,
+    table: Mapping[str, Any],
+    keys: Sequence[str],
+    section: tuple[str, int],
+    where: str,
+) -> None:
+    """Every `{name}` in a matrix task's fields must be a key of its matrix."""
+    for field in _MATRIX_FIELDS:
+        for text in _strings(table.get(field)):
+            for match in _PLACEHOLDER.finditer(text):
+                name = match.group(2)
+                if name is None or name in keys:
+                    continue
+                checker.add(
+                    section,
+                    field,
+                    f'{where}: {field}: unknown placeholder "{{{name}}}"'
+                    f"{_suggest(name, keys)}; the matrix keys are {', '.join(keys) or 'none'} "
+                    f'(write {{{{{name}}}}} for a literal "{{{name}}}")',
+                )
+
+
+def _substitute(text: str, combo: Mapping[str, str]) -> str:
+    """`text` with each `{key}` of `combo` replaced by its value, and `{{name}}` by `{name}`."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(1) is not None:
+            return "{" + match.group(1) + "}"
+        return combo.get(match.group(2), match.group(0))
+
+    return _PLACEHOLDER.sub(one, text)
+
+
+def _expand(table: Mapping[str, Any], combo: Mapping[str, str]) -> dict[str, Any]:
+    """A copy of a matrix task's table for one combination, its placeholders replaced."""
+    out = dict(table)
+    for field in _MATRIX_FIELDS:
+        value = out.get(field)
+        if isinstance(value, str):
+            out[field] = _substitute(value, combo)
+        elif isinstance(value, list):
+            out[field] = [_substitute(v, combo) if isinstance(v, str) else v for v in value]
+        elif isinstance(value, dict):
+            out[field] = {
+                k: _substitute(v, combo) if isinstance(v, str) else v for k, v in value.items()
+            }
+    return out
+
+
+def _resolve_after(
+    checker: _Checker, tasks: list[TaskSpec], tables: Mapping[str, int]
+) -> list[TaskSpec]:
+    """`after` naming a matrix task's base id waits for every one of its combinations."""
+    bases: dict[str, list[str]] = {}
+    for task in tasks:
+        if task.base is not None:
+            bases.setdefault(task.base, []).append(task.id)
+    if not bases:
+        return tasks
+    out: list[TaskSpec] = []
+    for task in tasks:
+        after: list[str] = []
+        for dep in task.after:
+            if dep not in bases:
+                after.append(dep)
+            elif dep == task.base:
+                checker.add(
+                    ("task", tables[task.id]), "after", f'task "{dep}": lists itself in after'
+                )
+            else:
+                after.extend(bases[dep])
+        out.append(dataclasses.replace(task, after=tuple(dict.fromkeys(after))))
+    return out
+
+
+def _check_junit_paths(checker: _Checker, tasks: list[TaskSpec], tables: Mapping[str, int]) -> None:
+    """Two tasks writing one JUnit file would merge one report twice and lose the other."""
+    owner: dict[str, str] = {}
+    reported: set[int] = set()
+    for task in tasks:
+        if task.junit is None:
+            continue
+        other = owner.setdefault(task.junit, task.id)
+        index = tables[task.id]
+        if other != task.id and index not in reported:
+            reported.add(index)
+            hint = " (use a matrix placeholder in junit)" if task.base is not None else ""
+            checker.add(
+                ("task", index),
+                "junit",
+                f'task "{task.id}": junit file {task.junit} is also the report of task '
+                f'"{other}"{hint}',
+            )
 
 
 def _after(
@@ -526,21 +835,22 @@ def _after(
     return tuple(dict.fromkeys(value))
 
 
-def _check_graph(checker: _Checker, tasks: list[TaskSpec]) -> None:
+def _check_graph(checker: _Checker, tasks: list[TaskSpec], tables: Mapping[str, int]) -> None:
     """Unknown `after` ids and dependency cycles (each cycle reported once)."""
     by_id = {t.id: t for t in tasks}
+    names = list(dict.fromkeys(t.base or t.id for t in tasks))
     for task in tasks:
         for dep in task.after:
             if dep == task.id:
                 checker.add(
-                    ("task", task.seq - 1), "after", f'task "{task.id}": lists itself in after'
+                    ("task", tables[task.id]), "after", f'task "{task.id}": lists itself in after'
                 )
             elif dep not in by_id:
                 checker.add(
-                    ("task", task.seq - 1),
+                    ("task", tables[task.id]),
                     "after",
-                    f'task "{task.id}": after names unknown task "{dep}"'
-                    f"{_suggest(dep, list(by_id))}",
+                    f'task "{task.base or task.id}": after names unknown task "{dep}"'
+                    f"{_suggest(dep, names + list(by_id))}",
                 )
     white, grey, black = 0, 1, 2
     color = dict.fromkeys(by_id, white)
@@ -578,7 +888,7 @@ def _check_graph(checker: _Checker, tasks: list[TaskSpec]) -> None:
                     first = by_id[cycle[0]]
                     chain = " -> ".join(cycle)
                     checker.add(
-                        ("task", first.seq - 1),
+                        ("task", tables[first.id]),
                         "after",
                         f'task "{first.id}": dependency cycle {chain} (each waits for the next)',
                     )

@@ -23,6 +23,8 @@ from shoal.core.errors import UsageError
 from shoal.core.jsonio import atomic_write, read_bytes_nofollow
 from shoal.core.output import tail_lines
 from shoal.core.paths import FILE_MODE, Layout
+from shoal.orchestrator.batch.junit import JunitProblem, has_failures, read_cases
+from shoal.orchestrator.batch.junit import counts as junit_counts
 from shoal.orchestrator.batch.spec import Spec
 
 REPORT_VERSION: Final = 1
@@ -76,77 +78,144 @@ def _clean(text: object) -> str:
 
 
 def junit_xml(report: Mapping[str, Any]) -> bytes:
-    """JUnit XML of a run report: one testcase per task; failed and timed-out tasks carry a
-    <failure> with the output tail, killed ones an <error>, skipped ones <skipped>."""
-    counts = report.get("counts", {})
+    """JUnit XML of a run report, valid against the Jenkins xunit plugin's junit-10.xsd.
+
+    One `<testsuite>` named after the team holds a testcase per task: failed and timed-out
+    tasks carry a <failure> with the output tail, killed ones an <error>, skipped ones
+    <skipped>. A task with a `junit` file has a `<testsuite>` of its own instead, holding the
+    file's testcases (see `_junit_suite`). Every count is that of the testcases written.
+    """
     tasks: list[Mapping[str, Any]] = report.get("tasks", [])
-    failures = counts.get("failed", 0) + counts.get("timed_out", 0)
-    errors = counts.get("killed", 0)
-    skipped = counts.get("skipped", 0)
-    total_time = f"{report.get('duration_s') or 0.0:.3f}"
-    suite_name = f"shoal run {Path(report.get('spec') or 'spec').name}"
+    team = str(report.get("team", "shoal"))
+    total_time = _seconds(report.get("duration_s"))
     root = ET.Element(
         "testsuites",
-        name=suite_name,
-        tests=str(len(tasks)),
-        failures=str(failures),
-        errors=str(errors),
-        skipped=str(skipped),
+        name=f"shoal run {Path(report.get('spec') or 'spec').name}",
+        tests="0",
+        failures="0",
+        errors="0",
         time=total_time,
     )
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        name=str(report.get("team", "shoal")),
-        tests=str(len(tasks)),
-        failures=str(failures),
-        errors=str(errors),
-        skipped=str(skipped),
-        time=total_time,
-        timestamp=(report.get("started_at") or "").rstrip("Z"),
-        hostname=socket.gethostname(),
-    )
-    props = ET.SubElement(suite, "properties")
+    main = _suite(root, team, total_time, report.get("started_at"))
+    props = ET.SubElement(main, "properties")
     for key in ("spec", "team", "session_id", "run_id", "jobs", "backend", "halt", "status"):
         ET.SubElement(props, "property", name=key, value=_clean(report.get(key, "")))
     classname = f"shoal.{report.get('team', 'run')}"
     for task in tasks:
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            name=_clean(task["id"]),
-            classname=classname,
-            time=f"{task.get('duration_s') or 0.0:.3f}",
-        )
-        status = task.get("status")
-        tail = output_tail(task.get("output_file")) if status != "succeeded" else ""
-        if status == "failed":
-            code = task.get("exit_code")
-            message = f"exit code {code}" if code is not None else (task.get("reason") or "failed")
-            if (task.get("attempts") or 0) > 1:
-                message += f" (after {task['attempts']} attempts)"
-            failure = ET.SubElement(case, "failure", message=_clean(message), type="failed")
-            failure.text = tail
-        elif status == "timed_out":
-            failure = ET.SubElement(
-                case, "failure", message=_clean(task.get("reason") or "timed out"), type="timed_out"
-            )
-            failure.text = tail
-        elif status == "killed":
-            error = ET.SubElement(
-                case, "error", message=_clean(task.get("reason") or "killed"), type="killed"
-            )
-            error.text = tail
-        elif status == "skipped":
-            ET.SubElement(case, "skipped", message=_clean(task.get("reason") or "skipped"))
-        elif status != "succeeded":
-            # A run record written mid-run (pending or running tasks) is not a verdict.
-            ET.SubElement(case, "skipped", message=f"not finished ({status})")
-        if tail:
-            ET.SubElement(case, "system-out").text = tail
+        if task.get("junit"):
+            _junit_suite(root, task, classname)
+        else:
+            _task_case(main, task, classname)
+    totals = [0, 0, 0]
+    for suite in root:
+        tests, failures, errors, skipped = junit_counts(suite.iter("testcase"))
+        suite.set("tests", str(tests))
+        suite.set("failures", str(failures))
+        suite.set("errors", str(errors))
+        suite.set("skipped", str(skipped))
+        totals = [totals[0] + tests, totals[1] + failures, totals[2] + errors]
+    root.set("tests", str(totals[0]))
+    root.set("failures", str(totals[1]))
+    root.set("errors", str(totals[2]))
     ET.indent(root)
     data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
     return data + b"\n"
+
+
+def _seconds(value: object) -> str:
+    """A time attribute as the schema's SUREFIRE_TIME wants it: digits, a point, digits."""
+    return f"{value if isinstance(value, int | float) and value > 0 else 0.0:.3f}"
+
+
+def _suite(root: ET.Element, name: str, time: str, started_at: object) -> ET.Element:
+    """An empty `<testsuite>` (its counts are set once its testcases are in)."""
+    return ET.SubElement(
+        root,
+        "testsuite",
+        name=_clean(name),
+        tests="0",
+        failures="0",
+        errors="0",
+        skipped="0",
+        time=time,
+        timestamp=str(started_at or "").rstrip("Z"),
+        hostname=socket.gethostname(),
+    )
+
+
+def _task_case(
+    parent: ET.Element, task: Mapping[str, Any], classname: str, *, problem: str | None = None
+) -> None:
+    """The testcase of one task: its verdict, and the output tail when it did not succeed.
+    With `problem` (its JUnit report could not be used), an <error> saying so."""
+    case = ET.SubElement(
+        parent,
+        "testcase",
+        name=_clean(task["id"]),
+        classname=classname,
+        time=_seconds(task.get("duration_s")),
+    )
+    status = task.get("status")
+    tail = output_tail(task.get("output_file")) if status != "succeeded" else ""
+    if problem is not None:
+        reason = task.get("reason")
+        if status != "succeeded" and reason and reason != problem:
+            problem += f" (the task {str(status).replace('_', ' ')}: {reason})"
+        error = ET.SubElement(case, "error", message=_clean(problem), type="junit_report")
+        tail = tail or output_tail(task.get("output_file"))
+        error.text = tail
+    elif status == "failed":
+        code = task.get("exit_code")
+        message = f"exit code {code}" if code is not None else (task.get("reason") or "failed")
+        if (task.get("attempts") or 0) > 1:
+            message += f" (after {task['attempts']} attempts)"
+        failure = ET.SubElement(case, "failure", message=_clean(message), type="failed")
+        failure.text = tail
+    elif status == "timed_out":
+        failure = ET.SubElement(
+            case, "failure", message=_clean(task.get("reason") or "timed out"), type="timed_out"
+        )
+        failure.text = tail
+    elif status == "killed":
+        error = ET.SubElement(
+            case, "error", message=_clean(task.get("reason") or "killed"), type="killed"
+        )
+        error.text = tail
+    elif status == "skipped":
+        ET.SubElement(case, "skipped", message=_clean(task.get("reason") or "skipped"))
+    elif status != "succeeded":
+        # A run record written mid-run (pending or running tasks) is not a verdict.
+        ET.SubElement(case, "skipped", message=f"not finished ({status})")
+    if tail:
+        ET.SubElement(case, "system-out").text = tail
+
+
+def _junit_suite(root: ET.Element, task: Mapping[str, Any], classname: str) -> None:
+    """The `<testsuite>` of a task with a `junit` file, named after the task: the file's
+    testcases, plus the task's own testcase when they do not tell its verdict (it timed out
+    or failed with no failing testcase). A task that never ran has only its own testcase; a
+    report that cannot be used is one <error> testcase naming the file and the problem."""
+    suite = _suite(root, str(task["id"]), _seconds(task.get("duration_s")), task.get("started_at"))
+    props = ET.SubElement(suite, "properties")
+    for key in ("id", "command", "status", "junit"):
+        ET.SubElement(props, "property", name=f"task.{key}", value=_clean(task.get(key) or ""))
+    status = task.get("status")
+    if status not in ("succeeded", "failed", "timed_out", "killed"):
+        _task_case(suite, task, classname)  # never ran: no report to read
+        return
+    problem = task.get("junit_error")
+    cases: list[ET.Element] = []
+    if problem is None:
+        try:
+            cases = read_cases(str(task["junit"]))
+        except JunitProblem as exc:
+            problem = str(exc)
+    if problem is not None:
+        _task_case(suite, task, classname, problem=problem)
+        return
+    suite.extend(cases)
+    if status != "succeeded" and not has_failures(cases):
+        _task_case(suite, task, classname)
 
 
 def write_junit(path: Path, report: Mapping[str, Any]) -> None:

@@ -93,6 +93,15 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def parse_delay(value: object) -> float:
+    """Seconds from a delay: as `parse_duration`, except that zero (no delay) is allowed."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and re.fullmatch(r"0+(?:\.0+)?(?:ms|s|m|h|d)?", value.strip()):
+        return 0.0
+    return parse_duration(value)
+
+
 def format_duration(seconds: float) -> str:
     """A short human duration: 0.5 -> "500ms", 5 -> "5s", 90 -> "1m30s", 300 -> "5m"."""
     if seconds < 1:
@@ -197,10 +206,25 @@ class TaskSpec:
     timeout: float | None = None
     timeout_text: str | None = None
     retries: int = 0
+    retry_delay: float = 0.0
+    """Seconds before the first retry; each later retry waits twice as long as the one before."""
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = "."
     description: str | None = None
+    junit: str | None = None
+    """The JUnit XML file the task writes (absolute), merged into the run's JUnit report."""
+    base: str | None = None
+    """For a task expanded from a `matrix`: the id written in the spec (`unit` of `unit[py=3]`)."""
+    matrix: Mapping[str, str] = field(default_factory=dict)
+    """For a task expanded from a `matrix`: this combination's values, in the matrix's order."""
     line: int | None = None
+
+    def delay_before(self, attempt: int) -> float:
+        """Seconds to wait before starting attempt number `attempt` (2, 3, ...): `retry_delay`,
+        then twice that, four times that, ... (0 for the first attempt)."""
+        if attempt <= 1 or self.retry_delay <= 0:
+            return 0.0
+        return float(self.retry_delay * 2 ** (attempt - 2))
 
     @property
     def is_agent(self) -> bool:
@@ -253,6 +277,7 @@ class RunSettings:
     timeout: float | None = None
     timeout_text: str | None = None
     retries: int = 0
+    retry_delay: float = 0.0
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
 

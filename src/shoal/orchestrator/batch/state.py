@@ -90,6 +90,8 @@ class Finished:
     output_file: str | None = None
     error: str | None = None
     ran: bool = True
+    junit_error: str | None = None
+    """Why the task's JUnit report cannot be used (the attempt then failed), if it cannot."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class ShellRequest:
     env: dict[str, str]
     timeout: float | None = None
     """The attempt's timeout (armed when it starts)."""
+    junit: str | None = None
+    """The JUnit report the attempt must write (checked when it succeeds)."""
 
 
 class ShellExecutor(Protocol):
@@ -176,6 +180,7 @@ class Attempt:
     exit_code: int | None = None
     output_file: str | None = None
     error: str | None = None
+    junit_error: str | None = None
     deadline: float | None = None
     """Monotonic time at which the attempt times out."""
     stop: str | None = None
@@ -206,6 +211,7 @@ class Attempt:
             "duration_s": self.duration_s,
             "output_file": self.output_file,
             "error": self.error,
+            "junit_error": self.junit_error,
         }
 
 
@@ -254,6 +260,7 @@ class TaskRun:
             "command": spec.command_line,
             "after": list(spec.after),
             "fingerprint": spec.fingerprint,
+            "junit": spec.junit,
         }
         if self.carried is not None:
             old = self.carried
@@ -268,6 +275,7 @@ class TaskRun:
                 "ended_at": old.get("ended_at"),
                 "reason": "succeeded in a previous run (not run again)",
                 "resumed": True,
+                "junit_error": old.get("junit_error"),
                 "attempt_log": old.get("attempt_log", []),
             }
         ran = [a for a in self.attempts if a.started_at is not None]
@@ -289,5 +297,6 @@ class TaskRun:
             "ended_at": iso(end),
             "reason": self.reason,
             "resumed": False,
+            "junit_error": last.junit_error if last is not None else None,
             "attempt_log": [a.to_json() for a in self.attempts],
         }
