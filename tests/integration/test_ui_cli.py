@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import re
@@ -34,6 +35,11 @@ def test_pill(cli: Cli, layout: Layout) -> None:
     out = cli("pill", "--team", "demo", "--json")
     assert out.returncode == 0 and '"label": "7 background tasks"' in out.stdout
     assert "status-right" in cli("pill", "--help").stdout
+    detail = cli("pill", "--team", "demo", "--detail")  # (the fast path)
+    assert detail.returncode == 0 and detail.stdout.count(",") >= 1, detail
+    assert "background tasks" not in detail.stdout
+    detailed = cli("pill", "--team", "demo", "--detail", "--json")  # (through click)
+    assert json.loads(detailed.stdout)["label"] == detail.stdout.strip()
 
 
 def test_pill_is_empty_when_nothing_runs(cli: Cli) -> None:

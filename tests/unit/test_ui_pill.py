@@ -187,10 +187,14 @@ def test_run_if_pill_only_for_shoal_itself() -> None:
     run_if_pill(["/usr/bin/shoal", "pill", "--help"])
 
 
-def test_pill_text_reads_the_session(tmp_path: Path) -> None:
+def test_pill_text_reads_the_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     build_swarm(Layout(tmp_path))
     assert pill_text(tmp_path, "demo") == "7 background tasks"
-    assert pill_text(tmp_path, None) == "7 background tasks"  # the only team
+    monkeypatch.delenv("SHOAL_TEAM", raising=False)
+    with pytest.raises(PillError, match="teams on disk: demo"):  # never "the only team"
+        pill_text(tmp_path, None)
+    monkeypatch.setenv("SHOAL_TEAM", "demo")
+    assert pill_text(tmp_path, None) == "7 background tasks"
 
 
 def test_pill_text_without_session_or_tasks(tmp_path: Path) -> None:
@@ -201,7 +205,7 @@ def test_pill_text_without_session_or_tasks(tmp_path: Path) -> None:
 
 
 def test_pill_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(PillError, match="no team exists yet"):
+    with pytest.raises(PillError, match="no team 'default'"):
         pill_text(tmp_path, None)
     with pytest.raises(PillError, match="invalid team name"):
         pill_text(tmp_path, "Bad/Name")
@@ -231,3 +235,13 @@ def test_fast_path_copies_match_core(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("SHOAL_HOME", str(tmp_path / "h"))
     for home in (None, str(tmp_path / "x"), "~/y"):
         assert pill_fast.resolve_home(home) == paths.resolve_home(home)
+
+
+def test_detail_breaks_a_mix_down_by_kind() -> None:
+    tasks = [MAKERS["teammate"](0), MAKERS["shell"](0), MAKERS["teammate"](0)]
+    tasks += [MAKERS["shell"](1), MAKERS["shell"](2)]
+    assert pill_label(tasks) == "5 background tasks"  # the default stays the seed's rule
+    assert pill_label(tasks, detail=True) == "3 shells, 1 team"
+    one = [MAKERS["shell"](0), MAKERS["teammate"](0)]
+    assert pill_label(one, detail=True) == "1 shell, 1 team"
+    assert pill_label(one[:1], detail=True) == "1 shell"  # one kind: as without detail

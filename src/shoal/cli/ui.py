@@ -16,9 +16,12 @@ from shoal.core.paths import Layout
 
 
 @click.command()
+@click.option(
+    "--detail", is_flag=True, help="Mixed kinds by kind (`1 shell, 1 team`), not in one count."
+)
 @json_option
 @common_options
-def pill(as_json: bool) -> None:
+def pill(detail: bool, as_json: bool) -> None:
     """Print the pill label of the team's background tasks (nothing when none run).
 
     Meant for tmux's status line: `set -g status-right '#(shoal pill --team T)'`.
@@ -27,7 +30,7 @@ def pill(as_json: bool) -> None:
 
     env = get_env(click.get_current_context())
     try:
-        label = pill_text(env.layout.home, env.team_arg)
+        label = pill_text(env.layout.home, env.team_arg, detail=detail)
     except PillError as exc:
         fail(str(exc), exc.exit_code)
         return

@@ -102,7 +102,7 @@ def _progress(status: Mapping[str, Any]) -> str:
     tools = progress.get("tool_use_count")
     tokens = progress.get("token_count")
     if isinstance(tools, int) and tools:
-        parts.append(f"{tools} tools")
+        parts.append(f"{tools} tool" if tools == 1 else f"{tools} tools")
     if isinstance(tokens, int) and tokens:
         parts.append(f"{tokens} tokens")
     return ", ".join(parts)

@@ -200,7 +200,10 @@ def dream_detail(task: DreamTaskState) -> tuple[list[tuple[str, Any]], list[Any]
         ("sessions reviewing", task.sessions_reviewing),
         ("files touched", len(task.files_touched)),
     ]
-    turns = [f"{one_line(t.text, 90)} ({t.tool_use_count} tools)" for t in task.turns[-LOG_SHOWN:]]
+    turns = [
+        f"{one_line(t.text, 90)} ({t.tool_use_count} tool{'' if t.tool_use_count == 1 else 's'})"
+        for t in task.turns[-LOG_SHOWN:]
+    ]
     return fields, [
         _section("Files touched", list(task.files_touched[-LOG_SHOWN:])),
         _section("Turns", turns),

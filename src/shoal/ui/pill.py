@@ -43,13 +43,25 @@ def _team_of(task: TaskRecord) -> str:
     return ""
 
 
-def pill_label(tasks: Iterable[TaskRecord]) -> str:
+KIND_ORDER: Final = (
+    "local_bash",
+    "in_process_teammate",
+    "local_agent",
+    "remote_agent",
+    "local_workflow",
+    "monitor_mcp",
+    "dream",
+)
+"""The order of the kinds in a detailed pill (`1 shell, 1 team`)."""
+
+
+def pill_label(tasks: Iterable[TaskRecord], *, detail: bool = False) -> str:
     """The pill text for `tasks` (already filtered with `pill_tasks`); "" when there are none.
 
     One kind: `1 shell`/`3 shells` (shell monitors as `1 monitor`, both as `2 shells, 1 monitor`),
     `2 local agents`, `◇ 1 cloud session` (a lone ultraplan shows its phase), `1 team`/`2 teams`
     counted by team, `dreaming`, `1 background workflow`, `2 monitors`. Mixed kinds:
-    `N background tasks`.
+    `N background tasks`, or with `detail` each kind's label (`1 shell, 1 team`).
     """
     items = list(tasks)
     n = len(items)
@@ -57,8 +69,18 @@ def pill_label(tasks: Iterable[TaskRecord]) -> str:
         return ""
     kinds = {t.get("type") for t in items}
     if len(kinds) > 1:
-        return _plural(n, "background task")
-    kind = kinds.pop()
+        if not detail:
+            return _plural(n, "background task")
+        rank = {k: i for i, k in enumerate(KIND_ORDER)}
+        ordered = sorted(kinds, key=lambda k: (rank.get(str(k), len(rank)), str(k)))
+        return ", ".join(_one_kind([t for t in items if t.get("type") == k]) for k in ordered)
+    return _one_kind(items)
+
+
+def _one_kind(items: list[TaskRecord]) -> str:
+    """The label of tasks all of one kind."""
+    n = len(items)
+    kind = items[0].get("type")
     if kind == "local_bash":
         monitors = sum(1 for t in items if t.get("kind") == "monitor")
         parts = []
@@ -90,6 +112,6 @@ def pill_label(tasks: Iterable[TaskRecord]) -> str:
     return _plural(n, "background task")
 
 
-def pill_for(tasks: Iterable[TaskRecord]) -> str:
+def pill_for(tasks: Iterable[TaskRecord], *, detail: bool = False) -> str:
     """`pill_label(pill_tasks(tasks))`: the label for every task of a session."""
-    return pill_label(pill_tasks(tasks))
+    return pill_label(pill_tasks(tasks), detail=detail)

@@ -39,8 +39,9 @@ class PillError(Exception):
 def parse_pill_argv(argv: Sequence[str]) -> dict[str, str] | None:
     """{home?, team?} when `argv` (without the program) is `[opts] pill [opts]`; else None.
 
-    Options are `--home DIR`, `--team NAME` (or `--opt=value`), before or after `pill`. Anything
-    else (`--help`, `--json`, a typo) returns None so click answers it properly.
+    Options are `--home DIR`, `--team NAME` (or `--opt=value`), before or after `pill`, and
+    `--detail` after it (as {"detail": "1"}). Anything else (`--help`, `--json`, a typo)
+    returns None so click answers it properly.
     """
     opts: dict[str, str] = {}
     seen_pill = False
@@ -49,6 +50,10 @@ def parse_pill_argv(argv: Sequence[str]) -> dict[str, str] | None:
         arg = argv[i]
         if arg == "pill" and not seen_pill:
             seen_pill = True
+            i += 1
+            continue
+        if arg == "--detail" and seen_pill:
+            opts["detail"] = "1"
             i += 1
             continue
         name, eq, value = arg.partition("=")
@@ -111,7 +116,9 @@ def _team_names(home: Path, but: str) -> list[str]:
     ]
 
 
-def pill_text(home: str | os.PathLike[str] | None = None, team: str | None = None) -> str:
+def pill_text(
+    home: str | os.PathLike[str] | None = None, team: str | None = None, *, detail: bool = False
+) -> str:
     """The pill label of `team`'s current session under `home` ("" when nothing runs)."""
     root = resolve_home(home)
     name = _team(root, team)
@@ -132,14 +139,14 @@ def pill_text(home: str | os.PathLike[str] | None = None, team: str | None = Non
     tasks = state.get("tasks") if state else None
     if not isinstance(tasks, dict):
         return ""
-    return pill_for(t for t in tasks.values() if isinstance(t, dict))
+    return pill_for((t for t in tasks.values() if isinstance(t, dict)), detail=detail)
 
 
 def run(argv: Sequence[str]) -> int:
     """Print the pill for `argv` (already parsed as a pill invocation); the exit code."""
     opts = parse_pill_argv(argv) or {}
     try:
-        label = pill_text(opts.get("home"), opts.get("team"))
+        label = pill_text(opts.get("home"), opts.get("team"), detail="detail" in opts)
     except PillError as exc:
         sys.stderr.write(f"shoal: error: {exc}\n")
         return exc.exit_code
