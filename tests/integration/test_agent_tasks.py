@@ -65,7 +65,7 @@ def ended(cli: Cli, task_id: str, timeout: float = 30) -> dict[str, Any]:
 
 
 def events(cli: Cli) -> list[dict[str, Any]]:
-    out = cli("events", "--team", TEAM)
+    out = cli("events", "--team", TEAM, "--json")
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 

@@ -41,7 +41,7 @@ def leader(cli: Cli) -> Iterator[Cli]:
 
 
 def _events(cli: Cli) -> list[dict[str, Any]]:
-    out = cli("events", "--team", TEAM)
+    out = cli("events", "--team", TEAM, "--json")
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 

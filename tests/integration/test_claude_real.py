@@ -46,7 +46,7 @@ def server() -> Iterator[AnthropicStream]:
 
 
 def _notifications(cli: Cli) -> list[str]:
-    out = cli("events", "--team", TEAM)
+    out = cli("events", "--team", TEAM, "--json")
     events = [json.loads(line) for line in out.stdout.splitlines()]
     return [
         e["message"]["text"]

@@ -53,7 +53,7 @@ def leader(cli: Cli) -> Iterator[Cli]:
 
 
 def _notifications(cli: Cli) -> list[str]:
-    out = cli("events", "--team", TEAM)
+    out = cli("events", "--team", TEAM, "--json")
     events: list[dict[str, Any]] = [json.loads(line) for line in out.stdout.splitlines()]
     return [
         e["message"]["text"]

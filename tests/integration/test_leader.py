@@ -131,9 +131,13 @@ def test_sh_ps_logs_wait_events(cli: Cli, leader: LeaderProc, home: Path) -> Non
     )
     assert "<status>failed</status>" in note["notification"]
     assert "exit code 3" in note["notification"]
-    streamed = cli("events", "--team", "t")
+    streamed = cli("events", "--team", "t", "--json")
     assert all(json.loads(line)["session_id"] for line in streamed.stdout.splitlines())
-    assert cli("events", "--team", "t", "--json").stdout == streamed.stdout
+    human = cli("events", "--team", "t").stdout.splitlines()  # one line per event
+    assert len(human) == len(streamed.stdout.splitlines())
+    assert any(f" started   {bad}  " in line for line in human), human
+    assert any(f" failed    {bad}  " in line for line in human), human
+    assert not any(line.startswith("{") for line in human)
     logged = json.loads(cli("logs", "--team", "t", bad, "--json").stdout)
     assert (logged["id"], logged["status"], logged["output"]) == (bad, "failed", "out\nerr\n")
     assert logged["output_truncated"] is False

@@ -174,7 +174,7 @@ def test_leader_keeps_task_records_through_a_full_disk(full_home: Path, disk: Di
 
         tasks = wait_until(ended, timeout=30, what="every task's final record")
         assert [t["result"]["code"] for t in tasks] == [0, 0, 0]
-        events = cli("events", "--team", TEAM)
+        events = cli("events", "--team", TEAM, "--json")
         assert events.returncode == 0, events.stderr
         texts = [json.loads(line).get("text") or "" for line in events.stdout.splitlines()]
         assert any("keeps what it cannot write in memory" in t for t in texts), texts

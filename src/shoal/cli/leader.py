@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
-from datetime import datetime
 from pathlib import Path
 
 import click
@@ -15,32 +13,15 @@ from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
 from shoal.core.events import (
     Event,
-    MessageReceived,
-    Note,
-    TaskStalled,
-    TaskStarted,
-    TaskTerminated,
 )
 from shoal.core.paths import Layout
 
 
 def _event_line(event: Event) -> str | None:
     """The line a foreground leader prints for an event (None: not shown)."""
-    stamp = datetime.fromtimestamp(event.ts or time.time()).strftime("%H:%M:%S")
-    if isinstance(event, TaskStarted):
-        return f"{stamp} started   {event.task_id}  {event.description}"
-    if isinstance(event, TaskTerminated):
-        return f"{stamp} {event.status:<9} {event.task_id}  {event.summary}"
-    if isinstance(event, TaskStalled):
-        return f"{stamp} waiting?  {event.task_id}  last line: {event.prompt}"
-    if isinstance(event, Note):
-        return f"{stamp} note      {event.text}"
-    if isinstance(event, MessageReceived):
-        msg = event.message
-        return (
-            f"{stamp} message   from {msg.get('from')} [{msg.get('kind')}] {msg.get('text') or ''}"
-        )
-    return None
+    from shoal.ui.event_lines import event_line
+
+    return event_line(event.to_record(), leader_view=True)
 
 
 @click.command()

@@ -480,11 +480,13 @@ def _mark_waited(session: Any, done: dict[str, dict[str, Any]]) -> None:
 @click.command()
 @click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON lines (what `events` always prints; accepted)."
+    "--json", "as_json", is_flag=True, help="One JSON object per line, as events.jsonl has them."
 )
 @common_options
 def events(follow: bool, as_json: bool) -> None:
-    """Print the session's event stream (one JSON object per line)."""
+    """Print the session's event stream: one human line per event (--json: the records)."""
+    from shoal.ui.event_lines import event_line
+
     env = get_env(click.get_current_context())
     session = _session(env.layout, env.team())
     path = session.events_file
@@ -502,8 +504,13 @@ def events(follow: bool, as_json: bool) -> None:
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            if line.strip():
-                out.write(orjson.dumps(orjson.loads(line), option=orjson.OPT_APPEND_NEWLINE))
+            if not line.strip():
+                continue
+            record = orjson.loads(line)
+            if as_json:
+                out.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+            elif isinstance(record, dict):
+                out.write((event_line(record) or "").encode() + b"\n")
         out.flush()
         if not follow:
             return
