@@ -140,10 +140,12 @@ def test_pass_fail_dependencies_and_all_three_reports(cli: Cli, home: Path, tmp_
     # Piped, progress is quiet: the failure and the skips are told, the successes are not.
     told = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
     assert len(told) == 3 and sum("FAILED" in ln for ln in told) == 1
-    assert (home / "teams" / "nightly" / "team.json").exists()  # team from the file name
+    # The run's own team, after the file name, is deleted at the end (its record stays).
+    assert not (home / "teams" / "run-nightly").exists()
 
     report, tasks = report_of(files[1])
-    assert report["status"] == "failed" and report["exit_code"] == 1 and report["team"] == "nightly"
+    assert report["status"] == "failed" and report["exit_code"] == 1
+    assert report["team"] == "run-nightly"
     assert report["counts"] | {"pending": 0} == {
         "total": 6,
         "succeeded": 3,
@@ -481,7 +483,7 @@ def test_sigint_stops_everything_and_resume_runs_only_the_rest(
     for pid in pids:
         assert group_gone(pid)
     assert our_processes(tmp_path) == []
-    assert leader_alive(Layout(home), "spec") is None
+    assert leader_alive(Layout(home), "run-spec") is None
 
     for marker in tmp_path.glob("ran-*"):
         marker.unlink()

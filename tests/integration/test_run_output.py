@@ -95,10 +95,10 @@ def test_a_closed_stdout_loses_nothing(
         "five": "succeeded",
     }
     assert len(list(ET.parse(junit).getroot().iter("testcase"))) == 5
-    (record,) = (home / "runs" / "bp").glob("*.json")
+    (record,) = (home / "runs" / "run-bp").glob("*.json")
     saved = json.loads(record.read_text())
     assert saved["status"] == "failed" and saved["run_id"] == summary["run_id"]
-    assert not leader_alive(Layout(home), "bp")
+    assert not leader_alive(Layout(home), "run-bp")
     for pid in attempt_pids(tasks):
         assert group_gone(pid)
     assert our_processes(tmp_path) == []
@@ -221,9 +221,11 @@ def test_members_say_their_backend_and_agent_tasks_report_real_exit_codes(
     assert fail["status"] == "failed" and fail["exit_code"] == 7
     assert fail["attempt_log"][0]["exit_code"] == 7
     assert fail["reason"] == "sh exited with code 7: line1\noops"  # in full in the report
-    (line,) = [x for x in out.stdout.splitlines() if " fail " in x]
-    assert line.startswith("[") and "FAILED" in line
-    assert "sh exited with code 7: line1 ⏎ oops (" in line
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("[") and " fail " in x]
+    assert "FAILED" in line and "sh exited with code 7: line1 ⏎ oops (" in line
+    # The failed agent task's output follows, framed, its header on one line.
+    header = "--- fail: FAILED (sh exited with code 7: line1 ⏎ oops): last "
+    assert any(x.startswith(header) for x in out.stdout.splitlines()), out.stdout
     cases = {c.get("name"): c for c in ET.parse(files[1]).getroot().iter("testcase")}
     failure = cases["fail"].find("failure")
     assert failure is not None and failure.get("message") == "exit code 7"

@@ -56,7 +56,9 @@ def test_never_started_leftovers_are_counted_apart(cli: Cli, home: Path, tmp_pat
     (stopped,) = [n for n in notes if n.startswith("stopped ")]
     (dropped,) = [n for n in notes if "never started" in n]
     assert stopped.startswith("stopped 1 task(s) left running by an earlier leader"), notes
-    assert dropped.startswith("3 task(s) queued by an earlier leader of team notes never started")
+    assert dropped.startswith(
+        "3 task(s) queued by an earlier leader of team run-notes never started"
+    )
     session = Session(Layout(home), events[-1]["session_id"])
     ids = dropped.rsplit(": ", 1)[1].split()
     records = {**session.history(), **session.read_tasks_raw()}

@@ -5,16 +5,30 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import IO, Any, AnyStr, Final, Generic, TextIO
+from typing import IO, TYPE_CHECKING, Any, AnyStr, Final, Generic, TextIO
 
 import click
 import orjson
 
-from shoal.cli.common import common_options, get_env
+from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import UsageError
 from shoal.orchestrator.batch.spec import BACKEND_CHOICES, format_duration
+from shoal.ui.run_output import (
+    DEFAULT_FAILURE_LINES,
+    OUTPUT_MODES,
+    TAG_SEP,
+    Follower,
+    OutputMode,
+    failure_frame,
+    iter_lines,
+    verdict_label,
+)
 from shoal.ui.status import one_line as status_one_line
+
+if TYPE_CHECKING:
+    from shoal.ui.run_progress import RunBoard
 
 # A reason longer than this is cut in a progress line (reports keep all of it).
 REASON_WIDTH: Final = 200
@@ -90,51 +104,68 @@ class StreamJson:
 
 
 class TextProgress:
-    """Human progress: only the noteworthy lines (failures, skips, retries, timeouts) and a
-    summary; on a terminal also a live status line below them."""
+    """Human progress: only the noteworthy lines (failures with their output's last lines,
+    skips, retries, timeouts) and a summary; on a terminal also a live display below them
+    (a bar, counts, an ETA and the running tasks). With `output`, tasks' own output too."""
 
     def __init__(
-        self, out: Droppable[str] | TextIO, err: Droppable[str] | TextIO, *, live: bool
+        self,
+        out: Droppable[str] | TextIO,
+        err: Droppable[str] | TextIO,
+        *,
+        live: bool,
+        output: OutputMode = "none",
+        failure_lines: int = DEFAULT_FAILURE_LINES,
+        no_color: bool = False,
     ) -> None:
         self.out = out
         self.err = err
-        self.live = live
+        self.output = output
+        self.failure_lines = failure_lines
         self.total = 0
         self.done = 0
         self.running: set[tuple[str, int]] = set()
         self.tally = {"succeeded": 0, "failed": 0, "timed_out": 0, "killed": 0, "skipped": 0}
-        self._shown = ""
         self._width = max(len(k) for k in self.tally)
+        # One writer at a time: events come on the leader's thread, followed output on its own.
+        self.lock = threading.RLock()
+        self.board: RunBoard | None = None
+        if live:
+            from shoal.ui.run_progress import RunBoard  # (rich: only on a terminal)
+
+            self.board = RunBoard(out, no_color=no_color)  # type: ignore[arg-type]
+        self.follower = Follower(self._raw, self.lock) if output == "tag" else None
+        self.paths: dict[str, str] = {}  # task id -> output file of its running attempt
+        # After an interrupt or a halt: tasks never started, counted by reason, said once.
+        self.stopping = False
+        self._unstarted: dict[str, int] = {}
 
     # -- output helpers -------------------------------------------------------------------------
 
     def _line(self, text: str, *, err: bool = False) -> None:
+        """One progress line (a line break in `text` is shown as ⏎)."""
+        with self.lock:
+            self._say_unstarted()
+            self._write(text.replace("\r", " ").replace("\n", " ⏎ "), err=err)
+
+    def _raw(self, text: str) -> None:
+        """A line of a task's own output, as it is."""
+        with self.lock:
+            self._say_unstarted()
+            self._write(text)
+
+    def _write(self, text: str, *, err: bool = False) -> None:
+        if self.board is not None and not (err and not self.err.isatty()):
+            self.board.line(text)  # above the display (stderr lines too, when on the terminal)
+            return
         stream = self.err if err else self.out
-        if self.live and self._shown:
-            self.out.write("\r\x1b[K")
-            self.out.flush()
-            self._shown = ""
-        stream.write(text.replace("\r", " ").replace("\n", " ⏎ ") + "\n")  # one line each
+        stream.write(text + "\n")
         stream.flush()
 
-    def _status(self) -> str:
-        t = self.tally
-        failed = t["failed"] + t["timed_out"] + t["killed"]
-        return (
-            f"[{self.done}/{self.total}] {len(self.running)} running, {t['succeeded']} ok, "
-            f"{failed} failed, {t['skipped']} skipped"
-        )
-
-    def _redraw(self) -> None:
-        """Rewrite the status line when it changed (events only come on changes)."""
-        if not self.live:
-            return
-        text = self._status()
-        if text == self._shown:
-            return
-        self.out.write("\r\x1b[K" + text)
-        self.out.flush()
-        self._shown = text
+    def _say_unstarted(self) -> None:
+        unstarted, self._unstarted = self._unstarted, {}
+        for reason, count in unstarted.items():
+            self._write(f"[{self.done}/{self.total}] {count} task(s) {reason}")
 
     def _finished(self, task_id: str, status: str, detail: str) -> None:
         self.done += 1
@@ -143,7 +174,7 @@ class TextProgress:
         if status in ("failed", "timed_out", "killed"):
             label = label.upper()
         if status == "succeeded":
-            return  # quiet: the status line (on a terminal) and the summary count successes
+            return  # quiet: the display (on a terminal) and the summary count successes
         self._line(
             f"[{self.done}/{self.total}] {label:<{self._width}} {task_id}  {detail}".rstrip()
         )
@@ -151,6 +182,10 @@ class TextProgress:
     # -- events -----------------------------------------------------------------------------
 
     def __call__(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            self._event(event)
+
+    def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         sub = event.get("subtype")
         if kind == "result":
@@ -163,9 +198,10 @@ class TextProgress:
         elif sub == "note":
             self._line(f"note: {one_line(str(event.get('text')))}", err=True)
         elif sub == "task_started":
-            self.running.add((event["id"], event["attempt"]))
+            self._task_started(event)
         elif sub == "task_retrying":
-            self.running.discard((event["id"], event["attempt"]))
+            self._attempt_ended(event["id"], None, None)
+            self._show_output(event["id"], self.paths.pop(event["id"], None), event)
             outcome = event["status"].replace("_", " ")
             self._line(
                 f"retry {event['id']}: attempt {event['attempt']} {outcome} "
@@ -177,20 +213,70 @@ class TextProgress:
         elif sub == "task_stalled":
             self._line(f"waiting? {event['id']}: last output line: {event.get('prompt')}")
         elif sub == "task_finished":
-            self.running = {r for r in self.running if r[0] != event["id"]}
-            self._finished(event["id"], event["status"], _detail(event))
+            self._task_finished(event)
         elif sub == "task_skipped":
-            self._finished(event["id"], "skipped", one_line(event.get("reason") or ""))
+            self._attempt_ended(event["id"], "skipped", None)
+            reason = event.get("reason") or ""
+            if self.stopping and reason.startswith("not started"):
+                self.done += 1
+                self.tally["skipped"] += 1
+                self._unstarted[reason] = self._unstarted.get(reason, 0) + 1
+            else:
+                self._finished(event["id"], "skipped", one_line(reason))
         elif sub == "halted":
+            self.stopping = True
             killing = event.get("killing") or 0
             then = f"; killing {killing} running task(s)" if killing else ""
             self._line(f"halt: {event['reason']}; starting nothing more{then}")
         elif sub == "interrupted":
+            self.stopping = True
             self._line(
                 f"interrupted ({event['reason']}): stopping {event.get('running', 0)} task(s)",
                 err=True,
             )
-        self._redraw()
+
+    def _task_started(self, event: dict[str, Any]) -> None:
+        self.running.add((event["id"], event["attempt"]))
+        if self.board is not None:
+            self.board.task_started(event["id"])
+        path = event.get("output_file")
+        if path:
+            self.paths[event["id"]] = path
+            if self.follower is not None:
+                self.follower.follow(event["id"], path)
+
+    def _attempt_ended(self, task_id: str, verdict: str | None, took: Any) -> None:
+        self.running = {r for r in self.running if r[0] != task_id}
+        if self.board is not None:
+            self.board.task_ended(
+                task_id, verdict, float(took) if isinstance(took, int | float) else None
+            )
+
+    def _task_finished(self, event: dict[str, Any]) -> None:
+        task_id, status = event["id"], event["status"]
+        self._attempt_ended(task_id, status, event.get("duration_s"))
+        path = self.paths.pop(task_id, None) or event.get("output_file")
+        self._show_output(task_id, path, event)
+        self._finished(task_id, status, _detail(event))
+        # A task killed by the run's own interrupt or halt did not fail on its own: no tail.
+        failed = status in ("failed", "timed_out") or (status == "killed" and not self.stopping)
+        if failed and self.output != "group":  # (group has just shown all of it)
+            label = verdict_label(status, event.get("reason"))
+            for line in failure_frame(task_id, label, path, self.failure_lines):
+                self._raw(line)
+
+    def _show_output(self, task_id: str, path: str | None, event: dict[str, Any]) -> None:
+        """`--output tag|group`: the rest (tag) or the whole (group) of an attempt's output."""
+        if self.follower is not None:
+            if not self.follower.end(task_id) and path:  # (an agent task's: known only now)
+                for line in iter_lines(path):
+                    self._raw(f"{task_id}{TAG_SEP}{line}")
+        elif self.output == "group" and path:
+            label = verdict_label(event["status"], event.get("reason"))
+            self._raw(f"--- {task_id}: {label}: output of {path} ---")
+            for line in iter_lines(path):
+                self._raw(line)
+            self._raw(f"--- end of {task_id} ---")
 
     def _started(self, event: dict[str, Any]) -> None:
         self.total = event["total"]
@@ -201,6 +287,10 @@ class TextProgress:
             f"shoal run {event['spec']}: {self.total} task(s), team {event['team']}, "
             f"jobs {event['jobs'] or 'unlimited'}, halt {event['halt']}"
         )
+        if self.board is not None:
+            self.board.total, self.board.jobs = self.total, event["jobs"] or 0
+            self.board.done = self.board.ok = resumed
+            self.board.start()
         if event.get("resume_requested"):
             if event.get("resumed_from"):
                 self._line(
@@ -211,9 +301,12 @@ class TextProgress:
                 self._line("no previous run of this spec for this team: running every task")
 
     def _result(self, event: dict[str, Any]) -> None:
-        if self.live and self._shown:
-            self.out.write("\r\x1b[K")
-            self._shown = ""
+        self._say_unstarted()
+        if self.follower is not None:
+            self.follower.close()
+        if self.board is not None:
+            self.board.stop()
+            self.board = None  # (the summary is plain text, kept in the scrollback)
         c = event["counts"]
         took = format_duration(event.get("duration_s") or 0.001)
         resumed = f" ({c['resumed']} from the previous run)" if c.get("resumed") else ""
@@ -234,7 +327,7 @@ class TextProgress:
         if event.get("halted"):
             self._line(f"halted: {event['halted']}")
         files = event.get("files") or {}
-        for key in ("report", "junit", "joblog"):
+        for key in ("report", "junit", "joblog", "results"):
             if files.get(key):
                 self._line(f"{key}: {files[key]}")
         if event["exit_code"] != 0:
@@ -243,10 +336,15 @@ class TextProgress:
             self._line(f"shoal: error: {error}", err=True)
 
     def close(self) -> None:
-        """Leave the terminal on a fresh line."""
-        if self.live and self._shown:
-            self.out.write("\n")
-            self.out.flush()
+        """Stop following and take the live display away (a run that ended without its
+        result event, by an error, must not leave the terminal without a cursor)."""
+        with self.lock:
+            if self.follower is not None:
+                self.follower.close()
+                self.follower = None
+            if self.board is not None:
+                self.board.stop()
+                self.board = None
 
 
 def _detail(event: dict[str, Any]) -> str:
@@ -309,12 +407,47 @@ def _detail(event: dict[str, Any]) -> str:
     help="Run only what did not succeed in this spec's last run (for this team).",
 )
 @click.option(
+    "--output",
+    "output",
+    type=click.Choice(OUTPUT_MODES),
+    default="none",
+    show_default=True,
+    help="Tasks' own output: none; tag (every line as it comes, prefixed with the task's "
+    "name and a tab); group (each task's output whole when it ends).",
+)
+@click.option(
+    "--failure-lines",
+    type=click.IntRange(min=0),
+    default=DEFAULT_FAILURE_LINES,
+    show_default=True,
+    metavar="N",
+    help="Show the last N lines of a failed task's output (0: none).",
+)
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Copy every task's output into DIR (created) as it ends, one file per task.",
+)
+@click.option(
+    "--keep-team",
+    is_flag=True,
+    help="Keep the run's own team (run-NAME) at the end instead of deleting it.",
+)
+@click.option(
     "--output-format",
     type=click.Choice(["text", "stream-json"]),
     default="text",
     show_default=True,
     help="text: progress for people; stream-json: one JSON event per line.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan (tasks in start order, after matrix expansion) and start nothing.",
+)
+@json_option
 @common_options
 def run(
     spec_path: str,
@@ -325,25 +458,58 @@ def run(
     report: str | None,
     joblog: str | None,
     resume: bool,
+    output: OutputMode,
+    failure_lines: int,
+    results: str | None,
+    keep_team: bool,
     output_format: str,
+    dry_run: bool,
+    as_json: bool,
 ) -> None:
     """Run the tasks of SPEC (a TOML file) to a verdict.
 
     Dependencies gate starts, a failed task skips its dependents, and the exit code is 0 when
     every task succeeded, 1 when any failed or was skipped, 2 for a bad spec, 130 when
-    interrupted (nothing is left running). The team is --team, else [run] team, else the
-    spec's file name.
+    interrupted (nothing is left running). The team is --team, else [run] team (both kept),
+    else a team of the run's own, run-NAME after the spec's file name, deleted at the end
+    unless --keep-team.
     """
     from shoal.orchestrator.batch import RunOptions, run_batch
     from shoal.orchestrator.batch.parse import parse_spec
     from shoal.orchestrator.batch.spec import parse_halt
 
     env = get_env(click.get_current_context())
+    if output != "none" and output_format == "stream-json":
+        raise UsageError(
+            f"--output {output} prints tasks' output as text; it cannot go with "
+            "--output-format stream-json (whose stdout is JSON lines)"
+        )
     try:
         policy = parse_halt(halt) if halt is not None else None
     except ValueError as exc:
         raise UsageError(f"--halt: {exc}") from None
+    if as_json and not dry_run:
+        raise UsageError("--json goes with --dry-run (a run's events: --output-format stream-json)")
     spec = parse_spec(spec_path)
+    if dry_run:
+        from shoal.orchestrator.batch import agent_dispatcher_factory, check_agents
+        from shoal.orchestrator.batch.plan import build_plan, render_plan
+
+        check_agents(spec, agent_dispatcher_factory())
+        plan = build_plan(
+            spec,
+            env.layout,
+            team=env.team_arg,
+            jobs=jobs,
+            backend=backend,
+            halt=policy,
+            resume=resume,
+        )
+        if as_json:
+            print_json(plan)
+        else:
+            click.echo(render_plan(plan))
+        return
     options = RunOptions(
         team=env.team_arg,
         jobs=jobs,
@@ -354,6 +520,8 @@ def run(
         joblog=Path(joblog) if joblog else None,
         resume=resume,
         forward_leader_events=output_format == "stream-json",
+        keep_team=keep_team,
+        results=Path(results) if results else None,
     )
     # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.
     err = Droppable(sys.stderr)
@@ -362,7 +530,16 @@ def run(
         sink = StreamJson(Droppable(sys.stdout.buffer), err)
     else:
         out = Droppable(sys.stdout)
-        sink = TextProgress(out, err, live=out.isatty())
-    outcome = run_batch(spec, env.layout, options, sink)
-    sink.close()
+        sink = TextProgress(
+            out,
+            err,
+            live=out.isatty() and os.environ.get("TERM") != "dumb",
+            output=output,
+            failure_lines=failure_lines,
+            no_color=os.environ.get("NO_COLOR", "") != "",
+        )
+    try:
+        outcome = run_batch(spec, env.layout, options, sink)
+    finally:
+        sink.close()
     sys.exit(outcome.exit_code)

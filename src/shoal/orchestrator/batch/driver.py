@@ -10,6 +10,8 @@ a signal sets a flag and wakes the leader, and `shoal down` stops the run the wa
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import signal
 import threading
 import time
@@ -22,7 +24,14 @@ from typing import Any, Final, Protocol
 
 from ulid import ULID
 
-from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError, UsageError
+from shoal.core.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    ConflictError,
+    ShoalError,
+    TaskError,
+    UsageError,
+)
 from shoal.core.events import (
     Event,
     MessageReceived,
@@ -32,7 +41,7 @@ from shoal.core.events import (
     TaskStarted,
     TaskTerminated,
 )
-from shoal.core.names import validate_name
+from shoal.core.names import MAX_NAME_LENGTH, validate_name
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
@@ -47,6 +56,7 @@ from shoal.orchestrator.batch.report import (
     write_json,
     write_junit,
 )
+from shoal.orchestrator.batch.results import ResultsDir
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec
 from shoal.orchestrator.batch.state import (
     AgentDispatcher,
@@ -63,6 +73,7 @@ from shoal.orchestrator.batch.state import (
 )
 from shoal.orchestrator.cleanup import CleanupRegistry
 from shoal.orchestrator.leader import Leader
+from shoal.teams.store import Teams
 
 # The run record (what --resume reads) is rewritten at most this often while the run goes on
 # (and at once when an attempt ends).
@@ -96,6 +107,11 @@ class RunOptions:
     joblog: Path | None = None
     resume: bool = False
     forward_leader_events: bool = False
+    keep_team: bool = False
+    """Keep the run's own team (`run-{stem}`) at the end; a team named by --team or
+    `[run] team` is always kept."""
+    results: Path | None = None
+    """Copy every task's output into this directory as it ends."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,13 @@ class RunOutcome:
     exit_code: int
     report: dict[str, Any]
     record_path: Path
+
+
+def default_run_team(spec_path: Path) -> str:
+    """The team a run works in when none is named: `run-{stem}` (`CI Build.toml` ->
+    `run-ci-build`), a valid team name whatever the file is called."""
+    stem = re.sub(r"[^a-z0-9_-]+", "-", spec_path.stem.lower()).strip("-_")
+    return f"run-{stem}"[:MAX_NAME_LENGTH].rstrip("-_") if stem else "run"
 
 
 def resolve_backend(option: str | None, setting: str) -> tuple[str, str]:
@@ -297,7 +320,11 @@ class _Driver:
         self.options = options
         self.sink = sink
         settings = spec.settings
-        self.team = validate_name(options.team or spec.team_name(), "team name")
+        named = options.team or settings.team
+        self.team = validate_name(named or default_run_team(spec.path), "team name")
+        # A team the user named is theirs: it may hold more than this run, so it is kept.
+        self.own_team = named is None
+        self.team_kept = True
         self.jobs = settings.jobs if options.jobs is None else options.jobs
         self.halt = options.halt or settings.halt
         self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)
@@ -306,6 +333,10 @@ class _Driver:
         for path in (options.junit, options.report, options.joblog):
             if path is not None and not path.absolute().parent.is_dir():
                 raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+        self.results = (
+            ResultsDir(options.results, (t.id for t in spec.tasks)) if options.results else None
+        )
+        self.errors: list[str] = []
         self.records = RunRecords(layout)
         self.previous = self.records.load(self.team, spec.path) if options.resume else None
         self.carried = plan_resume(spec, self.previous) if self.previous else {}
@@ -332,10 +363,37 @@ class _Driver:
     def emit(self, event: RunEvent | RunResult) -> None:
         """A run event: into the session's event stream (once there is one) and to the sink
         (through the policy, which sees every event the leader emits)."""
+        if isinstance(event, RunEvent):
+            event = self._with_output_file(event)
+            if event.subtype == "task_finished":
+                self._copy_result(event["id"], event.get("output_file"))
         if self.leader is not None and self.policy is not None:
             self.leader.emit(event)
         else:
             self.to_sink(event.to_record())
+
+    def _with_output_file(self, event: RunEvent) -> RunEvent:
+        """`task_started` names the attempt's output file, so that it can be followed as it
+        grows (`--output tag`); agent attempts have theirs only once they end."""
+        if event.subtype != "task_started" or self.leader is None:
+            return event
+        task = self.leader.get(str(event.get("task_id")))
+        if not isinstance(task, LocalShellTaskState):
+            return event
+        return RunEvent(**{**event.model_dump(), "output_file": task.output_file})
+
+    def _copy_result(self, task_id: str, output_file: str | None) -> None:
+        """`--results`: copy a task's output once it has its verdict. A failed copy is an
+        error of the run (said at the end, exit 1), not the end of it."""
+        if self.results is None or not output_file:
+            return
+        try:
+            self.results.copy(task_id, output_file)
+        except OSError as exc:
+            self.errors.append(
+                f"could not copy the output of {task_id} to {self.results.file_for(task_id)}: "
+                f"{exc.strerror or exc}"
+            )
 
     def to_sink(self, record: dict[str, Any]) -> None:
         """Show an event. A sink whose output is gone (a closed pipe: `shoal run ... | head`)
@@ -384,6 +442,7 @@ class _Driver:
                 "report": str(self.options.report) if self.options.report else None,
                 "junit": str(self.options.junit) if self.options.junit else None,
                 "joblog": str(self.options.joblog) if self.options.joblog else None,
+                "results": str(self.options.results) if self.options.results else None,
             },
         }
 
@@ -407,6 +466,7 @@ class _Driver:
                 previous_handlers[sig] = signal.signal(sig, self._on_signal)
         cleanup = CleanupRegistry()
         try:
+            self._make_team()
             leader = Leader(self.layout, self.team, jobs=self.jobs)
             leader.start()
             self.leader = leader
@@ -435,10 +495,53 @@ class _Driver:
             leader.run(policy.finished)
         finally:
             cleanup.run_all()  # the leader's shutdown kills whatever still runs
+            self._remove_team()
             if on_main:
                 for signum, handler in previous_handlers.items():
                     signal.signal(signum, handler)
         return self._finish()
+
+    def _make_team(self) -> None:
+        """Create the run's team if it is not there yet. A run of the same spec that created
+        it a moment earlier is no error here: the claim of its lead refuses the second."""
+        teams = Teams(self.layout)
+        if not teams.exists(self.team):
+            with contextlib.suppress(ConflictError):
+                teams.create(self.team, f"shoal run {self.spec.path.name}")
+
+    def _remove_team(self) -> None:
+        """Delete the run's own team once its leader stepped down, so that no team is left
+        behind for later commands to trip on. Kept: a team named by the user, one asked for
+        with --keep-team, one whose leader never started here (another run holds it), and
+        one whose members have worktrees (their work would go with it)."""
+        if self.leader is None or not self.own_team or self.options.keep_team:
+            return
+        teams = Teams(self.layout)
+        try:
+            held = [
+                f"{m.name}: {m.worktree_path}"
+                for m in teams.read(self.team).members
+                if m.worktree_path and os.path.exists(m.worktree_path)
+            ]
+            if held:
+                self._note_after(
+                    f"team {self.team} kept: its members' worktrees hold their work "
+                    f"({'; '.join(held)}); `shoal team delete {self.team}` removes them"
+                )
+                return
+            teams.delete(self.team)
+        except ShoalError as exc:
+            self._note_after(f"team {self.team} kept: {exc}")
+            return
+        self.team_kept = False
+
+    def _note_after(self, text: str) -> None:
+        """A note once the leader is gone: into the session's events and to the sink."""
+        event = RunEvent(subtype="note", text=text)
+        if self.leader is not None:
+            self.to_sink(self.leader.session.emit(event).to_record())
+        else:
+            self.to_sink(event.to_record())
 
     def _recover(self, leader: Leader) -> None:
         """On --resume: tasks of the previous run that succeeded after its last record save
@@ -525,7 +628,8 @@ class _Driver:
             self.joblog.close()
         report = self.batch.report(**self.meta())
         record = self.records.save(self.team, self.spec.path, report)
-        errors: list[str] = []
+        self._copy_carried(report)
+        errors = list(self.errors)
         for path, writer in ((self.options.report, write_json), (self.options.junit, write_junit)):
             if path is None:
                 continue
@@ -545,6 +649,7 @@ class _Driver:
             interrupted=report["interrupted"],
             files=report["files"],
             errors=errors,
+            team_kept=self.team_kept,
         )
         if self.leader is not None:
             stamped = self.leader.session.emit(result)
@@ -556,6 +661,15 @@ class _Driver:
         if errors and code == EXIT_OK:
             code = EXIT_FAILED
         return RunOutcome(code, report, record)
+
+    def _copy_carried(self, report: dict[str, Any]) -> None:
+        """`--results` on --resume: the outputs of tasks that succeeded in the previous run
+        are copied too, so the directory holds every task's."""
+        if self.results is None:
+            return
+        for task in report["tasks"]:
+            if task["id"] not in self.results.copied and task.get("resumed"):
+                self._copy_result(task["id"], task.get("output_file"))
 
 
 class _Unattached:
