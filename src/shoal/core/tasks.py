@@ -260,6 +260,39 @@ class LocalShellTaskState(TaskStateBase):
     stall_notified: bool = False
     env: dict[str, str] | None = None
     """Why the shell could not be started (a failure without an exit code)."""
+    # -- queueing (`shoal sh --after/--priority/--group/...`; see orchestrator/scheduling.py)
+    label: str | None = None
+    group: str = "default"
+    """The group whose parallelism limit it counts against (`shoal group`)."""
+    priority: int = 0
+    """Higher starts first when slots are limited (ties: first queued first)."""
+    after: tuple[str, ...] = ()
+    """Tasks that must complete before it starts; if one does not, it fails unstarted."""
+    after_any: tuple[str, ...] = ()
+    """Tasks that must have ended (however) before it starts."""
+    not_before: float | None = None
+    """Wall-clock time before which it does not start (`--delay`)."""
+    timeout: float | None = None
+    """Seconds of running (paused time excluded) after which it is killed."""
+    retries: int = 0
+    """Attempts left after this one: a failure or timeout starts a new attempt (a new id)."""
+    retry_delay: float | None = None
+    """Seconds before the next attempt starts; doubled for each attempt after it."""
+    attempt: int = 1
+    retry_of: str | None = None
+    """The attempt this one retries."""
+    retried_as: str | None = None
+    """The attempt that retries this one (its end is then not notified: the last one's is)."""
+    pending_reason: str | None = None
+    """Why a pending task has not started yet (shown by ps)."""
+    paused_at: float | None = None
+    """When it was paused (`shoal pause`); None while it is not paused."""
+    restarted_from: str | None = None
+    """The finished task this one runs again (`shoal restart`)."""
+    restarts: int = 0
+    """How often it was run again in place (`shoal restart --in-place`)."""
+    stdin_fifo: str | None = None
+    """The FIFO its standard input reads (`sh --stdin`; `shoal send-input` writes to it)."""
 
 
 class LocalAgentTaskState(TaskStateBase):

@@ -6,7 +6,8 @@ leader running it fails at once, naming `shoal up`.
 
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
 request is validated into one model per operation (`ping, sh, stop, spawn, down, agent,
-agent_send, permission`), carried out
+agent_send, permission`, and the queue's `group_add, group_rm, group_list, parallel, pause,
+resume, restart, clean, send_input`), carried out
 through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
 code is a declared field. `stop` and `spawn` answer later (once the task has ended, once the
 teammates are ready), so the loop never waits for them.
@@ -137,6 +138,19 @@ class ShellSpec(_Request):
     env: dict[str, str] | None = None
     kind: str = "bash"
     background: bool = True
+    # When and where it starts (see orchestrator/scheduling.py); ids may be unique prefixes.
+    label: str | None = None
+    group: str | None = None
+    priority: int = 0
+    after: list[str] = Field(default_factory=list)
+    after_any: list[str] = Field(default_factory=list)
+    delay: float | None = None
+    """Seconds from when the leader receives the request before it may start."""
+    timeout: float | None = None
+    retries: int = 0
+    retry_delay: float | None = None
+    stdin: bool = False
+    """A FIFO as its stdin, kept open for `shoal send-input` (else /dev/null)."""
 
 
 class PingRequest(_Request):
@@ -199,6 +213,73 @@ class PermissionRequest(_Request):
     reason: str | None = None
 
 
+class GroupAddRequest(_Request):
+    op: Literal["group_add"] = "group_add"
+    name: str
+    parallel: int = 0
+
+
+class GroupRemoveRequest(_Request):
+    op: Literal["group_rm"] = "group_rm"
+    name: str
+
+
+class GroupListRequest(_Request):
+    op: Literal["group_list"] = "group_list"
+
+
+class ParallelRequest(_Request):
+    """Change a group's parallelism (the default group's is the leader's --jobs)."""
+
+    op: Literal["parallel"] = "parallel"
+    parallel: int
+    group: str = "default"
+
+
+class PauseRequest(_Request):
+    """Pause (SIGSTOP) or resume (SIGCONT) tasks, or a whole group."""
+
+    op: Literal["pause", "resume"]
+    task_ids: list[str] = Field(default_factory=list)
+    group: str | None = None
+
+
+class RestartRequest(_Request):
+    """Run a finished shell task again (a new id, or the same one `in_place`)."""
+
+    op: Literal["restart"] = "restart"
+    task_id: str
+    in_place: bool = False
+
+
+class CleanRequest(_Request):
+    """Drop finished tasks from the session's listing (and their output files)."""
+
+    op: Literal["clean"] = "clean"
+
+
+class SendInputRequest(_Request):
+    """Write to a running shell task's stdin (or close it: `eof`)."""
+
+    op: Literal["send_input"] = "send_input"
+    task_id: str
+    text: str = ""
+    newline: bool = True
+    eof: bool = False
+
+
+QueueRequest = (
+    GroupAddRequest
+    | GroupRemoveRequest
+    | GroupListRequest
+    | ParallelRequest
+    | PauseRequest
+    | RestartRequest
+    | CleanRequest
+    | SendInputRequest
+)
+"""Requests about queued and running tasks (pueue's verbs), answered at once."""
+
 ControlRequest = Annotated[
     PingRequest
     | ShRequest
@@ -207,11 +288,30 @@ ControlRequest = Annotated[
     | DownRequest
     | AgentRequest
     | AgentSendRequest
-    | PermissionRequest,
+    | PermissionRequest
+    | QueueRequest,
     Field(discriminator="op"),
 ]
 _REQUESTS: TypeAdapter[ControlRequest] = TypeAdapter(ControlRequest)
-OPERATIONS = ("ping", "sh", "stop", "spawn", "down", "agent", "agent_send", "permission")
+OPERATIONS = (
+    "ping",
+    "sh",
+    "stop",
+    "spawn",
+    "down",
+    "agent",
+    "agent_send",
+    "permission",
+    "group_add",
+    "group_rm",
+    "group_list",
+    "parallel",
+    "pause",
+    "resume",
+    "restart",
+    "clean",
+    "send_input",
+)
 
 
 def check_sizes(specs: Sequence[ShellSpec], *, batch: bool) -> None:
@@ -330,6 +430,10 @@ class ControlTarget(Protocol):
         """Answer an agent's permission request."""
         ...
 
+    def queue_control(self, request: QueueRequest) -> Any:
+        """Carry out a request about queued and running tasks; its JSON-able result."""
+        ...
+
     def note(self, text: str) -> None: ...
 
 
@@ -375,7 +479,8 @@ class ControlServer:
 
     def _dispatch(self, request: ControlRequest, answer: Answer) -> None:
         target = self.target
-        if target.stopping and isinstance(request, ShRequest | SpawnRequest | AgentRequest):
+        starts = ShRequest | SpawnRequest | AgentRequest | RestartRequest
+        if target.stopping and isinstance(request, starts):
             raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
         if isinstance(request, PingRequest):
             answer({"session_id": target.session_id, "pid": os.getpid()}, None)
@@ -409,6 +514,8 @@ class ControlServer:
             answer(target.start_agent(spec).model_dump(mode="json"), None)
         elif isinstance(request, AgentSendRequest):
             answer(target.send_to_agent(request.task_id, request.text), None)
+        elif isinstance(request, QueueRequest):
+            answer(target.queue_control(request), None)
         elif isinstance(request, PermissionRequest):
             answer(
                 target.answer_permission(request.request_id, request.approve, request.reason),

@@ -39,6 +39,7 @@ from shoal.orchestrator.agent_runner import ControlPort
 from shoal.orchestrator.control import ControlServer
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
 from shoal.orchestrator.requests import LeaderRequests
+from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.session import notify_once, resume
 from shoal.orchestrator.store import EventSink, Policy
 from shoal.orchestrator.swarm import Swarm
@@ -85,6 +86,8 @@ class Leader(LeaderRequests):
             for task_type in kind.types:
                 self.kinds[task_type] = kind
         self.control = ControlServer(layout, team, self)
+        self.scheduler = Scheduler(self)
+        self.policies.append(self.scheduler)
         self._mail: queue.SimpleQueue[AnyMessage] = queue.SimpleQueue()
         self._calls = queue.SimpleQueue()
         self._step_errors: dict[str, str] = {}
@@ -105,6 +108,9 @@ class Leader(LeaderRequests):
         tf = claim_lead(self.teams, self.team, self._identity)
         raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
         resumed = resume(self, tf.lead_session_id)
+        if resumed:
+            with contextlib.suppress(ShoalError):
+                self.scheduler.restore(self.session.read_state().groups)
         self.teams.update(
             self.team, lambda t: t.model_copy(update={"lead_session_id": self.session_id})
         )
@@ -320,13 +326,9 @@ class Leader(LeaderRequests):
         self.evict_to_history(now)
 
     def start_pending(self) -> None:
-        """Start queued tasks while job slots are free (`jobs` 0 means no limit)."""
-        while self.queue and not self._stopping:
-            if self.jobs > 0 and self.shell.running() >= self.jobs:
-                return
-            task = self.registry.get(self.queue.popleft())
-            if task is not None and task.status == TaskStatus.PENDING and self.admitted(task):
-                self.kinds[task.type].start(task, self)
+        """Start queued tasks while their group has free slots (`jobs` is the default group's;
+        0 means no limit), highest priority first (see scheduling.py)."""
+        self.scheduler.start_pending()
 
     def persist(self, *, force: bool = False) -> None:
         """Write state.json if anything changed (at most every PERSIST_INTERVAL_S unless forced);
@@ -340,7 +342,7 @@ class Leader(LeaderRequests):
             if self._stopping and not self.shell.running()
             else {"pid": me, "started_at": started, "jobs": self.jobs}
         )
-        self.write_snapshot(leader)
+        self.write_snapshot(leader, groups=self.scheduler.dump())
 
     # -- inbox -----------------------------------------------------------------------------------
 

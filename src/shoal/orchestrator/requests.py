@@ -28,9 +28,11 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator import task_ops
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
-from shoal.orchestrator.control import ShellSpec
+from shoal.orchestrator.control import QueueRequest, ShellSpec
 from shoal.orchestrator.leases import LeasePolicy, Leases
+from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
@@ -47,6 +49,7 @@ class LeaderRequests(LeaderStore, ABC):
     jobs: int
     shell: shell.ShellKind
     swarm: Swarm
+    scheduler: Scheduler
     agents: AgentKind
     kinds: dict[TaskType, TaskKind]
     queue: deque[str]
@@ -62,6 +65,10 @@ class LeaderRequests(LeaderStore, ABC):
     @abstractmethod
     def persist(self, *, force: bool = False) -> None:
         """The loop's `persist` step."""
+
+    @abstractmethod
+    def notify(self) -> None:
+        """The loop's `notify` step."""
 
     @abstractmethod
     def run_until(self, until: Callable[[], bool], timeout: float) -> None:
@@ -88,7 +95,10 @@ class LeaderRequests(LeaderStore, ABC):
         return self._loop_thread is None or threading.current_thread() is self._loop_thread
 
     def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState:
-        """Build (and check) a new pending shell task; nothing is registered yet."""
+        """Build (and check) a new pending shell task; nothing is registered yet (`task_id`:
+        an id to reuse; `stdin`: a FIFO as its stdin; the rest: shell.new_task's)."""
+        reuse: str | None = options.pop("task_id", None)
+        stdin: bool = options.pop("stdin", False)
         owner, agent_id = LEAD_NAME, None
         agent = options.pop("agent", None)
         own = self.registry.get(agent) if agent else None
@@ -101,13 +111,15 @@ class LeaderRequests(LeaderStore, ABC):
             if self.teams.read(self.team).member(name) is None:
                 raise TaskError(f"no member {name!r} in team {self.team!r} to own the task")
             owner = agent_id = name
-        task_id = new_task_id(TaskType.LOCAL_BASH)
+        task_id = reuse or new_task_id(TaskType.LOCAL_BASH)
+        fifo = str(self.session.tasks_dir / f"{task_id}.stdin") if stdin else None
         return shell.new_task(
             command,
             task_id=task_id,
             output_file=str(self.session.output_file(task_id)),
             owner=owner,
             agent_id=agent_id,
+            stdin_fifo=fifo,
             **options,
         )
 
@@ -284,6 +296,7 @@ class LeaderRequests(LeaderStore, ABC):
         self.layout.ensure(self.session.tasks_dir)
         for task in tasks:
             self.register(task)
+            self.scheduler.track(task)
             self.queue.append(task.id)
         self.start_pending()
         self.persist(force=True)
@@ -305,10 +318,18 @@ class LeaderRequests(LeaderStore, ABC):
                 env=s.env,
                 kind=s.kind,
                 background=s.background,
+                stdin=s.stdin,
+                **task_ops.queueing_options(self, s),
             )
             for s in specs
         ]
         return list(self.submit(tasks))
+
+    def queue_control(self, request: QueueRequest) -> Any:
+        """A request about queued and running tasks (see task_ops.py)."""
+        if not self._owns():
+            return self.call(lambda: self.queue_control(request)).result()
+        return task_ops.handle(self, request)
 
     def stop(
         self,

@@ -41,7 +41,7 @@ from shoal.core.events import (
 from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.notify import summary_for
 from shoal.core.paths import FILE_MODE, Layout
-from shoal.core.tasks import AnyTaskState, TaskState, TaskStatus, TaskType
+from shoal.core.tasks import AnyTaskState, LocalShellTaskState, TaskState, TaskStatus, TaskType
 from shoal.workers.kinds import TaskKind, TaskStore
 
 
@@ -53,6 +53,15 @@ class LeaderInfo(BaseModel):
     pid: int
     started_at: float
     jobs: int = 0
+
+
+class GroupState(BaseModel):
+    """A task group of the session (`groups` of state.json)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
+
+    parallel: int = 0
+    paused: bool = False
 
 
 class SessionState(BaseModel):
@@ -67,6 +76,8 @@ class SessionState(BaseModel):
     updated_at: float
     leader: LeaderInfo | None = None
     tasks: dict[str, TaskState] = Field(default_factory=dict)
+    groups: dict[str, GroupState] = Field(default_factory=dict)
+    """Task groups by name (`shoal group`): their parallelism and whether they are paused."""
 
 
 class Session:
@@ -213,6 +224,15 @@ class Session:
         disk: the caller keeps the task until it is written)."""
         self._append(self.history_file, task.model_dump(mode="json"))
 
+    def clear_history(self) -> None:
+        """Empty the history (`shoal clean`): replaced by an empty file, the open append fd
+        closed first so no later record goes to the old file."""
+        fd = self._fds.pop(self.history_file, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        atomic_write(self.history_file, b"")
+
     def events(self) -> Iterator[dict[str, Any]]:
         """Every event record so far (a torn last line, from a crash mid-write, is skipped)."""
         yield from _read_jsonl(self.events_file)
@@ -325,6 +345,7 @@ class Snapshot:
         created_at: float,
         leader: Mapping[str, Any] | None,
         tasks: _Tasks,
+        groups: Mapping[str, Any] | None = None,
     ) -> None:
         self.last_write = time.monotonic()
         fragments: dict[str, orjson.Fragment] = {}
@@ -347,6 +368,7 @@ class Snapshot:
                     "updated_at": time.time(),
                     "leader": leader,
                     "tasks": fragments,
+                    **({"groups": groups} if groups else {}),
                 }
             )
         )
@@ -424,6 +446,12 @@ def _ended_in_stream(events: Iterable[Event]) -> tuple[set[str], set[str]]:
     return announced, notified
 
 
+def _run_id(task: AnyTaskState) -> str:
+    """The id of this run of a task: its id, with the run's number once restarted in place."""
+    restarts = task.restarts if isinstance(task, LocalShellTaskState) else 0
+    return f"{task.id}.{restarts}" if restarts else task.id
+
+
 def notify_once(host: SessionHost, task: AnyTaskState, extras: Mapping[str, Any]) -> bool:
     """Announce a terminal task's end and send its one notification (atomic check-and-set of
     `notified`: False when it was sent already)."""
@@ -440,7 +468,8 @@ def notify_once(host: SessionHost, task: AnyTaskState, extras: Mapping[str, Any]
         event.notification,
         summary,
         status=final.status.value,
-        msg_id=notification_id(final.id),
+        # (a task run again in place ends again: its notification is a new message)
+        msg_id=notification_id(_run_id(final)),
     )
     host.emit(event)
     return True

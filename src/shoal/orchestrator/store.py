@@ -207,6 +207,10 @@ class LeaderStore:
         self._undelivered[task.id] = (owner, fields)
         self._deliver(task.id)
 
+    def holds_notification(self, task_id: str) -> bool:
+        """True while a full disk keeps the task's owner notification in memory."""
+        return task_id in self._undelivered
+
     def _deliver(self, task_id: str) -> bool:
         """Deliver a held notification; False while the disk is full (it stays held: its
         message id is fixed, so a copy that did land is handled once)."""
@@ -250,10 +254,14 @@ class LeaderStore:
         if all(self._deliver(task_id) for task_id in list(self._undelivered)):
             self._written("notifications")
 
-    def write_snapshot(self, leader: dict[str, Any] | None) -> None:
+    def write_snapshot(
+        self, leader: dict[str, Any] | None, groups: dict[str, Any] | None = None
+    ) -> None:
         """Write state.json; on a full disk the old one stays and the next persist retries."""
         try:
-            self.snapshot.write(self.session, self.team, self.created_at, leader, self.registry)
+            self.snapshot.write(
+                self.session, self.team, self.created_at, leader, self.registry, groups
+            )
         except NoSpaceError as exc:
             self._no_space("state", exc)
         else:

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,16 @@ class ShellProcess:
     started_at: float | None  # None for a fresh child until the leader reads it
     child: bool  # False when adopted after a leader restart (then it is not ours to reap)
     status: int | None = None  # exit code (128+N for signal N) once reaped
+    stdin: int | None = None  # the write end of its stdin FIFO (`sh --stdin`), kept open
+
+    def close_stdin(self) -> bool:
+        """Close the write end of its stdin (it reads EOF); False when it had none open."""
+        if self.stdin is None:
+            return False
+        with contextlib.suppress(OSError):
+            os.close(self.stdin)
+        self.stdin = None
+        return True
 
     def poll(self) -> bool:
         """True while the task's process runs (reaping it when it is our child)."""
@@ -127,16 +138,33 @@ def start(
     cwd: str | None = None,
     env: Mapping[str, str] | Mapping[bytes, bytes] | None = None,
     root: Path | None = None,
+    stdin: Path | None = None,
 ) -> ShellProcess:
     """Start `argv` in its own session with stdout+stderr into a new `output_file`.
+
+    Its stdin is /dev/null, or with `stdin` a FIFO made there (0600) whose write end the
+    returned handle keeps open, so the task reads what is written to it and no EOF until
+    that end is closed.
 
     The output file is created O_EXCL|O_NOFOLLOW (a planted file or symlink is refused). The
     process is made with posix_spawn (vfork-fast even from a large, threaded leader). A command
     that cannot be executed still starts: the wrapper's shell reports the error into the output
     and records exit code 127 or 126.
     """
-    fd = create_output_file(output_file, root)
+    writer = open_stdin_fifo(stdin, create=True) if stdin is not None else None
+    try:
+        fd = create_output_file(output_file, root)
+    except BaseException:
+        if writer is not None:
+            os.close(writer)
+        raise
     exit_file = exit_file_for(output_file)
+    stdin_action = (
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
+        if stdin is None
+        # (does not block: the leader holds a writer open)
+        else (os.POSIX_SPAWN_OPEN, 0, os.fspath(stdin), os.O_RDONLY | os.O_NOFOLLOW, 0)
+    )
     try:
         for side in (exit_file, pid_file_for(output_file)):
             # Made here, empty and private: the wrapper's `>` keeps the mode of a file that
@@ -149,7 +177,7 @@ def start(
             [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv],
             os.environb if env is None else env,  # bytes: no decoding and re-encoding
             file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                stdin_action,
                 (os.POSIX_SPAWN_DUP2, fd, 1),
                 (os.POSIX_SPAWN_DUP2, fd, 2),
             ],
@@ -159,11 +187,32 @@ def start(
             setsigmask=(),
             setsigdef=_DEFAULT_SIGNALS,
         )
+    except BaseException:
+        if writer is not None:
+            os.close(writer)
+        raise
     finally:
         os.close(fd)
     # The start time is read later (see Leader.record_start_times): reading /proc/{pid}/stat
     # now would wait for the child's exec and double the cost of a start.
-    return ShellProcess(pid, None, child=True)
+    return ShellProcess(pid, None, child=True, stdin=writer)
+
+
+def open_stdin_fifo(path: Path, *, create: bool) -> int:
+    """The write end of a task's stdin FIFO, non-blocking (made 0600 first when `create`).
+
+    Opened read-write: opening a FIFO write-only fails without a reader, and the leader must
+    hold it open before the task opens its end (which then never blocks)."""
+    if create:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.mkfifo(path, FILE_MODE)
+        os.chmod(path, FILE_MODE, follow_symlinks=False)  # (mkfifo applies the umask)
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TaskError(f"{path} is not a FIFO; the task's stdin cannot be written")
+    return fd
 
 
 # A gate in front of the wrapper: nothing runs until one line arrives on stdin (EOF, i.e. the
@@ -350,6 +399,7 @@ class ShellKind:
                 env=_environ(store.environ, task.env),
                 # (the session's tasks/ directory was checked against symlinks when it was
                 # made; the file itself is opened O_EXCL|O_NOFOLLOW)
+                stdin=Path(task.stdin_fifo) if task.stdin_fifo else None,
             )
         except (ShoalError, OSError) as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=str(exc), result=ShellResult(code=-1))
@@ -403,6 +453,9 @@ class ShellKind:
             proc.poll()
             self._finish(task.id, proc, store, killed=True)
             return
+        if isinstance(task, LocalShellTaskState) and task.paused_at is not None:
+            # A stopped group acts on the TERM only once it is continued.
+            self.signal_group(task.id, signal.SIGCONT)
         store.wake()  # (the pidfd says when it ends; the deadline is in next_due)
 
     def orphans(
@@ -429,6 +482,9 @@ class ShellKind:
                 pid_started_at=proc.started_at if proc else None,
             )
         if proc is not None:
+            if task.stdin_fifo and os.path.exists(task.stdin_fifo):
+                with contextlib.suppress(OSError, ShoalError):
+                    proc.stdin = open_stdin_fifo(Path(task.stdin_fifo), create=False)
             self._watch(task.id, proc, store)
             store.note(f"adopted {task.id} (pid {proc.pid}): {task.command}")
         else:
@@ -461,6 +517,37 @@ class ShellKind:
 
     def running(self) -> int:
         return len(self.procs)
+
+    # -- what `shoal pause/resume/send-input` ask of a live task ------------------------------
+
+    def signal_group(self, task_id: str, signum: int) -> bool:
+        """Send `signum` to the task's process group; False when it has no live process."""
+        proc = self.procs.get(task_id)
+        if proc is None:
+            return False
+        try:
+            os.killpg(proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def write_stdin(self, task_id: str, data: bytes) -> int:
+        """Write `data` to the task's stdin without blocking; the bytes written. TaskError
+        when it has no open stdin, or its pipe is full (the task does not read)."""
+        proc = self.procs.get(task_id)
+        if proc is None or proc.stdin is None:
+            raise TaskError(f"task {task_id} has no open stdin (start it with `shoal sh --stdin`)")
+        try:
+            return os.write(proc.stdin, data)
+        except BlockingIOError:
+            raise TaskError(
+                f"the stdin pipe of task {task_id} is full (it is not reading); nothing written"
+            ) from None
+
+    def close_stdin(self, task_id: str) -> bool:
+        """Close the task's stdin (it reads EOF); False when it had none open."""
+        proc = self.procs.get(task_id)
+        return proc is not None and proc.close_stdin()
 
     def was_started(self, task: AnyTaskState) -> bool:
         """Whether an earlier leader got as far as starting `task` (see `locate`)."""
@@ -587,7 +674,9 @@ class ShellKind:
         ended_unattended: bool = False,
     ) -> None:
         """Give an ended task its final state (from its wait status, else its exit file)."""
-        self.procs.pop(task_id, None)
+        ended = self.procs.pop(task_id, None)
+        if ended is not None:
+            ended.close_stdin()
         self.killing.pop(task_id, None)
         self._output.pop(task_id, None)
         self._growth.pop(task_id, None)
@@ -660,8 +749,12 @@ def new_task(
     kind: str = "bash",
     background: bool = True,
     tool_use_id: str | None = None,
+    **queueing: Any,
 ) -> LocalShellTaskState:
-    """Build (and check) a pending shell task; a bad request is a TaskError naming it."""
+    """Build (and check) a pending shell task; a bad request is a TaskError naming it.
+
+    `queueing`: the task's fields for when and where it starts (label, group, priority,
+    after, after_any, not_before, timeout, retries, retry_delay, stdin_fifo, ...)."""
     if not command or not all(isinstance(a, str) for a in command) or not command[0]:
         raise TaskError("no command given (usage: shoal sh -- CMD ARGS...)")
     if cwd is not None and not os.path.isdir(cwd):
@@ -682,4 +775,5 @@ def new_task(
         kind=kind,
         is_backgrounded=background,
         tool_use_id=tool_use_id,
+        **queueing,
     )
