@@ -65,6 +65,21 @@ def _set_team(ctx: click.Context, _param: click.Parameter, value: str | None) ->
         get_env(ctx).team_arg = value
 
 
+def _complete(name: str) -> Callable[..., Any]:
+    """A shell completer of shoal.cli.completion, imported only when completion asks."""
+
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> Any:
+        from shoal.cli import completion
+
+        return getattr(completion, name)(ctx, param, incomplete)
+
+    return complete
+
+
+complete_task_id = _complete("complete_task_id")
+complete_member = _complete("complete_member")
+
+
 def common_options(fn: F) -> F:
     """Add --home and --team to a command (they may also be given before the command)."""
     fn = click.option(
@@ -75,6 +90,7 @@ def common_options(fn: F) -> F:
         is_eager=True,
         metavar="TEAM",
         help="Team to act on.",
+        shell_complete=_complete("complete_team"),
     )(fn)
     fn = click.option(
         "--home",

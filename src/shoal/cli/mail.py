@@ -10,6 +10,7 @@ import click
 
 from shoal.cli.common import (
     common_options,
+    complete_member,
     get_env,
     json_option,
     parse_json_arg,
@@ -27,7 +28,7 @@ from shoal.teams.store import Teams
 
 
 @click.command()
-@click.argument("to")
+@click.argument("to", shell_complete=complete_member)
 @click.argument("text", required=False)
 @click.option("--from", "sender", default=LEAD_NAME, show_default=True, help="Sender name.")
 @click.option(

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "inbox": "mail:inbox", "approve": "swarm:approve", "reject": "swarm:reject",
     "task": "tasklist:task", "attach": "attach:attach", "pill": "ui:pill", "ui": "ui:ui",
     "agent": "agent:agent", "agents": "agent:agents", "chat": "chat:chat",
+    "completion": "completion:completion",
     "group": "control_cmds:group", "parallel": "control_cmds:parallel",
     "pause": "control_cmds:pause", "resume": "control_cmds:resume",
     "restart": "control_cmds:restart", "clean": "control_cmds:clean",

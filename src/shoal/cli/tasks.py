@@ -14,7 +14,13 @@ from typing import Any, Final, TextIO
 import click
 import orjson
 
-from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.common import (
+    common_options,
+    complete_task_id,
+    get_env,
+    json_option,
+    print_json,
+)
 from shoal.cli.control_cmds import queue_notes, queue_options, queue_spec, queue_status
 from shoal.core.cmdsize import command_problem, spec_problem
 from shoal.core.errors import (
@@ -335,7 +341,7 @@ def _follow(
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", shell_complete=complete_task_id)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing output until the task ends.")
 @json_option
 @common_options
@@ -361,7 +367,7 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", shell_complete=complete_task_id)
 @click.option(
     "--turn", is_flag=True, help="Stop only an agent's current turn; it waits for a message."
 )
@@ -386,7 +392,7 @@ def stop(task_id: str, turn: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("task_ids", nargs=-1)
+@click.argument("task_ids", nargs=-1, shell_complete=complete_task_id)
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
 @json_option
 @common_options
