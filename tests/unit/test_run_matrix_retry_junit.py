@@ -384,3 +384,6 @@ def test_the_plan_lists_tasks_in_start_order_with_stages(tmp_path: Path) -> None
     assert "nothing is started" in text.splitlines()[0]
     assert "retries 2 after 3s, 6s" in text
     assert "   after: unit[py=3.11,shard=1], unit[py=3.11,shard=2]" in text
+    # without a team named, the run's own team, as the run would name it
+    assert build_plan(spec_of(MATRIX), Layout(tmp_path))["team"] == "run-spec"
+    assert build_plan(spec_of(MATRIX), Layout(tmp_path), team="mine")["team"] == "mine"

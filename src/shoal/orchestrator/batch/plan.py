@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from shoal.core.names import validate_name
 from shoal.core.paths import Layout
+from shoal.orchestrator.batch.driver import default_run_team
 from shoal.orchestrator.batch.report import RunRecords, plan_resume
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec, TaskSpec, format_duration
 
@@ -34,7 +35,8 @@ def build_plan(
     """The plan of a run of `spec` with these command-line choices (None: as the spec says),
     as JSON-ready data (what `--dry-run --json` prints)."""
     settings = spec.settings
-    team_name = validate_name(team or spec.team_name(), "team name")
+    # The team the run would work in, chosen as the run chooses it.
+    team_name = validate_name(team or settings.team or default_run_team(spec.path), "team name")
     carried: Mapping[str, Any] = {}
     previous_run = None
     if resume:
