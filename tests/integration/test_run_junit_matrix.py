@@ -277,6 +277,13 @@ def test_retry_delays_double_between_attempts(cli: Cli, home: Path, tmp_path: Pa
     # report's times are cut to milliseconds).
     for before, after, delay in ((log[0], log[1], 0.3), (log[1], log[2], 0.6)):
         assert at(after["started_at"]) - at(before["ended_at"]) >= delay - 0.001
+    (tmp_path / "count").unlink()
+    text = run(cli, spec)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "retry flaky: attempt 1 failed (exit code 1); starting attempt 2 of 3 in 300ms" in (
+        text.stdout
+    )
+    assert "starting attempt 3 of 3 in 600ms" in text.stdout
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:

@@ -203,10 +203,12 @@ class TextProgress:
             self._attempt_ended(event["id"], None, None)
             self._show_output(event["id"], self.paths.pop(event["id"], None), event)
             outcome = event["status"].replace("_", " ")
+            delay = event.get("delay_s") or 0
+            wait = f" in {format_duration(delay)}" if delay > 0 else ""
             self._line(
                 f"retry {event['id']}: attempt {event['attempt']} {outcome} "
                 f"({one_line(str(event.get('reason')))}); starting attempt "
-                f"{event['next_attempt']} of {event['attempts_max']}"
+                f"{event['next_attempt']} of {event['attempts_max']}{wait}"
             )
         elif sub == "task_timed_out":
             self._line(f"timeout {event['id']}: ran past {event['timeout']}; stopping it")
