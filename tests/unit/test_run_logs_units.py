@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from shoal.core.names import validate_name
 from shoal.orchestrator.batch.driver import default_run_team
 from shoal.orchestrator.batch.results import MAX_STEM, ResultsDir, result_names, safe_stem
-from shoal.ui.run_output import Follower, failure_frame, iter_lines
+from shoal.ui.run_output import FOLLOW_INTERVAL_S, Follower, failure_frame, iter_lines
 from shoal.ui.run_progress import estimate_eta, format_eta
 
 
@@ -142,3 +142,21 @@ def test_follower_prints_whole_lines_then_the_rest_at_the_end(tmp_path: Path) ->
     assert got == ["t[x=1]\tone", "t[x=1]\ttwo", "t[x=1]\tthree"]
     assert follower.end("t[x=1]") is False  # (not followed any more)
     follower.close()
+
+
+@pytest.mark.timeout(30)
+def test_follower_closes_while_its_caller_holds_the_lock(tmp_path: Path) -> None:
+    # The progress closes the follower from inside an event, with the shared lock held; the
+    # follower's thread, wanting that lock for its next pass, must still end.
+    out = tmp_path / "o"
+    out.write_text("x\n")
+    lock = threading.RLock()
+    got: list[str] = []
+    follower = Follower(got.append, lock)
+    with lock:
+        follower.follow("t", str(out))
+        # (several of the thread's passes come due meanwhile: it is waiting for the lock)
+        threading.Event().wait(5 * FOLLOW_INTERVAL_S)
+        follower.close()
+    assert got == ["t\tx"]
+    assert follower._thread is not None and not follower._thread.is_alive()

@@ -146,9 +146,14 @@ class Follower:
 
     def _run(self) -> None:
         while not self._stop.wait(FOLLOW_INTERVAL_S):
-            with self.lock:
+            # Never blocks for long: `close` may be called with the lock held, and joins.
+            if not self.lock.acquire(timeout=FOLLOW_INTERVAL_S):
+                continue
+            try:
                 for followed in list(self.files.values()):
                     self._drain(followed, final=False)
+            finally:
+                self.lock.release()
 
     def _drain(self, f: _Followed, *, final: bool) -> None:
         while True:

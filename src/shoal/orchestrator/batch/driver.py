@@ -530,7 +530,7 @@ class _Driver:
                 )
                 return
             teams.delete(self.team)
-        except ShoalError as exc:
+        except (ShoalError, OSError) as exc:
             self._note_after(f"team {self.team} kept: {exc}")
             return
         self.team_kept = False
