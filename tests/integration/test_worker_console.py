@@ -221,3 +221,63 @@ def test_an_llm_teammate_shows_its_readable_transcript(
     assert text.index("received text from team-lead: count please") < said
     assert said < text.index("● Bash") < text.index("counted-5") < text.index("The count is")
     assert text.index("The count is") < text.index("sent task_notification to team-lead")
+
+
+def test_a_plan_approval_request_and_its_answer_are_shown(
+    cli: Cli, leader: LeaderProc, home: Path, tmp_path: Path
+) -> None:
+    spawn(cli, tmp_path, "fay", "--backend", "process", "--plan-mode")
+    log = home / "teams" / TEAM / "logs" / "fay.log"
+
+    def shown() -> list[str]:
+        return events(log.read_text().splitlines()) if log.exists() else []
+
+    wait_until(lambda: any(line.startswith("ready fay") for line in shown()))
+    send(cli, "fay", "echo planned")
+    asks = "plan asks team-lead to approve (shoal approve fay): - run: echo planned"
+    wait_until(lambda: asks in shown(), what=lambda: log.read_text())
+    assert "output planned" not in shown()  # (nothing ran before the approval)
+    approved = cli("approve", "--team", TEAM, "fay")
+    assert approved.returncode == 0, approved.stderr
+    wait_until(lambda: "idle" in shown(), what=lambda: log.read_text())
+    assert in_order(
+        shown(), [asks, "approval plan approved", "step run: echo planned", "output planned"]
+    ), log.read_text()
+
+
+GATED_AGENT = """
+[[turn]]
+[[turn.call]]
+tool = "Write"
+args = { file_path = "a.txt", content = "one" }
+
+[[turn]]
+text = "wrote it"
+"""
+
+
+def test_an_agents_permission_request_is_in_its_readable_transcript(
+    cli: Cli, leader: LeaderProc, tmp_path: Path
+) -> None:
+    model = tmp_path / "gated.toml"
+    model.write_text(GATED_AGENT)
+    out = cli(
+        "agent", "--team", TEAM, "--model", f"scripted:{model}", "--cwd", str(tmp_path),
+        "--backend", "process", "go",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    task_id = out.stdout.strip()
+
+    def record() -> dict[str, Any]:
+        listed = json.loads(cli("ps", "--team", TEAM, "--all", "--json").stdout)
+        (task,) = [t for t in listed if t["id"] == task_id]
+        return dict(task)
+
+    wait_until(lambda: record().get("waiting_for"), what=f"{task_id} to ask the lead")
+    output = Path(record()["output_file"])
+    asks = f"[asks the lead to run Write (a.txt): shoal approve {task_id}.1 | shoal reject"
+    wait_until(lambda: asks in output.read_text(), what=lambda: output.read_text())
+    assert cli("approve", "--team", TEAM, f"{task_id}.1").returncode == 0
+    wait_until(lambda: "wrote it" in output.read_text(), what=lambda: output.read_text())
+    text = output.read_text()
+    assert text.index(asks) < text.index("[Write approved]") < text.index("wrote it")

@@ -37,6 +37,7 @@ from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
 from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
+from shoal.workers.console import preview
 
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25
@@ -218,6 +219,8 @@ class Consent:
         future: asyncio.Future[tuple[bool, str | None]] = asyncio.get_running_loop().create_future()
         self.feed.waiting[request_id] = future
         layout = Layout(self.job.home)
+        # In the readable transcript (and so in a pane): what it waits for, and how to answer.
+        output = Output(Path(self.job.output_file), echo=self.job.echo)
         try:
             self.status.waiting = {"request_id": request_id, "tool": tool, "input": shown}
             self.status.flush()
@@ -235,7 +238,15 @@ class Consent:
                     },
                 ),
             )
-            return await future
+            what = preview(shown.get("command") or shown.get("file_path") or shown.get("plan"))
+            output.write(
+                f"[asks the lead to run {tool}{f' ({what})' if what else ''}: "
+                f"shoal approve {request_id} | shoal reject {request_id}]\n"
+            )
+            approved, reason = await future
+            verdict = "approved" if approved else f"rejected: {reason or 'no reason given'}"
+            output.write(f"[{tool} {verdict}]\n")
+            return approved, reason
         finally:
             self.feed.waiting.pop(request_id, None)
             self.status.waiting = None
