@@ -70,6 +70,11 @@ class LeaderRequests(LeaderStore, ABC):
     def notify(self) -> None:
         """The loop's `notify` step."""
 
+    @property
+    @abstractmethod
+    def stopping(self) -> bool:
+        """Shutting down: nothing new starts."""
+
     @abstractmethod
     def run_until(self, until: Callable[[], bool], timeout: float) -> None:
         """Run the loop on this thread until `until()` holds."""

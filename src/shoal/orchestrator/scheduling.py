@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from shoal.core.errors import ConflictError, NotFoundError, TaskError, UsageError
 from shoal.core.events import Event, task_terminated
@@ -30,12 +31,56 @@ from shoal.core.tasks import (
     AnyTaskState,
     LocalShellTaskState,
     TaskStatus,
+    TaskType,
     new_task_id,
 )
-from shoal.orchestrator.session import GroupState, HistoryReader
+from shoal.orchestrator.registry import TaskRegistry
+from shoal.orchestrator.session import GroupState, HistoryReader, Session, Snapshot
+from shoal.workers.kinds import TaskKind, TaskStore
+from shoal.workers.shell import ShellKind
 
-if TYPE_CHECKING:
-    from shoal.orchestrator.leader import Leader
+
+class SchedulerHost(TaskStore, Protocol):
+    """What the scheduler needs of the leader (its registry, queue, kinds and steps)."""
+
+    jobs: int
+    queue: deque[str]
+    registry: TaskRegistry
+    shell: ShellKind
+    kinds: dict[TaskType, TaskKind]
+    session: Session
+    snapshot: Snapshot
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def admitted(self, task: AnyTaskState) -> bool: ...
+
+    def stop(
+        self,
+        task_id: str,
+        on_done: Callable[[AnyTaskState], None] | None = None,
+        reason: str = ...,
+    ) -> AnyTaskState: ...
+
+    def set_task(self, task_id: str, **changes: Any) -> bool: ...
+
+    def move_task(self, task_id: str, status: TaskStatus, **changes: Any) -> bool: ...
+
+    def mark_notified(self, task_id: str) -> bool: ...
+
+    def mark_dirty(self) -> None: ...
+
+    def register(self, task: AnyTaskState) -> AnyTaskState: ...
+
+    def emit(self, event: Event) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+    def persist(self, *, force: bool = False) -> None: ...
+
+    def start_pending(self) -> None: ...
+
 
 DEFAULT_GROUP: Final = "default"
 TIMED_OUT: Final = "timed out after "
@@ -65,7 +110,7 @@ def ran_for(task: LocalShellTaskState, now: float) -> float:
 class Scheduler:
     """Groups, the order of starts, and the timed rules of shell tasks (see the module)."""
 
-    def __init__(self, leader: Leader) -> None:
+    def __init__(self, leader: SchedulerHost) -> None:
         self.leader = leader
         self.groups: dict[str, Group] = {DEFAULT_GROUP: Group(DEFAULT_GROUP)}
         self.ordered = False  # the ordered pass is needed (sticky for the session)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shoal.core.errors import NotFoundError, TaskError, UsageError
 from shoal.core.ids import resolve_task_id
@@ -34,11 +34,22 @@ from shoal.orchestrator.control import (
     SendInputRequest,
     ShellSpec,
 )
-from shoal.orchestrator.scheduling import DEFAULT_GROUP
+from shoal.orchestrator.scheduling import DEFAULT_GROUP, Scheduler, SchedulerHost
 from shoal.workers import shell
 
-if TYPE_CHECKING:
-    from shoal.orchestrator.requests import LeaderRequests as Leader
+
+class Leader(SchedulerHost, Protocol):
+    """What the queue verbs need of the leader, beyond what its scheduler does."""
+
+    scheduler: Scheduler
+
+    def notify(self) -> None: ...
+
+    def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]: ...
+
+    def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState: ...
+
+    def holds_notification(self, task_id: str) -> bool: ...
 
 
 def queueing_options(leader: Leader, spec: ShellSpec) -> dict[str, Any]:
