@@ -47,7 +47,7 @@ FOLLOW_INTERVAL_S: Final = 0.05
 # The most read from a command's output file at once; a command more than FOLLOW_BEHIND bytes
 # ahead of what was shown is skipped forward (the pane is for reading, the file keeps it all).
 FOLLOW_CHUNK: Final = 64 << 10
-FOLLOW_BEHIND: Final = 1 << 20
+FOLLOW_BEHIND: Final = 256 << 10
 
 # SGR codes per tag (on a terminal only).
 _STYLES: Final = {
@@ -73,7 +73,12 @@ _STYLES: Final = {
 _DIM: Final = "2"
 # Escape sequences and other control characters: a line must not move the cursor or recolour
 # the pane (a tab is kept).
-_CONTROL: Final = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL: Final = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: a window title, a link
+    r"|\x1b[@-_]"
+    r"|[\x00-\x08\x0b-\x1f\x7f]"
+)
 
 
 def wants_colour(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
@@ -89,7 +94,7 @@ def wants_colour(stream: TextIO, environ: Mapping[str, str] | None = None) -> bo
 
 def clean(text: str) -> str:
     """`text` without escape sequences or control characters (carriage returns included)."""
-    return _CONTROL.sub("", text)
+    return text if text.isprintable() else _CONTROL.sub("", text)
 
 
 def preview(text: str | None, limit: int = PREVIEW_CHARS) -> str:
@@ -113,6 +118,8 @@ class Console:
         self._stream = stream
         self._colour = colour
         self._clock = clock
+        self._second = -1  # the second `_stamp` was formatted for (once a second, not a line)
+        self._stamp = ""
 
     @classmethod
     def off(cls) -> Console:
@@ -140,7 +147,10 @@ class Console:
         stream = self._stream
         if stream is None:
             return
-        stamp = time.strftime("%H:%M:%S", time.localtime(self._clock()))
+        second = int(self._clock())
+        if second != self._second:
+            self._second, self._stamp = second, time.strftime("%H:%M:%S", time.localtime(second))
+        stamp = self._stamp
         body = clean(text)
         if self._colour:
             style = _STYLES.get(tag, "")
@@ -207,6 +217,7 @@ class OutputFollower:
         self.path = path
         self.offset = offset
         self._partial = b""
+        self._resync = False  # skipped forward into a line: drop it, up to its end
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -239,22 +250,36 @@ class OutputFollower:
             self.console.line("output", f"… {skipped} bytes not shown (all in {self.path})")
             self.offset = size - FOLLOW_CHUNK
             self._partial = b""
-        while self.offset < size:
-            try:
-                with open(self.path, "rb") as fh:
+            self._resync = True
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 (closed below, after the reads)
+        except OSError:
+            return
+        with fh:
+            while self.offset < size:
+                try:
                     fh.seek(self.offset)
                     data = fh.read(min(FOLLOW_CHUNK, size - self.offset))
-            except OSError:
+                except OSError:
+                    return
+                if not data:
+                    return
+                self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Show the complete lines `data` (read at the offset) ends, keep the rest of a line."""
+        self.offset += len(data)
+        if self._resync:
+            cut = data.find(b"\n")
+            if cut < 0:
                 return
-            if not data:
-                return
-            self.offset += len(data)
-            *lines, self._partial = (self._partial + data).split(b"\n")
-            for raw in lines:
-                self._show(raw)
-            if len(self._partial) > OUTPUT_LINE_CHARS * 4:  # a line with no end: show it now
-                self._show(self._partial)
-                self._partial = b""
+            data, self._resync = data[cut + 1 :], False
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for raw in lines:
+            self._show(raw)
+        if len(self._partial) > OUTPUT_LINE_CHARS * 4:  # a line with no end: show it now
+            self._show(self._partial)
+            self._partial = b""
 
     def _show(self, raw: bytes) -> None:
         self.console.output(raw.decode("utf-8", "replace").rstrip("\r"))
