@@ -12,12 +12,11 @@ import click
 import orjson
 
 from shoal.core.errors import EXIT_USAGE, UsageError
+from shoal.core.names import DEFAULT_TEAM
 from shoal.core.paths import Layout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEFAULT_TEAM = "default"
-"""The team of a command given neither --team nor $SHOAL_TEAM."""
 
 
 class Env:
@@ -66,12 +65,12 @@ def _set_team(ctx: click.Context, _param: click.Parameter, value: str | None) ->
 
 
 def _complete(name: str) -> Callable[..., Any]:
-    """A shell completer of shoal.cli.completion, imported only when completion asks."""
+    """A shell completer of shoal.cli.completers, imported only when completion asks."""
 
     def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> Any:
-        from shoal.cli import completion
+        from shoal.cli import completers
 
-        return getattr(completion, name)(ctx, param, incomplete)
+        return getattr(completers, name)(ctx, param, incomplete)
 
     return complete
 
