@@ -281,3 +281,22 @@ def test_an_agents_permission_request_is_in_its_readable_transcript(
     wait_until(lambda: "wrote it" in output.read_text(), what=lambda: output.read_text())
     text = output.read_text()
     assert text.index(asks) < text.index("[Write approved]") < text.index("wrote it")
+
+
+def test_a_commands_output_is_shown_while_it_still_runs(
+    cli: Cli, leader: LeaderProc, home: Path, tmp_path: Path
+) -> None:
+    spawn(cli, tmp_path, "gus", "--backend", "process")
+    log = home / "teams" / TEAM / "logs" / "gus.log"
+
+    def shown() -> list[str]:
+        return events(log.read_text().splitlines()) if log.exists() else []
+
+    wait_until(lambda: any(line.startswith("ready gus") for line in shown()))
+    gate = tmp_path / "gate"
+    send(cli, "gus", f"echo before-gate; while [ ! -f {gate} ]; do sleep 0.05; done; echo after")
+    wait_until(lambda: "output before-gate" in shown(), what=lambda: log.read_text())
+    assert "output after" not in shown() and "idle" not in shown()  # (it still runs)
+    gate.touch()
+    wait_until(lambda: "idle" in shown(), what=lambda: log.read_text())
+    assert in_order(shown(), ["output before-gate", "output after", "exit exit code 0"])

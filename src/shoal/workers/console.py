@@ -131,6 +131,8 @@ class Console:
         """The worker's console on its stdout, line-buffered (a pane, or the process
         backend's log file, sees each line as it is written), coloured on a terminal."""
         stream = sys.stdout
+        if stream is None:  # (no fd 1 at all: nowhere to show anything)
+            return cls.off()
         if isinstance(stream, io.TextIOWrapper):
             # (a message may hold what the stream's encoding cannot say: never fail on it)
             stream.reconfigure(line_buffering=True, errors="replace")
@@ -152,12 +154,13 @@ class Console:
             self._second, self._stamp = second, time.strftime("%H:%M:%S", time.localtime(second))
         stamp = self._stamp
         body = clean(text)
+        padded = f"{tag:<{TAG_WIDTH}}" if body else tag
         if self._colour:
             style = _STYLES.get(tag, "")
-            label = f"\x1b[{style}m{tag:<{TAG_WIDTH}}\x1b[0m" if style else f"{tag:<{TAG_WIDTH}}"
+            label = f"\x1b[{style}m{padded}\x1b[0m" if style else padded
             out = f"\x1b[{_DIM}m{stamp}\x1b[0m {label} {body}"
         else:
-            out = f"{stamp} {tag:<{TAG_WIDTH}} {body}"
+            out = f"{stamp} {padded} {body}"
         with contextlib.suppress(OSError, ValueError):
             stream.write(out.rstrip() + "\n")
 
