@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cli
+from tests.integration.test_claude_preset import FAKE, FIXTURE
 from tests.integration.test_leader import LeaderProc
 from tests.polling import wait_until
 
@@ -300,3 +302,30 @@ def test_a_commands_output_is_shown_while_it_still_runs(
     gate.touch()
     wait_until(lambda: "idle" in shown(), what=lambda: log.read_text())
     assert in_order(shown(), ["output before-gate", "output after", "exit exit code 0"])
+
+
+def test_a_claude_teammate_shows_the_readable_text_of_its_stream_not_the_raw_json(
+    cli: Cli, leader: LeaderProc, home: Path, tmp_path: Path
+) -> None:
+    # (the `claude` run is the stand-in of test_claude_preset: it prints a real recorded stream)
+    (tmp_path / "stream.jsonl").write_text(FIXTURE.read_text())
+    fake = tmp_path / "fake_claude.py"
+    fake.write_text(FAKE)
+    cmd = f"{sys.executable} {fake} {tmp_path / 'calls.jsonl'}"
+    out = cli(
+        "spawn", "--team", TEAM, "hal", "--agent", "claude", "--cmd", cmd,
+        "--backend", "process", "--cwd", str(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    log = home / "teams" / TEAM / "logs" / "hal.log"
+
+    def shown() -> list[str]:
+        return events(log.read_text().splitlines()) if log.exists() else []
+
+    wait_until(lambda: any(line.startswith("ready hal") for line in shown()))
+    send(cli, "hal", "say hello")
+    wait_until(lambda: "idle" in shown(), what=lambda: log.read_text())
+    text = log.read_text()
+    assert "● Bash(write a file)" in text and "[claude: 3 turn(s), 351 tokens" in text
+    assert '"type":"assistant"' not in text  # (the raw stream stays in its own file)
+    assert text.index("● Bash(") < text.index("sent     task_notification to team-lead")
