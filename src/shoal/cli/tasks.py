@@ -73,12 +73,16 @@ def _find(session: Session, task_id: str) -> dict[str, Any]:
 
 
 def full_task_id(layout: Layout, team: str, given: str) -> str:
-    """The id of the team's task that `given` is a unique prefix of (itself when there is no
-    session to look in: the leader then says what is wrong)."""
+    """The id of the team's task that `given` is a unique prefix of (itself when none is, or
+    there is no session to look in: the leader then says what is wrong); an ambiguous
+    prefix is a UsageError listing the candidates."""
     session = current_session(layout, team)
     if session is None:
         return given
-    return resolve_task_id(_tasks(session, include_history=True), given)
+    try:
+        return resolve_task_id(_tasks(session, include_history=True), given)
+    except NotFoundError:
+        return given  # (the leader's answer names what is wrong, as for any unknown id)
 
 
 def _age(task: dict[str, Any]) -> str:
