@@ -752,7 +752,7 @@ def test_joblog_is_gnu_parallels_format(tmp_path: Path) -> None:
 
 def test_text_progress_prints_a_line_per_finished_task() -> None:
     out, err = io.StringIO(), io.StringIO()
-    show = TextProgress(out, err, live=False)
+    show = TextProgress(out, err, live=False, failure_lines=0)  # (the frame: test_run_logs.py)
     show({"type": "run", "subtype": "run_started", "spec": "s.toml", "team": "t", "jobs": 2,
           "halt": "never", "total": 2, "resumed": 0})  # fmt: skip
     show({"type": "run", "subtype": "task_started", "id": "a", "attempt": 1})
@@ -768,14 +768,3 @@ def test_text_progress_prints_a_line_per_finished_task() -> None:
     assert lines[2] == '[2/2] skipped   b  dependency "a" failed'
     assert lines[3] == "FAILED: 1 failed, 1 skipped of 2 in 1s (exit 1)"
     assert "\r" not in out.getvalue()
-
-
-def test_live_progress_redraws_one_status_line() -> None:
-    out, err = io.StringIO(), io.StringIO()
-    show = TextProgress(out, err, live=True)
-    show({"type": "run", "subtype": "run_started", "spec": "s.toml", "team": "t", "jobs": 2,
-          "halt": "never", "total": 3, "resumed": 1})  # fmt: skip
-    show({"type": "run", "subtype": "task_started", "id": "a", "attempt": 1})
-    assert out.getvalue().endswith("\r\x1b[K[1/3] 1 running, 1 ok, 0 failed, 0 skipped")
-    show.close()
-    assert out.getvalue().endswith("\n")
