@@ -18,7 +18,6 @@ from shoal.core.paths import Layout
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-
 class Env:
     """The resolved context of one invocation: which home, which team, output mode."""
 
