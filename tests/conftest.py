@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -164,3 +165,18 @@ def tmux_socket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     tmpdir = os.environ.get("TMUX_TMPDIR") or "/tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(tmpdir, f"tmux-{os.getuid()}", sock))
+
+
+@pytest.fixture
+def stopper() -> Iterator[list[subprocess.Popen[str]]]:
+    """Runs started in the background are interrupted (and waited for) at teardown."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,21 +77,6 @@ def attempt_pids(tasks: dict[str, dict[str, Any]]) -> list[int]:
                 assert pid is not None, attempt
                 pids.append(pid)
     return pids
-
-
-@pytest.fixture
-def stopper() -> Iterator[list[subprocess.Popen[str]]]:
-    """Runs started in the background are interrupted (and waited for) at teardown."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def test_pass_fail_dependencies_and_all_three_reports(cli: Cli, home: Path, tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,21 +29,6 @@ LONG_FAIL = """\
 id = "noisy"
 run = "seq 1 80; exit 3"
 """
-
-
-@pytest.fixture
-def stopper() -> Iterator[list[subprocess.Popen[str]]]:
-    """Runs started in the background are interrupted (and waited for) at teardown."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def frame(out: str, name: str) -> list[str]:
