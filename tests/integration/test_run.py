@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from shoal.core.paths import Layout
 from shoal.orchestrator.batch.report import JOBLOG_HEADER, read_joblog
 from shoal.orchestrator.liveness import leader_alive
 from shoal.workers import shell
-from tests.conftest import Cli, group_gone
+from tests.conftest import Cli, group_gone, in_ci
 from tests.polling import wait_until
 
 FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
@@ -677,3 +678,40 @@ def test_shoal_down_stops_a_run_like_an_interrupt(
     assert tasks["long"]["status"] == "killed"
     for pid in attempt_pids(tasks):
         assert group_gone(pid)
+
+
+def test_gnu_parallel_resumes_from_shoals_joblog(cli: Cli, home: Path, tmp_path: Path) -> None:
+    """GNU parallel itself reads shoal's joblog back: `--resume` skips the jobs it lists,
+    `--resume-failed` runs again the one that failed (and those never run)."""
+    parallel = shutil.which("parallel")
+    if parallel is None:
+        if in_ci():
+            pytest.fail("GNU parallel is not installed (.ci/run installs it)", pytrace=False)
+        pytest.skip("GNU parallel is not installed (.ci/run installs it)")
+    spec = write_spec(
+        tmp_path,
+        """\
+        [[task]]
+        id = "a"
+        run = "true"
+
+        [[task]]
+        id = "b"
+        run = "exit 3"
+
+        [[task]]
+        id = "c"
+        run = "true"
+        """,
+    )
+    log = tmp_path / "jobs.log"
+    out = run(cli, spec, "--joblog", str(log))
+    assert out.returncode == 1, out.stdout + out.stderr
+    argv = [parallel, "--will-cite", "-j1", "--joblog", str(log)]
+    args = [":::", "x1", "x2", "x3", "x4"]
+    resumed = subprocess.run([*argv, "--resume", "echo", *args], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert resumed.stdout.split() == ["x4"], resumed.stdout + resumed.stderr
+    again = subprocess.run([*argv, "--resume-failed", "echo", *args], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert again.stdout.split() == ["x2"], again.stdout + again.stderr
