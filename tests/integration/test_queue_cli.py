@@ -180,8 +180,13 @@ def test_retries_follow_a_failure_and_after_waits_for_the_last_attempt(
         "--",
         f"test -e {marker} || {{ touch {marker}; exit 4; }}",
     )
+    # `wait` follows the retries: the first attempt's failure is not the task's.
+    waited = cli("--team", TEAM, "wait", flaky, "--timeout", "30")
+    assert waited.returncode == 0 and f"{flaky} completed (attempt 2: " in waited.stdout, waited
     after = sh(cli, "--after", flaky, "--", "echo after")
     assert wait_until(lambda: ended(cli, after))["status"] == "completed"
+    everything = cli("--team", TEAM, "wait")
+    assert everything.returncode == 0, everything.stdout + everything.stderr
     first = task(cli, flaky)
     assert first["status"] == "failed" and first["result"]["code"] == 4
     second = task(cli, first["retried_as"])

@@ -418,18 +418,25 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
         ids = [resolve_task_id(tasks, task_id) for task_id in task_ids]
     else:
         seen = _waited(session)
-        ids = [k for k, t in tasks.items() if k not in seen and _waitable(t)]
+        ids = [
+            k for k, t in tasks.items() if k not in seen and _waitable(t) and not t.get("retry_of")
+        ]
     deadline = None if timeout is None else time.monotonic() + timeout
     done: dict[str, dict[str, Any]] = {}
     try:
         while True:
             tasks = _tasks(session, include_history=True, history=history)
             for task_id in ids:
-                t = tasks.get(task_id)
-                if task_id not in done and t is not None and is_terminal_task_status(t["status"]):
+                t = None if task_id in done else _settled(tasks, task_id)
+                if t is not None:
                     done[task_id] = t
                     if not as_json:
-                        click.echo(f"{task_id} {t['status']}")
+                        last = (
+                            f" (attempt {t.get('attempt')}: {t['id']})"
+                            if t["id"] != task_id
+                            else ""
+                        )
+                        click.echo(f"{task_id} {t['status']}{last}")
             if len(done) == len(ids):
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -459,6 +466,23 @@ WAITED_FILE: Final = "waited.json"
 """The ids a `wait` has reported ended, per session: a later `wait` with no ids skips them."""
 
 
+def _settled(tasks: dict[str, dict[str, Any]], task_id: str) -> dict[str, Any] | None:
+    """The final record of task `task_id`, following its retries (`retried_as`) to the last
+    attempt; None while that one runs or is about to be retried."""
+    t = tasks.get(task_id)
+    seen = {task_id}
+    while t is not None and t.get("retried_as") and t["retried_as"] not in seen:
+        seen.add(t["retried_as"])
+        t = tasks.get(t["retried_as"])
+    if t is None or not is_terminal_task_status(t["status"]):
+        return None
+    timed_out = t["status"] == "killed" and str(t.get("kill_reason") or "").startswith("timed out")
+    retry_due = (t.get("retries") or 0) > 0 and t.get("pid") is not None and not t.get("notified")
+    if retry_due and (t["status"] == "failed" or timed_out):
+        return None  # (the leader starts its next attempt at its next tick)
+    return t
+
+
 def _waitable(task: dict[str, Any]) -> bool:
     """A task a `wait` with no ids waits for: any, but a live teammate's (it ends only when
     the team shuts it down) and a coordinator's worker (its coordinator waits for it)."""
@@ -476,14 +500,15 @@ def _waited(session: Any) -> set[str]:
 
 
 def _mark_waited(session: Any, done: dict[str, dict[str, Any]]) -> None:
-    """Add what this `wait` saw end to the session's waited ids (under their lock)."""
+    """Add what this `wait` saw end (with their last attempts) to the session's waited ids
+    (under their lock)."""
     if not done:
         return
     from shoal.core.jsonio import atomic_write, dumps, lock_for
 
     path = session.dir / WAITED_FILE
     with lock_for(path):
-        ids = _waited(session) | set(done)
+        ids = _waited(session) | set(done) | {t["id"] for t in done.values()}
         atomic_write(path, dumps({"ids": sorted(ids)}))
 
 
