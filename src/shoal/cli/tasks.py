@@ -32,7 +32,7 @@ from shoal.core.errors import (
 )
 from shoal.core.ids import resolve_task_id
 from shoal.core.paths import Layout
-from shoal.core.tasks import is_terminal_task_status
+from shoal.core.tasks import is_terminal_task_status, retry_due
 from shoal.orchestrator.session import HistoryReader, Session, current_session
 from shoal.ui.status import type_label
 
@@ -476,9 +476,8 @@ def _settled(tasks: dict[str, dict[str, Any]], task_id: str) -> dict[str, Any] |
         t = tasks.get(t["retried_as"])
     if t is None or not is_terminal_task_status(t["status"]):
         return None
-    timed_out = t["status"] == "killed" and str(t.get("kill_reason") or "").startswith("timed out")
-    retry_due = (t.get("retries") or 0) > 0 and t.get("pid") is not None and not t.get("notified")
-    if retry_due and (t["status"] == "failed" or timed_out):
+    if retry_due(t["status"], t.get("retries") or 0, t.get("pid"), bool(t.get("notified")),
+                 t.get("kill_reason")):  # fmt: skip
         return None  # (the leader starts its next attempt at its next tick)
     return t
 

@@ -584,3 +584,19 @@ def should_evict(task: TaskStateBase, now: float) -> bool:
     if task.status == TaskStatus.KILLED:
         return now >= ended + KILLED_DISPLAY_S
     return True
+
+
+TIMED_OUT_REASON: Final = "timed out after "
+"""How the kill reason of a task stopped by its own timeout begins."""
+
+
+def retry_due(
+    status: str, retries: int, pid: int | None, notified: bool, kill_reason: str | None
+) -> bool:
+    """True when a shell task that ended so will get another attempt (it ran, it failed or
+    timed out, retries are left and its end was not yet told): the scheduler's rule, and what
+    `shoal wait` waits through."""
+    if notified or retries <= 0 or pid is None:
+        return False
+    timed_out = status == "killed" and (kill_reason or "").startswith(TIMED_OUT_REASON)
+    return status == "failed" or timed_out

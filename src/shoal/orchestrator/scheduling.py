@@ -28,11 +28,13 @@ from shoal.core.errors import ConflictError, NotFoundError, TaskError, UsageErro
 from shoal.core.events import Event, task_terminated
 from shoal.core.names import validate_name
 from shoal.core.tasks import (
+    TIMED_OUT_REASON,
     AnyTaskState,
     LocalShellTaskState,
     TaskStatus,
     TaskType,
     new_task_id,
+    retry_due,
 )
 from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import GroupState, HistoryReader, Session, Snapshot
@@ -83,7 +85,7 @@ class SchedulerHost(TaskStore, Protocol):
 
 
 DEFAULT_GROUP: Final = "default"
-TIMED_OUT: Final = "timed out after "
+TIMED_OUT: Final = TIMED_OUT_REASON
 
 
 @dataclass
@@ -426,14 +428,10 @@ class Scheduler:
             self.start_pending()
 
     def _should_retry(self, task: LocalShellTaskState) -> bool:
-        if task.notified or task.retried_as or task.retries <= 0 or self.leader.stopping:
+        if task.retried_as or self.leader.stopping:
             return False
-        if task.pid is None:  # (never ran: a failed start or a failed dependency)
-            return False
-        timed_out = task.status == TaskStatus.KILLED and (task.kill_reason or "").startswith(
-            TIMED_OUT
-        )
-        return task.status == TaskStatus.FAILED or timed_out
+        # (pid None: it never ran, a failed start or a failed dependency)
+        return retry_due(task.status.value, task.retries, task.pid, task.notified, task.kill_reason)
 
     def _retry(self, task: LocalShellTaskState, now: float) -> None:
         """Start the next attempt of `task` (a new id) after its retry delay."""
