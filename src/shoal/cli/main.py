@@ -27,7 +27,7 @@ COMMANDS: dict[str, str] = {
     "group": "control_cmds:group", "parallel": "control_cmds:parallel",
     "pause": "control_cmds:pause", "resume": "control_cmds:resume",
     "restart": "control_cmds:restart", "clean": "control_cmds:clean",
-    "send-input": "control_cmds:send_input",
+    "send-input": "control_cmds:send_input", "remote": "remote:remote",
 }  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 
@@ -100,6 +101,21 @@ def spawn(
         )
 
 
+def _remote_task(layout: Any, team: str, name: str) -> str | None:
+    """The id of the session's remote task `name` names (an `r...` id or a unique prefix of
+    one), if it names one; None for a member's name or a permission request's id."""
+    if not name.startswith("r") or "." in name:
+        return None
+    from shoal.orchestrator.session import current_session
+
+    session = current_session(layout, team)
+    records = (session.read_tasks_raw() or {}) if session is not None else {}
+    matches = [
+        i for i, t in records.items() if i.startswith(name) and t.get("type") == "remote_agent"
+    ]
+    return matches[0] if len(matches) == 1 else None
+
+
 def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     from shoal.mailbox.router import send
     from shoal.teams.models import LEAD_NAME
@@ -107,6 +123,12 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
 
     env = get_env(click.get_current_context())
     team = env.team()
+    remote_id = _remote_task(env.layout, team, name)
+    if remote_id is not None:  # a remote ultraplan waiting for an answer or an approval
+        from shoal.orchestrator.control import call
+
+        args = {"task_id": remote_id, "approve": approve, "text": feedback}
+        return str(call(env.layout, team, "remote_answer", args)["id"])
     if "." in name:  # `{agent task id}.{n}`: an agent's permission request
         from shoal.orchestrator.control import call
 
@@ -134,13 +156,17 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
 @json_option
 @common_options
 def approve(name: str, feedback: str | None, as_json: bool) -> None:
-    """Approve the plan teammate NAME is waiting on, or an agent's permission request (NAME is
-    then its id, `a1b2c3d4e.1`, shown by `shoal ps`)."""
+    """Approve the plan teammate NAME is waiting on, an agent's permission request (NAME is
+    then its id, `a1b2c3d4e.1`, shown by `shoal ps`), or a remote ultraplan (its `r...` id):
+    a ready plan completes it; a question is answered with --feedback."""
     request_id = _answer_plan(name, True, feedback)
     if as_json:
         print_json({"name": name, "request_id": request_id, "approve": True})
     else:
-        click.echo(f"approved {name}" if "." in name else f"approved the plan of {name}")
+        click.echo(
+            f"approved {name}" if "." in name or request_id == name
+            else f"approved the plan of {name}"
+        )  # fmt: skip
 
 
 @click.command()

@@ -101,3 +101,25 @@ def worktree_remove(
     changes in it: a member's worktree is the member's, and goes with it)."""
     args = ["worktree", "remove", *(["--force"] if force else []), os.fspath(path)]
     _run(path, args, timeout=timeout)
+
+
+def has_commit(cwd: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -> bool:
+    """Whether the repository `cwd` is in has at least one commit (HEAD resolves)."""
+    try:
+        _run(cwd, ["rev-parse", "--verify", "--quiet", "HEAD"], timeout=timeout)
+    except GitError as exc:
+        if exc.returncode is not None:
+            return False
+        raise
+    return True
+
+
+def listed_files(root: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -> list[str]:
+    """The work tree's files as git sees them: tracked ones and untracked ones that no
+    .gitignore excludes (paths relative to `root`, sorted)."""
+    out = _run(
+        root,
+        ["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--deduplicate"],
+        timeout=timeout,
+    )
+    return sorted({p for p in out.split("\0") if p})

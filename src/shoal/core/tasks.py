@@ -198,7 +198,9 @@ class DreamTurn(_Frozen):
 
 
 PermissionMode = Literal["default", "plan", "accept_edits", "bypass_permissions", "bubble"]
-RemoteTaskType = Literal["remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-pr"]
+RemoteTaskType = Literal[
+    "remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-pr", "shell"
+]
 UltraplanPhase = Literal["running", "needs_input", "plan_ready"]
 
 # --------------------------------------------------------------------------- task states
@@ -383,6 +385,11 @@ class RemoteAgentTaskState(TaskStateBase):
     ultraplan_phase: UltraplanPhase | None = None
     error: str | None = None
     result: str | None = None
+    exit_code: int | None = None
+    """The job's entrypoint exit code, once the cluster reports it."""
+    host: str | None = None
+    """The node the job ran on (its address), once the cluster reports it."""
+    kill_reason: str | None = None
 
 
 class InProcessTeammateTaskState(TaskStateBase):

@@ -213,6 +213,22 @@ class PermissionRequest(_Request):
     reason: str | None = None
 
 
+class RemoteRequest(_Request):
+    """Start a `remote_agent` task; `spec` has the fields of workers.remote.RemoteSpec."""
+
+    op: Literal["remote"] = "remote"
+    spec: dict[str, Any]
+
+
+class RemoteAnswerRequest(_Request):
+    """The lead's answer to a remote ultraplan (`shoal approve`/`reject` of an `r...` id)."""
+
+    op: Literal["remote_answer"] = "remote_answer"
+    task_id: str
+    approve: bool
+    text: str | None = None
+
+
 class GroupAddRequest(_Request):
     op: Literal["group_add"] = "group_add"
     name: str
@@ -289,6 +305,8 @@ ControlRequest = Annotated[
     | AgentRequest
     | AgentSendRequest
     | PermissionRequest
+    | RemoteRequest
+    | RemoteAnswerRequest
     | QueueRequest,
     Field(discriminator="op"),
 ]
@@ -302,6 +320,8 @@ OPERATIONS = (
     "agent",
     "agent_send",
     "permission",
+    "remote",
+    "remote_answer",
     "group_add",
     "group_rm",
     "group_list",
@@ -430,6 +450,14 @@ class ControlTarget(Protocol):
         """Answer an agent's permission request."""
         ...
 
+    def start_remote(self, spec: Any) -> AnyTaskState:
+        """Check, register and start one remote task (`spec`: a workers.remote.RemoteSpec)."""
+        ...
+
+    def answer_remote(self, task_id: str, approve: bool, text: str | None) -> AnyTaskState:
+        """Answer a remote ultraplan waiting for input or approval."""
+        ...
+
     def queue_control(self, request: QueueRequest) -> Any:
         """Carry out a request about queued and running tasks; its JSON-able result."""
         ...
@@ -479,7 +507,7 @@ class ControlServer:
 
     def _dispatch(self, request: ControlRequest, answer: Answer) -> None:
         target = self.target
-        starts = ShRequest | SpawnRequest | AgentRequest | RestartRequest
+        starts = ShRequest | SpawnRequest | AgentRequest | RestartRequest | RemoteRequest
         if target.stopping and isinstance(request, starts):
             raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
         if isinstance(request, PingRequest):
@@ -512,6 +540,19 @@ class ControlServer:
                 where = ".".join(str(p) for p in first["loc"]) or "spec"
                 raise UsageError(f"bad agent request: {where}: {first['msg']}") from None
             answer(target.start_agent(spec).model_dump(mode="json"), None)
+        elif isinstance(request, RemoteRequest):
+            from shoal.workers.remote import RemoteSpec  # (leader side only)
+
+            try:
+                remote = RemoteSpec.model_validate(request.spec)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "spec"
+                raise UsageError(f"bad remote request: {where}: {first['msg']}") from None
+            answer(target.start_remote(remote).model_dump(mode="json"), None)
+        elif isinstance(request, RemoteAnswerRequest):
+            done = target.answer_remote(request.task_id, request.approve, request.text)
+            answer(done.model_dump(mode="json"), None)
         elif isinstance(request, AgentSendRequest):
             answer(target.send_to_agent(request.task_id, request.text), None)
         elif isinstance(request, QueueRequest):

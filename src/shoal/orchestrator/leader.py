@@ -49,6 +49,7 @@ from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind
 from shoal.workers.kinds import Poll, TaskKind
+from shoal.workers.remote import RemoteKind
 
 __all__ = ["Leader", "Policy", "TaskError"]
 # How often the shared task list is checked for tasks of members that are gone.
@@ -81,8 +82,9 @@ class Leader(LeaderRequests):
         self.swarm = Swarm(self)
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
         self.agents.resume_with = self.resume_agent
+        self.remote = RemoteKind()
         self.kinds: dict[TaskType, TaskKind] = {}
-        for kind in (self.shell, self.swarm, self.agents):
+        for kind in (self.shell, self.swarm, self.agents, self.remote):
             for task_type in kind.types:
                 self.kinds[task_type] = kind
         self.control = ControlServer(layout, team, self)
@@ -131,6 +133,10 @@ class Leader(LeaderRequests):
     def procs(self) -> dict[str, shell.ShellProcess]:
         """Live shell processes by task id."""
         return self.shell.procs
+
+    def slots_used(self) -> int:
+        """Job slots taken (`--jobs` caps them): running shell tasks and remote jobs in flight."""
+        return self.shell.running() + self.remote.running()
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -366,7 +372,7 @@ class Leader(LeaderRequests):
         for task_id in list(self.queue):
             self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
         self.queue.clear()
-        for kind in (self.shell, self.agents):
+        for kind in (self.shell, self.agents, self.remote):
             for task_id in list(kind.live()):
                 task = self.registry.get(task_id)
                 if task is not None:
@@ -377,6 +383,7 @@ class Leader(LeaderRequests):
         return (
             not self.shell.running()
             and not self.agents.running()
+            and not self.remote.jobs
             and not self.swarm.members
             and not self.control.pending
         )
@@ -407,6 +414,7 @@ class Leader(LeaderRequests):
                 self.teams.update_member(self.team, LEAD_NAME, pid=None, pid_started_at=None)
         self.emit(LeaderStopped(team=self.team))
         self._closed = True
+        self.remote.close()
         self._selector.close()
         self.session.close()
         for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from shoal.core.tasks import (
     AnyTaskState,
     LocalAgentTaskState,
     LocalShellTaskState,
+    RemoteAgentTaskState,
     TaskStatus,
     TaskType,
     new_task_id,
@@ -39,6 +41,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind, coordinator_inbox
 from shoal.workers.kinds import TaskKind
+from shoal.workers.remote import RemoteKind, RemoteSpec, check_model_key, new_remote_task
 
 T = TypeVar("T")
 
@@ -51,6 +54,7 @@ class LeaderRequests(LeaderStore, ABC):
     swarm: Swarm
     scheduler: Scheduler
     agents: AgentKind
+    remote: RemoteKind
     kinds: dict[TaskType, TaskKind]
     queue: deque[str]
     _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
@@ -61,6 +65,10 @@ class LeaderRequests(LeaderStore, ABC):
     @abstractmethod
     def start_pending(self) -> None:
         """The loop's `start` step."""
+
+    @abstractmethod
+    def slots_used(self) -> int:
+        """Job slots taken: running shell tasks and remote jobs in flight."""
 
     @abstractmethod
     def persist(self, *, force: bool = False) -> None:
@@ -127,6 +135,39 @@ class LeaderRequests(LeaderStore, ABC):
             stdin_fifo=fifo,
             **options,
         )
+
+    # -- remote tasks ----------------------------------------------------------------------
+
+    def start_remote(self, spec: RemoteSpec) -> RemoteAgentTaskState:
+        """Check and register a `remote_agent` task and start it (a Ray job; remote.py). An
+        agent type needs its model's key in the leader's environment, which the job gets."""
+        if not self._owns():
+            return self.call(lambda: self.start_remote(spec)).result()
+        check_model_key(
+            spec.remote_type, spec.model, self.remote.environ, self.layout.home, Path.cwd()
+        )
+        task = new_remote_task(spec, self.session.output_file)
+        self.layout.ensure(self.session.tasks_dir)
+        self.register(task)
+        self.queue.append(task.id)
+        self.start_pending()
+        self.persist(force=True)
+        self.wake()
+        current = self.registry.get(task.id)
+        assert isinstance(current, RemoteAgentTaskState)
+        return current
+
+    def answer_remote(self, task_id: str, approve: bool, text: str | None) -> AnyTaskState:
+        """`shoal approve`/`reject` of a remote ultraplan (remote.py: RemoteKind.answer)."""
+        if not self._owns():
+            return self.call(lambda: self.answer_remote(task_id, approve, text)).result()
+        task = self.registry.get(task_id)
+        if not isinstance(task, RemoteAgentTaskState):
+            raise TaskError(f"no remote task {task_id!r} in this session (see `shoal ps`)")
+        done = self.remote.answer(task, self, approve=approve, text=text)
+        self.persist(force=True)
+        self.wake()
+        return done
 
     # -- agents ----------------------------------------------------------------------------
 
@@ -382,6 +423,6 @@ class LeaderRequests(LeaderStore, ABC):
         self.wake()
         return {
             "stopping": True,
-            "running": self.shell.running(),
+            "running": self.shell.running() + self.remote.running(),
             "teammates": sorted(self.swarm.members),
         }

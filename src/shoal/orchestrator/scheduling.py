@@ -58,6 +58,10 @@ class SchedulerHost(TaskStore, Protocol):
 
     def admitted(self, task: AnyTaskState) -> bool: ...
 
+    def slots_used(self) -> int:
+        """Job slots taken: running shell tasks and remote jobs in flight."""
+        ...
+
     def stop(
         self,
         task_id: str,
@@ -295,7 +299,7 @@ class Scheduler:
         """The fast path: first in, first out, while the default group has room."""
         leader = self.leader
         while leader.queue and not leader.stopping:
-            if leader.jobs > 0 and leader.shell.running() >= leader.jobs:
+            if leader.jobs > 0 and leader.slots_used() >= leader.jobs:
                 self._explain_full()
                 return
             task = leader.registry.get(leader.queue.popleft())
@@ -331,7 +335,7 @@ class Scheduler:
         """(why it waits, why it can never start): both None when it may start now."""
         if not isinstance(task, LocalShellTaskState):
             limit = self.leader.jobs
-            if limit > 0 and self.leader.shell.running() >= limit:
+            if limit > 0 and self.leader.slots_used() >= limit:
                 return "waiting for a slot", None
             return None, None
         for dep in task.after:

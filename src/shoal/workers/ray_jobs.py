@@ -1,0 +1,267 @@
+"""The Ray Jobs REST client: the only module that speaks HTTP (through httpx2).
+
+The API is small, so shoal talks to it directly instead of importing the heavy `ray` package:
+`GET /api/version` (the address answers), `PUT /api/packages/gcs/{name}` (the packed working
+directory), `POST /api/jobs/` (submit, with `submission_id` = the shoal task id),
+`GET /api/jobs/{id}`, `GET /api/jobs/{id}/logs` (the whole log: callers keep their own offset),
+`POST /api/jobs/{id}/stop` and `DELETE /api/jobs/{id}`. Every failure is a `RayError` whose
+text names the address and what was asked, never a traceback from the dashboard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx2
+import orjson
+
+from shoal.core.errors import ShoalError
+
+ADDRESS_ENV: Final = "SHOAL_RAY_ADDRESS"
+TOKEN_ENV: Final = "SHOAL_RAY_TOKEN"
+DEFAULT_PORT: Final = 8265  # the dashboard's, where the Jobs API lives
+REQUEST_TIMEOUT_S: Final = 10.0
+CONNECT_TIMEOUT_S: Final = 3.0
+# Job statuses, as Ray names them.
+PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = (
+    "PENDING",
+    "RUNNING",
+    "STOPPED",
+    "SUCCEEDED",
+    "FAILED",
+)
+TERMINAL: Final = frozenset({STOPPED, SUCCEEDED, FAILED})
+_EXISTS = re.compile(r"submission_id \S+ already exists")
+
+
+class RayError(ShoalError):
+    """A Ray Jobs API call failed (unreachable address, refused request, unknown job)."""
+
+
+class RayUnreachable(RayError):
+    """Nothing answers at the address (or it is not a Ray dashboard)."""
+
+
+class JobNotFound(RayError):
+    """The cluster has no job with this submission id."""
+
+
+class JobExists(RayError):
+    """A job with this submission id was submitted before."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What `GET /api/jobs/{id}` says of one job (the fields shoal reads)."""
+
+    submission_id: str
+    status: str
+    message: str
+    exit_code: int | None
+    node_ip: str | None
+    node_id: str | None
+    start_time: float | None
+    end_time: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def host(self) -> str:
+        """Where the job ran, for a joblog's host column (the node's address, else ':')."""
+        return self.node_ip or (self.node_id[:12] if self.node_id else ":")
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> JobInfo:
+        driver = data.get("driver_info") or {}
+        agent = data.get("driver_agent_http_address") or ""
+        node_ip = driver.get("node_ip_address") or (
+            httpx2.URL(agent).host if agent.startswith("http") else None
+        )
+        start, end = data.get("start_time"), data.get("end_time")
+        return cls(
+            submission_id=str(data.get("submission_id") or data.get("job_id") or ""),
+            status=str(data.get("status") or PENDING),
+            message=str(data.get("message") or ""),
+            exit_code=data.get("driver_exit_code"),
+            node_ip=node_ip or None,
+            node_id=data.get("driver_node_id") or None,
+            start_time=start / 1000 if start else None,
+            end_time=end / 1000 if end else None,
+        )
+
+
+def resolve_address(option: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The cluster's dashboard URL: `--ray ADDRESS`, else $SHOAL_RAY_ADDRESS (`host:port`
+    or a URL; the port defaults to the dashboard's 8265)."""
+    env = os.environ if environ is None else environ
+    address = (option or env.get(ADDRESS_ENV) or "").strip()
+    if not address:
+        raise RayError(
+            f"no Ray cluster address: pass --ray ADDRESS or set {ADDRESS_ENV} "
+            f"(the dashboard's, e.g. http://127.0.0.1:{DEFAULT_PORT})"
+        )
+    if "://" not in address:
+        address = f"http://{address}"
+    url = httpx2.URL(address)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise RayError(f"{address!r} is not a Ray dashboard address (http://HOST:PORT)")
+    if url.port is None:
+        url = url.copy_with(port=DEFAULT_PORT)
+    return str(url).rstrip("/")
+
+
+class RayJobs:
+    """A client of one cluster's Jobs API (thread-safe: httpx2's client is)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        *,
+        timeout: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.address = address.rstrip("/")
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx2.Client(
+            base_url=self.address,
+            headers=headers,
+            timeout=httpx2.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
+            trust_env=False,  # a proxy from the environment must not see the cluster's traffic
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RayJobs:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def version(self) -> dict[str, Any]:
+        """The cluster's versions (`ray_version`, ...): proof that the address answers."""
+        data = self._json("GET", "/api/version", what="ask its version")
+        if not isinstance(data, dict) or "ray_version" not in data:
+            raise RayUnreachable(f"{self.address} answers, but not as a Ray dashboard")
+        return data
+
+    def package_exists(self, name: str) -> bool:
+        response = self._request("GET", f"/api/packages/gcs/{name}", what=f"look up {name}")
+        return bool(response.status_code == 200)
+
+    def upload_package(self, name: str, data: bytes) -> str:
+        """Upload a zipped working directory (once per content); its `gcs://` URI."""
+        if not self.package_exists(name):
+            response = self._request(
+                "PUT", f"/api/packages/gcs/{name}", what=f"upload {name}", content=data
+            )
+            self._check(response, f"upload {name}")
+        return f"gcs://{name}"
+
+    def submit(
+        self,
+        submission_id: str,
+        entrypoint: str,
+        *,
+        runtime_env: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        num_cpus: float | None = None,
+    ) -> str:
+        """Submit a job under `submission_id`; a second job with the same id is refused."""
+        body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id}
+        if runtime_env:
+            body["runtime_env"] = dict(runtime_env)
+        if metadata:
+            body["metadata"] = dict(metadata)
+        if num_cpus is not None:
+            body["entrypoint_num_cpus"] = num_cpus
+        what = f"submit job {submission_id}"
+        response = self._request("POST", "/api/jobs/", what=what, content=orjson.dumps(body))
+        if response.status_code != 200 and _EXISTS.search(response.text):
+            raise JobExists(
+                f"the cluster at {self.address} already has a job {submission_id!r} (a job's "
+                "id is its task's id, used once: submit a new task rather than re-using one)"
+            )
+        self._check(response, what)
+        return str(orjson.loads(response.content).get("submission_id") or submission_id)
+
+    def info(self, submission_id: str) -> JobInfo:
+        data = self._json("GET", f"/api/jobs/{submission_id}", what=f"read job {submission_id}")
+        return JobInfo.from_api(data)
+
+    def logs(self, submission_id: str) -> str:
+        """The job's whole log so far (the API has no offsets)."""
+        data = self._json(
+            "GET", f"/api/jobs/{submission_id}/logs", what=f"read the logs of {submission_id}"
+        )
+        return str(data.get("logs") or "")
+
+    def stop(self, submission_id: str) -> bool:
+        """Ask the cluster to stop the job (TERM to its process group, KILL after Ray's
+        grace time); False when it had already ended."""
+        data = self._json(
+            "POST", f"/api/jobs/{submission_id}/stop", what=f"stop job {submission_id}"
+        )
+        return bool(data.get("stopped"))
+
+    def delete(self, submission_id: str) -> bool:
+        """Forget an ended job (its record and logs on the cluster)."""
+        data = self._json("DELETE", f"/api/jobs/{submission_id}", what=f"delete {submission_id}")
+        return bool(data.get("deleted"))
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, what: str, content: bytes | None = None) -> Any:
+        headers = {"Content-Type": "application/json"} if method == "POST" else None
+        try:
+            return self._http.request(method, path, content=content, headers=headers)
+        except httpx2.TimeoutException as exc:
+            raise RayUnreachable(
+                f"the Ray cluster at {self.address} did not answer in time (to {what}): {exc}"
+            ) from exc
+        except httpx2.HTTPError as exc:
+            raise RayUnreachable(
+                f"cannot reach the Ray cluster at {self.address} (to {what}): {exc}"
+            ) from exc
+
+    def _json(self, method: str, path: str, *, what: str) -> Any:
+        response = self._request(method, path, what=what)
+        self._check(response, what)
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise RayUnreachable(
+                f"{self.address} answered {what} with something that is not JSON "
+                "(is it a Ray dashboard?)"
+            ) from exc
+
+    def _check(self, response: Any, what: str) -> None:
+        status = response.status_code
+        if status == 200:
+            return
+        text = _last_line(response.text)
+        if status == 404 and "does not exist" in response.text:
+            raise JobNotFound(f"the Ray cluster at {self.address} has no such job ({what}): {text}")
+        if status in (401, 403):
+            raise RayError(
+                f"the Ray cluster at {self.address} refused to {what} (HTTP {status}): set "
+                f"{TOKEN_ENV} to the cluster's token"
+            )
+        raise RayError(
+            f"the Ray cluster at {self.address} could not {what} (HTTP {status}): {text}"
+        )
+
+
+def _last_line(text: str) -> str:
+    """The message of a dashboard error (its tracebacks end with the exception's line)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip() not in ("", ".")]
+    return (lines[-1] if lines else "no details")[:300]

@@ -1,0 +1,926 @@
+"""`remote_agent` tasks: work that runs as a Ray Job on a cluster, polled by the leader.
+
+A remote task is submitted with `submission_id` = its task id (a continuation of an ultraplan
+gets `{id}-2`, `{id}-3`...), its working directory packed from the git work tree and uploaded
+once per content. Every poll reads the job's status and its whole log (the API has no
+offsets): only what is new is appended to the task's output file, after Ray's own preamble,
+and scanned for the markers a job prints (`::shoal-NAME:: VALUE`). A completion checker
+registered per remote type turns status and markers into the task's next state.
+
+Nothing here blocks the leader's loop: HTTP calls run on a small thread pool, one call chain
+per task at a time, and the loop applies their results (on its own thread) when they are done.
+A sidecar file `sessions/{s}/remote/{id}.json` is written at submit and deleted once the
+task's end was notified; a resumed leader re-attaches to running jobs by id and never revives
+a task that had ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import re
+import shlex
+import stat
+import threading
+import time
+import tomllib
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from shoal.core import git
+from shoal.core.errors import ShoalError, UsageError
+from shoal.core.events import task_started, task_terminated
+from shoal.core.jsonio import atomic_write, dumps
+from shoal.core.tasks import (
+    STOPPED_ON_REQUEST,
+    AnyTaskState,
+    RemoteAgentTaskState,
+    RemoteTaskType,
+    TaskStatus,
+    TaskType,
+    new_task_id,
+)
+from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.ray_jobs import (
+    FAILED,
+    STOPPED,
+    SUCCEEDED,
+    JobExists,
+    JobInfo,
+    RayError,
+    RayJobs,
+    RayUnreachable,
+)
+
+AGENT_TYPES: Final = ("remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-pr")
+REMOTE_TYPES: Final = (*AGENT_TYPES, "shell")
+POLL_INTERVAL_S: Final = 0.5
+POLL_THREADS: Final = 8
+UNREACHABLE_ENV: Final = "SHOAL_RAY_UNREACHABLE_S"
+UNREACHABLE_S: Final = 30.0
+"""A cluster that answers no poll for this long fails its tasks (a stop: kills them)."""
+UPLOAD_LIMIT_ENV: Final = "SHOAL_RAY_UPLOAD_LIMIT_MB"
+UPLOAD_LIMIT_MB: Final = 100
+SHOAL_COMMAND_ENV: Final = "SHOAL_RAY_SHOAL"
+"""How a cluster node runs shoal for a remote agent (default `shoal`, on the node's PATH)."""
+LOG_KEEP: Final = 20  # status changes kept in a record's `log`
+# What a job's environment gets of the leader's, for an agent type: the model providers'.
+MODEL_ENV: Final = (
+    "SHOAL_MODEL",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+)
+MARKER: Final = re.compile(r"^::shoal-([a-z-]+)::[ \t]?(.*)$")
+# Ray's own lines in a job's log, before its entrypoint runs.
+RAY_LINE: Final = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\t[A-Z]+ job_manager\.py:\d+ -- ")
+QUESTION: Final = re.compile(r"^\s*QUESTION:\s*(.+)$", re.MULTILINE)
+SIDECAR_DIR: Final = "remote"
+
+
+class RemoteError(ShoalError):
+    """A remote task cannot be created (the cluster, the working directory or the model)."""
+
+
+# --------------------------------------------------------------------------- the request
+
+
+class RemoteSpec(BaseModel):
+    """What `shoal remote submit` (or a batch run on Ray) asks the leader to run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    remote_type: RemoteTaskType = "remote-agent"
+    address: str
+    package: str | None = None
+    """The uploaded working directory (`gcs://_ray_pkg_*.zip`), if any."""
+    cwd: str = "."
+    """Where the job starts, relative to the packed work tree's root."""
+    prompt: str | None = None
+    command: str | None = None
+    model: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = Field(default=None, gt=0)
+    long_running: bool = False
+    title: str | None = None
+    description: str | None = None
+    num_cpus: float | None = Field(default=None, ge=0)
+
+
+def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> RemoteAgentTaskState:
+    """A pending `remote_agent` task for `spec` (checked: an agent type has a prompt, a shell
+    one a command)."""
+    if spec.remote_type == "shell":
+        if not (spec.command or "").strip():
+            raise UsageError(
+                "a remote shell task needs a command (shoal remote submit --type shell -- CMD)"
+            )
+        what = spec.command or ""
+    else:
+        if not (spec.prompt or "").strip():
+            raise UsageError(f"a {spec.remote_type} task needs a prompt")
+        what = spec.prompt or ""
+    task_id = new_task_id(TaskType.REMOTE_AGENT)
+    title = spec.title or _first_line(what)[:80]
+    entry = entrypoint(spec)
+    metadata: dict[str, Any] = {
+        "address": spec.address,
+        "package": spec.package,
+        "cwd": spec.cwd,
+        "entrypoint": entry,
+        "env": spec.env,
+        "model": spec.model,
+        "prompt": spec.prompt,
+        "timeout_s": spec.timeout,
+        "num_cpus": spec.num_cpus,
+        "job": 1,
+    }
+    return RemoteAgentTaskState(
+        id=task_id,
+        description=spec.description or title,
+        output_file=str(output_file(task_id)),
+        remote_task_type=spec.remote_type,
+        remote_task_metadata=metadata,
+        session_id=task_id,
+        command=spec.command or "",
+        title=title,
+        is_long_running=spec.long_running,
+        is_remote_review=spec.remote_type == "ultrareview",
+        is_ultraplan=spec.remote_type == "ultraplan",
+        ultraplan_phase="running" if spec.remote_type == "ultraplan" else None,
+    )
+
+
+def entrypoint(spec: RemoteSpec, prompt: str | None = None) -> str:
+    """The job's shell command: a shell task's command, or shoal's agent on the node."""
+    cd = f"cd {shlex.quote(spec.cwd)} && " if spec.cwd not in ("", ".") else ""
+    if spec.remote_type == "shell":
+        return f"{cd}sh -c {shlex.quote(spec.command or '')}"
+    shoal = os.environ.get(SHOAL_COMMAND_ENV) or "shoal"
+    argv = ["remote", "job", "--type", spec.remote_type]
+    if spec.model:
+        argv += ["--model", spec.model]
+    argv += ["--", prompt if prompt is not None else spec.prompt or ""]
+    return f"{cd}{shoal} {shlex.join(argv)}"
+
+
+def preamble(remote_type: str) -> str:
+    """What an agent of `remote_type` is told before the prompt (remote_prompts.toml)."""
+    text = resources.files("shoal.workers").joinpath("remote_prompts.toml").read_text()
+    return str(tomllib.loads(text).get(remote_type, {}).get("preamble", ""))
+
+
+# --------------------------------------------------------------------------- eligibility
+
+
+@dataclass(frozen=True)
+class Package:
+    """A work tree packed for upload: Ray's content-addressed name and the zip's bytes."""
+
+    root: Path
+    name: str
+    data: bytes
+    files: int
+
+
+def upload_limit() -> int:
+    """The largest working directory (zipped bytes) a remote task may take."""
+    raw = os.environ.get(UPLOAD_LIMIT_ENV)
+    try:
+        mb = float(raw) if raw else UPLOAD_LIMIT_MB
+    except ValueError:
+        raise UsageError(f"${UPLOAD_LIMIT_ENV} must be a number of MB, not {raw!r}") from None
+    return int(mb * 1024 * 1024)
+
+
+def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
+    """Zip the git work tree `cwd` is in (what .gitignore excludes stays out), checking that
+    it is a repository with a commit and that the zip stays under the upload limit."""
+    limit = upload_limit() if limit is None else limit
+    root = git.toplevel(cwd)
+    if root is None:
+        raise RemoteError(
+            f"{cwd} is not in a git repository: a remote task runs on a copy of the work tree "
+            "(git init && git add -A && git commit)"
+        )
+    if not git.has_commit(root):
+        raise RemoteError(f"the git repository {root} has no commit yet: commit once first")
+    buffer = io.BytesIO()
+    count = 0
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+        for rel in git.listed_files(root):
+            path = root / rel
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # tracked but deleted, or a dangling link
+            if not stat.S_ISREG(st.st_mode):
+                continue  # a submodule's directory
+            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IMODE(st.st_mode) | stat.S_IFREG) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, path.read_bytes())
+            count += 1
+            if buffer.tell() > limit:
+                break
+    data = buffer.getvalue()
+    if len(data) > limit:
+        raise RemoteError(
+            f"the work tree {root} packs to more than {_mb(limit)} (the upload limit; "
+            f"${UPLOAD_LIMIT_ENV} raises it): add what the job does not need to .gitignore"
+        )
+    name = f"_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
+    return Package(root=root, name=name, data=data, files=count)
+
+
+def check_model_key(
+    remote_type: str, model: str | None, env: Mapping[str, str], home: Path, cwd: Path
+) -> None:
+    """An agent type needs its model's key (the offline scripted model needs none)."""
+    if remote_type not in AGENT_TYPES:
+        return
+    from shoal.workers.agent.models import check_model, choose_model
+
+    check_model(choose_model(model, None, env, home), env, cwd)
+
+
+# --------------------------------------------------------------------------- completion
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a completion checker decided: a new status (None: still running) and fields."""
+
+    status: TaskStatus | None = None
+    changes: dict[str, Any] = field(default_factory=dict)
+
+
+CompletionChecker = Callable[[RemoteAgentTaskState, JobInfo, Mapping[str, str]], Verdict | None]
+_CHECKERS: dict[str, CompletionChecker] = {}
+
+
+def register_completion_checker(remote_type: str, checker: CompletionChecker) -> None:
+    """Run `checker` at every poll of a task of `remote_type` (the last one registered wins)."""
+    _CHECKERS[remote_type] = checker
+
+
+def _marker_text(markers: Mapping[str, str], name: str) -> str | None:
+    raw = markers.get(name)
+    if raw is None:
+        return None
+    with contextlib.suppress(orjson.JSONDecodeError):
+        value = orjson.loads(raw)
+        if isinstance(value, str):
+            return value
+    return raw
+
+
+def job_verdict(
+    task: RemoteAgentTaskState, info: JobInfo, markers: Mapping[str, str]
+) -> Verdict | None:
+    """Done when the job is: succeeded is completed, failed is failed (with its exit code),
+    stopped is killed. The result is the job's `result` marker, if it printed one."""
+    if not info.terminal:
+        return None
+    result = _marker_text(markers, "result")
+    changes: dict[str, Any] = {"exit_code": info.exit_code}
+    if result is not None:
+        changes["result"] = result
+    if info.status == SUCCEEDED:
+        return Verdict(TaskStatus.COMPLETED, changes)
+    if info.status == STOPPED:
+        return Verdict(TaskStatus.KILLED, changes)
+    if info.exit_code is not None:
+        error = f"the job exited with code {info.exit_code}"
+    else:
+        error = f"the job failed: {_first_line(info.message) or 'no reason given'}"
+    return Verdict(TaskStatus.FAILED, {**changes, "error": error})
+
+
+def review_verdict(
+    task: RemoteAgentTaskState, info: JobInfo, markers: Mapping[str, str]
+) -> Verdict | None:
+    """An ultrareview is done when its result file is named in the job's logs (with the
+    review itself); its progress is the last `progress` marker."""
+    progress = _marker_text(markers, "progress")
+    changes: dict[str, Any] = {}
+    if progress is not None:
+        changes["review_progress"] = {"stage": progress}
+    if "result-file" in markers and "result" in markers:
+        file = _marker_text(markers, "result-file")
+        changes.update(result=_marker_text(markers, "result"), exit_code=info.exit_code)
+        meta = {**(task.remote_task_metadata or {}), "result_file": file}
+        return Verdict(TaskStatus.COMPLETED, {**changes, "remote_task_metadata": meta})
+    verdict = job_verdict(task, info, markers)
+    if verdict is not None and verdict.status == TaskStatus.COMPLETED:
+        return Verdict(
+            TaskStatus.FAILED,
+            {**verdict.changes, "error": "the review ended without naming its result file"},
+        )
+    if verdict is None:
+        return Verdict(None, changes) if changes else None
+    return Verdict(verdict.status, {**changes, **verdict.changes})
+
+
+def plan_verdict(
+    task: RemoteAgentTaskState, info: JobInfo, markers: Mapping[str, str]
+) -> Verdict | None:
+    """An ultraplan moves `running -> needs_input -> plan_ready` by the job's `phase`
+    markers; it stays running (waiting for `shoal approve`) once its job has ended with one."""
+    phase = _marker_text(markers, "phase")
+    if phase in ("needs_input", "plan_ready") and info.terminal:
+        changes: dict[str, Any] = {"ultraplan_phase": phase, "exit_code": info.exit_code}
+        result = _marker_text(markers, "result")
+        if result is not None:
+            changes["result"] = result
+        question = _marker_text(markers, "question")
+        if phase == "needs_input":
+            meta = {**(task.remote_task_metadata or {}), "question": question}
+            changes["remote_task_metadata"] = meta
+        return Verdict(None, changes)
+    return job_verdict(task, info, markers)
+
+
+for _type in ("remote-agent", "autofix-pr", "background-pr", "shell"):
+    register_completion_checker(_type, job_verdict)
+register_completion_checker("ultrareview", review_verdict)
+register_completion_checker("ultraplan", plan_verdict)
+
+
+# --------------------------------------------------------------------------- the kind
+
+
+@dataclass
+class _Job:
+    """What the kind holds in memory about one remote task's current Ray job."""
+
+    task_id: str
+    client: RayJobs
+    submission_id: str
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    num_cpus: float | None
+    output: Path
+    submitted: bool
+    offset: int = 0  # characters of the job's log (as the API gives it) read and written
+    markers: dict[str, str] = field(default_factory=dict)
+    info: JobInfo | None = None
+    error: BaseException | None = None  # the last call chain's failure
+    future: Future[None] | None = None
+    next_poll: float = 0.0
+    unreachable_since: float | None = None
+    stop_reason: str | None = None
+    stop_asked_at: float | None = None
+    stop_sent: bool = False
+    waiting: bool = False  # an ultraplan waiting for `shoal approve`: no job to poll
+
+
+class RemoteKind:
+    """The TaskKind of `remote_agent` tasks (Ray Jobs)."""
+
+    types = frozenset({TaskType.REMOTE_AGENT})
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = dict(os.environ if environ is None else environ)
+        self.jobs: dict[str, _Job] = {}
+        self._clients: dict[str, RayJobs] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._done: set[str] = set()  # ids whose call chain finished (read at the next REAP)
+        self._ended: set[str] = set()  # ended ids whose sidecar goes once they are notified
+        self._wake: Callable[[], None] | None = None
+        self._sidecars: dict[str, tuple[Path, dict[str, Any]]] = {}
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """The leader's environment (what agent jobs get their model's key from)."""
+        return self._environ
+
+    # -- TaskKind --------------------------------------------------------------------------
+
+    def start(self, task: AnyTaskState, store: TaskStore) -> None:
+        assert isinstance(task, RemoteAgentTaskState)
+        self._wake = store.wake
+        meta = task.remote_task_metadata or {}
+        try:
+            job = self._job_for(task, store, submitted=False)
+        except ShoalError as exc:
+            store.move_task(task.id, TaskStatus.FAILED, error=str(exc))
+            store.emit(task_started(store.get(task.id) or task))
+            return
+        self.jobs[task.id] = job
+        now = time.time()
+        store.move_task(
+            task.id,
+            TaskStatus.RUNNING,
+            start_time=now,
+            poll_started_at=now,
+            log=_logged(task, "submitting", f"to {meta.get('address')}"),
+        )
+        current = store.get(task.id)
+        self._write_sidecar(current if isinstance(current, RemoteAgentTaskState) else task)
+        store.emit(task_started(store.get(task.id) or task))
+        self._schedule(job)
+
+    def poll(
+        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
+    ) -> None:
+        if what is not Poll.REAP:
+            return
+        self._wake = store.wake
+        self._drop_sidecars(store)
+        with self._lock:
+            done, self._done = self._done, set()
+        for task_id in list(self.jobs if only is None else only):
+            job = self.jobs.get(task_id)
+            if job is None:
+                continue
+            task = store.get(task_id)
+            if not isinstance(task, RemoteAgentTaskState) or task.is_terminal:
+                self.jobs.pop(task_id, None)
+                continue
+            if task_id in done or (job.future is not None and job.future.done()):
+                job.future = None
+                self._apply(job, task, store)
+            if task_id not in self.jobs:
+                continue
+            self._check_timeout(job, store)
+            if job.future is None and not job.waiting and time.monotonic() >= job.next_poll:
+                self._schedule(job)
+
+    def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
+        job = self.jobs.get(task.id)
+        if task.status == TaskStatus.PENDING or job is None or (job.waiting and not job.future):
+            self.jobs.pop(task.id, None)
+            store.move_task(task.id, TaskStatus.KILLED, kill_reason=reason, error=reason)
+            self._ended.add(task.id)
+            if reason == STOPPED_ON_REQUEST:
+                store.mark_notified(task.id)
+                final = store.get(task.id)
+                if final is not None:
+                    store.emit(task_terminated(final))
+            return
+        if job.stop_reason is None:
+            job.stop_reason = reason
+            job.stop_asked_at = time.monotonic()
+            store.set_task(task.id, kill_reason=reason)
+            job.next_poll = 0.0
+            if job.future is None:
+                self._schedule(job)
+
+    def orphans(
+        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
+    ) -> None:
+        for task in tasks:
+            if task.owner and departed(task.owner) and not task.is_terminal:
+                self.kill(task, store, f"its owner {task.owner} has gone")
+
+    def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
+        """Re-attach to a running job by its id (the poll clock restarts now); a task that had
+        ended is never revived, and one whose sidecar is gone cannot be re-attached."""
+        assert isinstance(task, RemoteAgentTaskState)
+        self._wake = store.wake
+        if task.is_terminal:
+            self._ended.add(task.id)
+            return
+        if task.status == TaskStatus.PENDING:
+            return
+        if not sidecar_path(task).exists():
+            store.move_task(
+                task.id,
+                TaskStatus.FAILED,
+                error=f"its sidecar {sidecar_path(task)} is gone: the job cannot be re-attached",
+            )
+            return
+        try:
+            job = self._job_for(task, store, submitted=True)
+        except ShoalError as exc:
+            store.move_task(task.id, TaskStatus.FAILED, error=f"cannot re-attach: {exc}")
+            return
+        meta = task.remote_task_metadata or {}
+        record = _read_sidecar(task)
+        self._sidecars[task.id] = (sidecar_path(task), record)
+        job.offset = int(record.get("log_offset") or 0)
+        job.markers = dict(meta.get("markers") or {})
+        job.waiting = task.ultraplan_phase in ("needs_input", "plan_ready")
+        if task.kill_reason:
+            job.stop_reason, job.stop_asked_at = task.kill_reason, time.monotonic()
+        self.jobs[task.id] = job
+        store.set_task(
+            task.id,
+            poll_started_at=time.time(),
+            log=_logged(task, "re-attached", "by a resumed leader"),
+        )
+        if not job.waiting:
+            self._schedule(job)
+
+    def notification(self, task: AnyTaskState) -> dict[str, Any]:
+        result = getattr(task, "result", None)
+        return {"result": result} if result else {}
+
+    def live(self) -> Iterable[str]:
+        return list(self.jobs)
+
+    def signalled(self) -> Iterable[str]:
+        with self._lock:
+            return list(self._done)
+
+    def on_exit(self, key: str) -> bool:
+        return False
+
+    def next_due(self) -> float | None:
+        due = [j.next_poll for j in self.jobs.values() if j.future is None and not j.waiting]
+        return min(due) if due else None
+
+    def running(self) -> int:
+        """Jobs in flight on clusters (an ultraplan waiting for an answer holds none)."""
+        return sum(1 for j in self.jobs.values() if not j.waiting)
+
+    def close(self) -> None:
+        """Stop the poll threads and close the HTTP clients (the jobs run on)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        for client in self._clients.values():
+            client.close()
+
+    # -- answering an ultraplan ------------------------------------------------------------
+
+    def answer(
+        self, task: RemoteAgentTaskState, store: TaskStore, *, approve: bool, text: str | None
+    ) -> RemoteAgentTaskState:
+        """`shoal approve`/`reject` of an ultraplan: a ready plan approved completes the task
+        with it; a question answered (or a plan sent back with feedback) continues the
+        planning in a new job `{id}-N`, told the earlier answer and what the user said."""
+        if not task.is_ultraplan or task.ultraplan_phase not in ("needs_input", "plan_ready"):
+            raise UsageError(
+                f"remote task {task.id} waits for no answer (it is {task.status.value}"
+                + (f", {task.ultraplan_phase}" if task.ultraplan_phase else "")
+                + ")"
+            )
+        if task.ultraplan_phase == "plan_ready" and approve:
+            self.jobs.pop(task.id, None)
+            store.move_task(
+                task.id, TaskStatus.COMPLETED, log=_logged(task, "approved", "the plan")
+            )
+            self._ended.add(task.id)
+            return store.get(task.id) or task  # type: ignore[return-value]
+        if task.ultraplan_phase == "needs_input" and not (text or "").strip():
+            raise UsageError(f"{task.id} asks a question: answer it with --feedback TEXT")
+        if not approve and not (text or "").strip():
+            raise UsageError(f"say what to change in the plan of {task.id}: --feedback TEXT")
+        meta = dict(task.remote_task_metadata or {})
+        number = int(meta.get("job") or 1) + 1
+        said = (text or "").strip()
+        prompt = (
+            f"{meta.get('prompt') or ''}\n\nYour earlier answer was:\n{task.result or ''}\n\n"
+            f"The user answered: {said}"
+            if task.ultraplan_phase == "needs_input"
+            else f"{meta.get('prompt') or ''}\n\nYour plan was:\n{task.result or ''}\n\n"
+            f"The user wants it changed: {said}"
+        )
+        spec = RemoteSpec(
+            remote_type="ultraplan",
+            address=str(meta.get("address")),
+            package=meta.get("package"),
+            cwd=str(meta.get("cwd") or "."),
+            prompt=prompt,
+            model=meta.get("model"),
+        )
+        meta.update(
+            job=number,
+            markers={},
+            entrypoint=entrypoint(spec),
+            question=None,
+        )
+        submission = f"{task.id}-{number}"
+        store.set_task(
+            task.id,
+            ultraplan_phase="running",
+            session_id=submission,
+            remote_task_metadata=meta,
+            poll_started_at=time.time(),
+            log=_logged(task, "continued", f"as job {submission}"),
+        )
+        current = store.get(task.id)
+        assert isinstance(current, RemoteAgentTaskState)
+        job = self._job_for(current, store, submitted=False)
+        self.jobs[task.id] = job
+        self._write_sidecar(current)
+        self._schedule(job)
+        return current
+
+    # -- the call chain (pool threads) ----------------------------------------------------
+
+    def _schedule(self, job: _Job) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="shoal-ray")
+        job.next_poll = time.monotonic() + POLL_INTERVAL_S
+        job.future = self._pool.submit(self._call_chain, job)
+
+    def _call_chain(self, job: _Job) -> None:
+        """Submit (once), stop (once, when asked), read status and logs; never raises."""
+        try:
+            job.error = None
+            if not job.submitted:
+                job.client.submit(
+                    job.submission_id,
+                    job.entrypoint,
+                    runtime_env=job.runtime_env,
+                    metadata={"shoal_task": job.task_id},
+                    num_cpus=job.num_cpus,
+                )
+                job.submitted = True
+            if job.stop_reason is not None and not job.stop_sent:
+                job.client.stop(job.submission_id)
+                job.stop_sent = True
+            job.info = job.client.info(job.submission_id)
+            self._read_logs(job, job.client.logs(job.submission_id), job.info.terminal)
+        except BaseException as exc:  # (a thread's failure must reach the loop)
+            job.error = exc
+        finally:
+            with self._lock:
+                self._done.add(job.task_id)
+            if self._wake is not None:
+                self._wake()
+
+    def _read_logs(self, job: _Job, logs: str, final: bool) -> None:
+        """Append the job's new complete lines (less Ray's own about the job's start) to the
+        output file, scan them for markers, and record how far the log has been read."""
+        new = logs[job.offset :]
+        if not new:
+            return
+        cut = len(new) if final else new.rfind("\n") + 1
+        if cut <= 0:
+            return  # no complete line yet
+        chunk = new[:cut]
+        head = f"Running entrypoint for job {job.submission_id}: {job.entrypoint}\n"
+        if job.offset == 0 or head in chunk:
+            chunk = chunk.replace(head, "", 1)
+        lines = [line for line in chunk.splitlines(keepends=True) if not RAY_LINE.match(line)]
+        if lines:
+            with open(job.output, "a", encoding="utf-8", errors="replace") as fh:
+                fh.write("".join(lines))
+        job.offset += cut
+        self._write_sidecar_of(job)
+        for line in lines:
+            match = MARKER.match(line.rstrip("\r\n"))
+            if match:
+                job.markers[match.group(1)] = match.group(2).strip()
+
+    # -- applying results (the loop's thread) -------------------------------------------
+
+    def _apply(self, job: _Job, task: RemoteAgentTaskState, store: TaskStore) -> None:
+        now = time.monotonic()
+        if job.error is not None:
+            self._failed_call(job, task, store, job.error, now)
+            return
+        job.unreachable_since = None
+        info = job.info
+        if info is None:
+            return
+        meta = task.remote_task_metadata or {}
+        changes: dict[str, Any] = {}
+        if info.host != ":" and info.host != task.host:
+            changes["host"] = info.host
+        if job.markers != (meta.get("markers") or {}):
+            changes["remote_task_metadata"] = {**meta, "markers": dict(job.markers)}
+        if info.status != _last_status(task):
+            changes["log"] = _logged(task, info.status.lower(), _first_line(info.message))
+        checker = _CHECKERS.get(task.remote_task_type, job_verdict)
+        verdict = checker(task, info, job.markers)
+        if job.stop_reason is not None and info.terminal:
+            verdict = Verdict(TaskStatus.KILLED, {"exit_code": info.exit_code})
+        if verdict is not None:
+            extra = dict(verdict.changes)
+            if "remote_task_metadata" in extra and "remote_task_metadata" in changes:
+                extra["remote_task_metadata"] = {
+                    **changes["remote_task_metadata"],
+                    **extra["remote_task_metadata"],
+                }
+            changes.update(extra)
+        if verdict is not None and verdict.status is not None:
+            self._end(job, task, store, verdict.status, changes)
+            return
+        if changes:
+            store.set_task(task.id, **changes)
+        if task.is_ultraplan and changes.get("ultraplan_phase") in ("needs_input", "plan_ready"):
+            job.waiting = True  # (its job has ended: nothing to poll until it is answered)
+
+    def _failed_call(
+        self,
+        job: _Job,
+        task: RemoteAgentTaskState,
+        store: TaskStore,
+        exc: BaseException,
+        now: float,
+    ) -> None:
+        address = job.client.address
+        if isinstance(exc, RayUnreachable) or (
+            isinstance(exc, RayError)
+            and not job.submitted
+            and not isinstance(exc, JobExists)
+            and "HTTP 5" in str(exc)
+        ):
+            job.unreachable_since = job.unreachable_since or now
+            waited = now - job.unreachable_since
+            if waited < _unreachable_s():
+                return
+            why = f"the Ray cluster at {address} stopped answering ({waited:.0f}s): {exc}"
+            if job.stop_reason is not None:
+                self._end(
+                    job,
+                    task,
+                    store,
+                    TaskStatus.KILLED,
+                    {"error": f"{job.stop_reason}; the cluster never confirmed the stop ({why})"},
+                )
+            else:
+                self._end(job, task, store, TaskStatus.FAILED, {"error": why})
+            return
+        if isinstance(exc, ShoalError):
+            self._end(job, task, store, TaskStatus.FAILED, {"error": str(exc)})
+            return
+        self._end(
+            job,
+            task,
+            store,
+            TaskStatus.FAILED,
+            {"error": f"internal error polling job {job.submission_id}: {exc!r}"},
+        )
+
+    def _end(
+        self,
+        job: _Job,
+        task: RemoteAgentTaskState,
+        store: TaskStore,
+        status: TaskStatus,
+        changes: dict[str, Any],
+    ) -> None:
+        self.jobs.pop(task.id, None)
+        if status == TaskStatus.KILLED:
+            reason = job.stop_reason or task.kill_reason or "the job was stopped on the cluster"
+            changes.setdefault("error", reason)
+            changes["kill_reason"] = reason
+        changes["log"] = _logged(task, status.value, changes.get("error") or "")
+        store.move_task(task.id, status, end_time=time.time(), **changes)
+        self._ended.add(task.id)
+        if status == TaskStatus.KILLED and job.stop_reason == STOPPED_ON_REQUEST:
+            store.mark_notified(task.id)  # a stop the user asked for is not news (as shells)
+            final = store.get(task.id)
+            if final is not None:
+                store.emit(task_terminated(final))
+
+    def _check_timeout(self, job: _Job, store: TaskStore) -> None:
+        task = store.get(job.task_id)
+        if not isinstance(task, RemoteAgentTaskState) or job.stop_reason or job.waiting:
+            return
+        limit = (task.remote_task_metadata or {}).get("timeout_s")
+        if limit and not task.is_long_running and time.time() - task.poll_started_at > limit:
+            self.kill(task, store, f"timed out after {limit:g}s")
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _job_for(self, task: RemoteAgentTaskState, store: TaskStore, *, submitted: bool) -> _Job:
+        meta = task.remote_task_metadata or {}
+        address = str(meta.get("address") or "")
+        if not address:
+            raise RemoteError(f"remote task {task.id} names no cluster address")
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = RayJobs(address, self._environ.get("SHOAL_RAY_TOKEN"))
+        env_vars = {str(k): str(v) for k, v in (meta.get("env") or {}).items()}
+        env_vars.setdefault("PYTHONUNBUFFERED", "1")
+        if task.remote_task_type in AGENT_TYPES:
+            for name in MODEL_ENV:
+                if self._environ.get(name) and name not in env_vars:
+                    env_vars[name] = self._environ[name]
+        runtime_env: dict[str, Any] = {"env_vars": env_vars}
+        if meta.get("package"):
+            runtime_env["working_dir"] = meta["package"]
+        return _Job(
+            task_id=task.id,
+            client=client,
+            submission_id=task.session_id or task.id,
+            entrypoint=str(meta.get("entrypoint") or ""),
+            runtime_env=runtime_env,
+            num_cpus=meta.get("num_cpus"),
+            output=Path(task.output_file),
+            submitted=submitted,
+        )
+
+    def _write_sidecar(self, task: RemoteAgentTaskState) -> None:
+        """The task's sidecar: what re-attaching needs (the job, the cluster, how far its log
+        was read), beside the session's state (written at submit, then after each read)."""
+        meta = task.remote_task_metadata or {}
+        path = sidecar_path(task)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "task_id": task.id,
+            "submission_id": task.session_id,
+            "address": meta.get("address"),
+            "remote_task_type": task.remote_task_type,
+            "title": task.title,
+            "log_offset": 0,
+            "written_at": time.time(),
+        }
+        atomic_write(path, dumps(record))
+        self._sidecars[task.id] = (path, record)
+
+    def _write_sidecar_of(self, job: _Job) -> None:
+        """Record how far the job's log was read (after the lines were appended: a leader
+        killed in between repeats at most one read's lines, and never loses any)."""
+        known = self._sidecars.get(job.task_id)
+        if known is None:
+            return
+        path, record = known
+        record = {
+            **record,
+            "submission_id": job.submission_id,
+            "log_offset": job.offset,
+            "written_at": time.time(),
+        }
+        self._sidecars[job.task_id] = (path, record)
+        atomic_write(path, dumps(record))
+
+    def _drop_sidecars(self, store: TaskStore) -> None:
+        for task_id in list(self._ended):
+            task = store.get(task_id)
+            if task is not None and not task.notified:
+                continue
+            self._ended.discard(task_id)
+            self._sidecars.pop(task_id, None)
+            if task is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    sidecar_path(task).unlink()
+
+
+def sidecar_path(task: AnyTaskState) -> Path:
+    """`sessions/{s}/remote/{id}.json` (the output file is in `sessions/{s}/tasks/`)."""
+    return Path(task.output_file).parent.parent / SIDECAR_DIR / f"{task.id}.json"
+
+
+def _read_sidecar(task: AnyTaskState) -> dict[str, Any]:
+    try:
+        data = orjson.loads(sidecar_path(task).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _logged(task: RemoteAgentTaskState, status: str, message: str) -> tuple[dict[str, Any], ...]:
+    entry = {"ts": round(time.time(), 3), "status": status, "message": message[:300]}
+    return (*task.log, entry)[-LOG_KEEP:]
+
+
+def _last_status(task: RemoteAgentTaskState) -> str | None:
+    return str(task.log[-1].get("status")).upper() if task.log else None
+
+
+def _unreachable_s() -> float:
+    try:
+        return float(os.environ.get(UNREACHABLE_ENV) or UNREACHABLE_S)
+    except ValueError:
+        return UNREACHABLE_S
+
+
+def _first_line(text: str | None) -> str:
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1024 / 1024:g} MB"
+
+
+__all__ = [
+    "AGENT_TYPES",
+    "FAILED",
+    "QUESTION",
+    "REMOTE_TYPES",
+    "CompletionChecker",
+    "Package",
+    "RemoteError",
+    "RemoteKind",
+    "RemoteSpec",
+    "Verdict",
+    "check_model_key",
+    "entrypoint",
+    "new_remote_task",
+    "pack_workdir",
+    "preamble",
+    "register_completion_checker",
+    "sidecar_path",
+]
