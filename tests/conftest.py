@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -180,3 +181,16 @@ def stopper() -> Iterator[list[subprocess.Popen[str]]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[Any]:
+    """One real Ray head on loopback for the session's `ray_head`-marked tests (one xdist
+    group: `--dist loadgroup` puts them on one worker, so one head serves them)."""
+    from tests.ray_cluster import RayHead
+
+    head = RayHead()
+    try:
+        yield head
+    finally:
+        head.stop()

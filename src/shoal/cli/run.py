@@ -373,7 +373,15 @@ def _detail(event: dict[str, Any]) -> str:
     "--backend",
     type=click.Choice(BACKEND_CHOICES),
     default=None,
-    help="Where teammates run (default: [run] backend, else auto); shell tasks ignore it.",
+    help="Where teammates run (default: [run] backend, else auto); `ray`: every shell task "
+    "is a Ray job on the cluster at --ray (teammates then run here).",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="With --backend ray: the cluster's dashboard (default: $SHOAL_RAY_ADDRESS).",
 )
 @click.option(
     "--halt",
@@ -455,6 +463,7 @@ def run(
     spec_path: str,
     jobs: int | None,
     backend: str | None,
+    ray_address: str | None,
     halt: str | None,
     junit: str | None,
     report: str | None,
@@ -524,6 +533,7 @@ def run(
         forward_leader_events=output_format == "stream-json",
         keep_team=keep_team,
         results=Path(results) if results else None,
+        ray=ray_address,
     )
     # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.
     err = Droppable(sys.stderr)

@@ -43,10 +43,11 @@ from shoal.core.events import (
 )
 from shoal.core.names import MAX_NAME_LENGTH, validate_name
 from shoal.core.paths import Layout
-from shoal.core.tasks import LocalShellTaskState, TaskStatus
+from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
 from shoal.orchestrator.batch.junit import FileStamp, check_written, stamp
+from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepare
 from shoal.orchestrator.batch.recovery import ENV_RUN, succeeded_attempts, with_recovered
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
@@ -57,7 +58,7 @@ from shoal.orchestrator.batch.report import (
     write_junit,
 )
 from shoal.orchestrator.batch.results import ResultsDir
-from shoal.orchestrator.batch.spec import HaltPolicy, Spec
+from shoal.orchestrator.batch.spec import RAY_BACKEND, HaltPolicy, Spec
 from shoal.orchestrator.batch.state import (
     AgentDispatcher,
     Attempt,
@@ -112,6 +113,8 @@ class RunOptions:
     `[run] team` is always kept."""
     results: Path | None = None
     """Copy every task's output into this directory as it ends."""
+    ray: str | None = None
+    """`--backend ray`: the cluster's address (else $SHOAL_RAY_ADDRESS)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,20 @@ class LeaderShell:
         )
 
 
+class RayShell(RayShellMixin, LeaderShell):
+    """The engine's ShellExecutor for `--backend ray`: attempts are remote shell tasks."""
+
+    def __init__(self, leader: Leader, post: Poster, run_id: str, target: RayTarget) -> None:
+        LeaderShell.__init__(self, leader, post, run_id)
+        self.target = target
+
+    def _finished(self, event: TaskTerminated) -> Finished:
+        state = self.leader.get(event.task_id)
+        if not isinstance(state, RemoteAgentTaskState):
+            return Finished(event.task_id, event.status, error="lost")
+        return self.remote_finished(event, state)
+
+
 class BatchPolicy:
     """The leader's `policy` step for one run: feed the engine, let it decide, save the
     record, and end the loop once every task has its verdict (or the run is interrupted)."""
@@ -234,7 +251,11 @@ class BatchPolicy:
         self.driver = driver
         self.leader = leader
         self.events: deque[ExecEvent] = deque()
-        self.shell = LeaderShell(leader, self.events.append, driver.run_id)
+        self.shell: LeaderShell = (
+            RayShell(leader, self.events.append, driver.run_id, driver.ray)
+            if driver.ray is not None
+            else LeaderShell(leader, self.events.append, driver.run_id)
+        )
         self.listeners: list[_OnMessage] = []
         self.finished = threading.Event()
 
@@ -327,7 +348,14 @@ class _Driver:
         self.team_kept = True
         self.jobs = settings.jobs if options.jobs is None else options.jobs
         self.halt = options.halt or settings.halt
-        self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)
+        self.ray: RayTarget | None = None
+        if (options.backend or settings.backend) == RAY_BACKEND:
+            # Shell tasks go to the cluster (checked and uploaded now, before anything
+            # starts); members still run here, on the backend this machine has.
+            self.ray = prepare(spec, options.ray)
+            self.backend, self.backend_why = resolve_backend(None, "auto")
+        else:
+            self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)
         self.factory = agents_factory if agents_factory is not None else agent_dispatcher_factory()
         check_agents(spec, self.factory)
         for path in (options.junit, options.report, options.joblog):
@@ -420,6 +448,7 @@ class _Driver:
                 exit_code=attempt.exit_code,
                 killed=attempt.status in (RunStatus.KILLED, RunStatus.TIMED_OUT),
                 command=run.spec.command_line,
+                host=attempt.host,
             )
 
     def meta(self) -> dict[str, Any]:

@@ -346,6 +346,7 @@ class BatchRun:
         attempt.output_file = event.output_file
         attempt.error = event.error
         attempt.junit_error = event.junit_error
+        attempt.host = event.host
         attempt.move(self._outcome(attempt, event))
         self.version += 1
         if attempt.started_at is not None and self._on_attempt_end is not None:

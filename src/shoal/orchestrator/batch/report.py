@@ -254,8 +254,9 @@ class JoblogWriter:
         exit_code: int | None,
         killed: bool,
         command: str,
+        host: str | None = None,
     ) -> None:
-        """Append one finished attempt."""
+        """Append one finished attempt (`host`: where it ran, `:` for here)."""
         start = started_at or ended_at or 0.0
         runtime = max(0.0, (ended_at or start) - start)
         signal = 0
@@ -264,7 +265,8 @@ class JoblogWriter:
         exitval = -1 if exit_code is None else exit_code
         flat = re.sub(r"[\t\r\n]+", " ", command)
         self._fh.write(
-            f"{seq}\t:\t{start:10.3f}\t{runtime:10.3f}\t0\t0\t{exitval}\t{signal}\t{flat}\n"
+            f"{seq}\t{host or ':'}\t{start:10.3f}\t{runtime:10.3f}\t0\t0\t{exitval}\t{signal}"
+            f"\t{flat}\n"
         )
 
     def close(self) -> None:

@@ -20,7 +20,9 @@ from shoal.core.errors import UsageError
 from shoal.core.names import MAX_NAME_LENGTH
 from shoal.teams.backends.base import BACKEND_NAMES
 
-BACKEND_CHOICES: Final = BACKEND_NAMES
+RAY_BACKEND: Final = "ray"
+"""`--backend ray`: the spec's shell tasks run as Ray jobs (its members still run here)."""
+BACKEND_CHOICES: Final = (*BACKEND_NAMES, RAY_BACKEND)
 AGENT_KINDS: Final = ("scripted", "exec")
 TASK_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -92,6 +92,8 @@ class Finished:
     ran: bool = True
     junit_error: str | None = None
     """Why the task's JUnit report cannot be used (the attempt then failed), if it cannot."""
+    host: str | None = None
+    """Where it ran, when not here (a Ray node's address)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,8 @@ class Attempt:
     """Monotonic time at which the attempt times out."""
     stop: str | None = None
     """Why the engine stopped it (STOP_TIMEOUT, STOP_HALT, STOP_INTERRUPT), if it did."""
+    host: str | None = None
+    """The node it ran on, when not here (`--backend ray`)."""
 
     def move(self, status: RunStatus) -> None:
         """Move through RUN_TRANSITIONS (attempts never go back to pending)."""
@@ -212,6 +216,7 @@ class Attempt:
             "output_file": self.output_file,
             "error": self.error,
             "junit_error": self.junit_error,
+            **({"host": self.host} if self.host else {}),
         }
 
 

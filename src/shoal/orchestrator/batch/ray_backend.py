@@ -1,0 +1,104 @@
+"""`shoal run SPEC --backend ray`: every shell task of the spec is a Ray job.
+
+The run checks, before anything starts, that the cluster answers and that the spec's
+directory is a git work tree with a commit that packs under the upload limit; the packed tree
+is uploaded once, and each attempt is a `remote_agent` task of type `shell` on the run's
+leader, started in the spec task's directory relative to the tree's root. Dependencies,
+retries, timeouts, halt, the reports, the joblog (its host column names the node) and
+`--resume` are the engine's, as on one machine. Members (teammates) still run here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shoal.core.errors import ShoalError, UsageError
+from shoal.core.events import TaskTerminated
+from shoal.core.tasks import RemoteAgentTaskState, TaskStatus
+from shoal.orchestrator.batch.recovery import ENV_RUN
+from shoal.orchestrator.batch.spec import Spec
+from shoal.orchestrator.batch.state import Finished, Refused, ShellRequest
+from shoal.workers.ray_jobs import RayJobs, resolve_address
+from shoal.workers.remote import RemoteSpec, pack_workdir
+from shoal.workers.shell import argv_for
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """Where a run's shell tasks go: the cluster, the uploaded tree and the tree's root."""
+
+    address: str
+    package: str
+    root: Path
+    ray_version: str
+
+
+def prepare(spec: Spec, address: str | None) -> RayTarget:
+    """Check the cluster and the spec's work tree, upload the tree; one clear error each.
+    Per-task JUnit reports are written on the nodes and cannot be merged from here."""
+    with_junit = [t.id for t in spec.tasks if getattr(t, "junit", None)]
+    if with_junit:
+        raise UsageError(
+            f"--backend ray: task(s) {', '.join(with_junit)} name a junit report, which is "
+            "written on a Ray node and cannot be read back here; run them locally"
+        )
+    url = resolve_address(address)
+    with RayJobs(url) as client:
+        version = client.version()
+        package = pack_workdir(spec.path.parent.resolve())
+        uri = client.upload_package(package.name, package.data)
+    return RayTarget(url, uri, package.root, str(version.get("ray_version", "?")))
+
+
+class RayShellMixin:
+    """What turns the engine's shell attempts into remote shell tasks (mixed into the
+    driver's LeaderShell, whose `leader`, `known` and `run_id` it uses)."""
+
+    leader: Any
+    known: set[str]
+    run_id: str
+    target: RayTarget
+
+    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
+        out: list[str | Refused] = []
+        for req in requests:
+            env = {**req.env, ENV_RUN: self.run_id} if self.run_id else dict(req.env)
+            try:
+                cwd = os.path.relpath(Path(req.cwd).resolve(), self.target.root)
+                if cwd.startswith(".."):
+                    raise UsageError(f"its directory {req.cwd} is outside the packed work tree")
+                spec = RemoteSpec(
+                    remote_type="shell",
+                    address=self.target.address,
+                    package=self.target.package,
+                    cwd=cwd,
+                    command=argv_for(list(req.command))[0],
+                    env=env,
+                    description=req.description,
+                )
+                task = self.leader.start_remote(spec)
+            except ShoalError as exc:
+                out.append(Refused(str(exc)))
+                continue
+            self.known.add(task.id)
+            out.append(task.id)
+        return out
+
+    def remote_finished(self, event: TaskTerminated, state: RemoteAgentTaskState) -> Finished:
+        """The engine's view of a remote shell task's end (its exit code, node and times)."""
+        ran = state.session_id is not None and state.status != TaskStatus.PENDING
+        return Finished(
+            event.task_id,
+            state.status.value,
+            exit_code=state.exit_code,
+            started_at=state.start_time if ran else None,
+            ended_at=state.end_time,
+            output_file=state.output_file,
+            error=state.error or state.kill_reason,
+            ran=ran,
+            host=state.host,
+        )
