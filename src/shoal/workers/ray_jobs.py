@@ -14,12 +14,15 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlsplit
 
-import httpx2
 import orjson
 
 from shoal.core.errors import ShoalError
+
+if TYPE_CHECKING:
+    import httpx2
 
 ADDRESS_ENV: Final = "SHOAL_RAY_ADDRESS"
 TOKEN_ENV: Final = "SHOAL_RAY_TOKEN"
@@ -81,7 +84,7 @@ class JobInfo:
         driver = data.get("driver_info") or {}
         agent = data.get("driver_agent_http_address") or ""
         node_ip = driver.get("node_ip_address") or (
-            httpx2.URL(agent).host if agent.startswith("http") else None
+            urlsplit(agent).hostname if agent.startswith("http") else None
         )
         start, end = data.get("start_time"), data.get("end_time")
         return cls(
@@ -108,12 +111,15 @@ def resolve_address(option: str | None, environ: Mapping[str, str] | None = None
         )
     if "://" not in address:
         address = f"http://{address}"
-    url = httpx2.URL(address)
-    if url.scheme not in ("http", "https") or not url.host:
+    url = urlsplit(address)
+    try:
+        port = url.port
+    except ValueError:
+        raise RayError(f"{address!r} is not a Ray dashboard address (bad port)") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
         raise RayError(f"{address!r} is not a Ray dashboard address (http://HOST:PORT)")
-    if url.port is None:
-        url = url.copy_with(port=DEFAULT_PORT)
-    return str(url).rstrip("/")
+    netloc = url.netloc if port is not None else f"{url.netloc}:{DEFAULT_PORT}"
+    return f"{url.scheme}://{netloc}{url.path}".rstrip("/")
 
 
 class RayJobs:
@@ -126,10 +132,13 @@ class RayJobs:
         *,
         timeout: float = REQUEST_TIMEOUT_S,
     ) -> None:
+        import httpx2  # (imported with the first client: a leader without one never pays)
+
+        self._httpx = httpx2
         self.address = address.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx2.Client(
+        self._http: httpx2.Client = httpx2.Client(
             base_url=self.address,
             headers=headers,
             timeout=httpx2.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
@@ -224,11 +233,11 @@ class RayJobs:
         headers = {"Content-Type": "application/json"} if method == "POST" else None
         try:
             return self._http.request(method, path, content=content, headers=headers)
-        except httpx2.TimeoutException as exc:
+        except self._httpx.TimeoutException as exc:
             raise RayUnreachable(
                 f"the Ray cluster at {self.address} did not answer in time (to {what}): {exc}"
             ) from exc
-        except httpx2.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             raise RayUnreachable(
                 f"cannot reach the Ray cluster at {self.address} (to {what}): {exc}"
             ) from exc
