@@ -1609,6 +1609,89 @@ def _first_request(output: Path) -> bool:
         return False
 
 
+@section("ray", "Ray: remote tasks and batch runs on a loopback cluster")
+def bench_ray(cfg: Config) -> SectionResult:
+    """A trivial job submitted and waited for, by shoal and by `ray job submit`; a spec of
+    trivial tasks on the cluster and on this machine (the cluster's overhead, measured)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.ray_cluster import RAY, RayHead
+
+    result = SectionResult()
+    n = 20 if cfg.quick else 100
+    trials = 3 if cfg.quick else 5
+    repo = cfg.workdir / "ray-repo"
+    repo.mkdir()
+    spec = repo / "ci.toml"
+    spec.write_text("".join(f'[[task]]\nid = "t{i}"\nrun = "true"\n\n' for i in range(n)))
+    git = ["git", "-C", str(repo), "-c", "user.email=b@b", "-c", "user.name=b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "bench"], check=True)
+    home = cfg.workdir / "ray-home"
+    head = RayHead()
+    try:
+        env = {**os.environ, "RAY_ADDRESS": head.address}
+        _shoal_cli(home, "up", "--detach", "--quiet")
+        try:
+            shoal_s, ray_s = [], []
+            for _ in range(trials):
+                t0 = time.perf_counter()
+                task = _shoal_cli(
+                    home, "remote", "submit", "--ray", head.address, "--cwd", str(repo),
+                    "--type", "shell", "--", "true",
+                ).stdout.strip()  # fmt: skip
+                _shoal_cli(home, "wait", task)
+                shoal_s.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                subprocess.run(
+                    [RAY, "job", "submit", "--address", head.address,
+                     "--working-dir", str(repo), "--", "true"],
+                    check=True, capture_output=True, env=env, cwd=repo,
+                )  # fmt: skip
+                ray_s.append(time.perf_counter() - t0)
+        finally:
+            with contextlib.suppress(BenchError):
+                _shoal_cli(home, "down")
+        result.rows.append(
+            Row(
+                "one trivial job: submit -> completed (median) vs `ray job submit`",
+                "s",
+                statistics.median(shoal_s),
+                statistics.median(ray_s),
+                "lower",
+                "<= 1.5x",
+                statistics.median(shoal_s) <= 1.5 * statistics.median(ray_s),
+            )
+        )
+        t0 = time.perf_counter()
+        _shoal_cli(home, "run", str(spec), "--backend", "ray", "--ray", head.address,
+                   "--jobs", "8", timeout=1800)  # fmt: skip
+        on_ray = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _shoal_cli(home, "run", str(spec), "--jobs", "8", timeout=600)
+        local = time.perf_counter() - t0
+        result.rows.append(
+            Row(
+                f"{n} trivial tasks, --jobs 8: on the cluster vs on this machine",
+                "s",
+                on_ray,
+                local,
+                "lower",
+                "-",
+                None,
+            )
+        )
+    finally:
+        head.stop()
+    result.notes.append(
+        "`ray job submit` waits for the job and prints its logs, as `remote submit` + `wait` "
+        "does; both start a fresh CLI process per trial. A Ray job costs a job-supervisor "
+        "actor (a fresh Python worker process) on the cluster: the batch row is that cost, "
+        "paid per task, on a one-node loopback cluster sharing this machine's cores"
+    )
+    return result
+
+
 @section("coordinator", "coordinator mode: dispatch overhead, notifications into one coordinator")
 def bench_coordinator(cfg: Config) -> SectionResult:
     import re

@@ -20,7 +20,6 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-import pytest
 
 from tests.polling import poll
 
@@ -72,7 +71,7 @@ class RayHead:
 
     def __init__(self, num_cpus: int = 4) -> None:
         if not Path(RAY).exists():
-            pytest.fail(RAY_REQUIRED, pytrace=False)
+            raise RuntimeError(RAY_REQUIRED)
         self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
         (gcs, dash, client, agent_http, agent_grpc, metrics, node, objects, runtime_env) = (
             _free_ports(9)
@@ -108,7 +107,7 @@ class RayHead:
         if not poll(self._answers, START_TIMEOUT_S, interval=0.2):
             tail = self.log.read_text(errors="replace")[-3000:]
             self.stop()
-            pytest.fail(f"the Ray head did not answer at {self.address}:\n{tail}", pytrace=False)
+            raise RuntimeError(f"the Ray head did not answer at {self.address}:\n{tail}")
 
     def _answers(self) -> bool:
         if self.proc.poll() is not None:
