@@ -1,0 +1,471 @@
+"""The `local_workflow` kind: `shoal run`'s engine inside the team's long-lived leader.
+
+A workflow is one task (`w...`) whose steps are the leader's own shell tasks, each naming it
+(`workflow_id`). `WorkflowKind` is both the kind of those tasks and a policy of the leader's
+loop: every pass it feeds each workflow's `BatchRun` what happened to its steps (through a
+`LeaderShell`, as `shoal run` does), lets it decide, saves its run record (`RunRecords`) and,
+at the end, writes the JSON report and ends the task with the counts. A step's end is not
+notified on its own: the workflow's one notification at its end tells them all.
+
+A leader killed mid-workflow leaves the record and the steps: the leader that resumes the
+session rebuilds the run from the record (steps that succeeded, also after the last save, are
+carried, not run again) and takes the steps still running back as the attempts they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from ulid import ULID
+
+from shoal.core.errors import EXIT_OK, ShoalError
+from shoal.core.events import Event, RunEvent, task_started, task_terminated
+from shoal.core.tasks import (
+    STOPPED_ON_REQUEST,
+    AnyTaskState,
+    LocalShellTaskState,
+    LocalWorkflowTaskState,
+    TaskStatus,
+    TaskType,
+)
+from shoal.orchestrator.batch.driver import LeaderShell
+from shoal.orchestrator.batch.engine import ENV_TASK, BatchRun
+from shoal.orchestrator.batch.recovery import succeeded_attempts, with_recovered
+from shoal.orchestrator.batch.report import RunRecords, iso, plan_resume, write_json
+from shoal.orchestrator.batch.spec import Spec
+from shoal.orchestrator.batch.state import ExecEvent, Finished, Refused, ShellRequest, Started
+from shoal.orchestrator.leader import Leader
+from shoal.orchestrator.workflow import load_spec
+from shoal.workers.kinds import Poll, TaskStore
+
+# The run record is rewritten at most this often while a workflow runs (at once on an end).
+RECORD_INTERVAL_S: Final = 1.0
+LEADER_STOPPED: Final = "leader shut down"
+
+
+class WorkflowShell(LeaderShell):
+    """The engine's executor for one workflow: its attempts are the leader's shell tasks,
+    marked as the workflow's steps. After a resume, a request for a step whose task of the
+    earlier leader still runs gets that task back instead of a new one."""
+
+    def __init__(self, leader: Leader, post: Callable[[ExecEvent], None], run_id: str) -> None:
+        super().__init__(leader, post, run_id)
+        self.leftovers: dict[str, LocalShellTaskState] = {}
+        """Spec task id -> its live task of the earlier leader (resume only)."""
+        self.handles: list[str] = []
+        """Every task it started or took back, in order."""
+
+    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
+        out: list[str | Refused | None] = [None] * len(requests)
+        fresh: list[int] = []
+        for index, req in enumerate(requests):
+            left = self.leftovers.pop(req.env.get(ENV_TASK, ""), None)
+            if left is None:
+                fresh.append(index)
+                continue
+            self.known.add(left.id)
+            out[index] = left.id
+            if left.status == TaskStatus.RUNNING:
+                self.post(Started(left.id, left.start_time))
+        made = super().submit([requests[i] for i in fresh]) if fresh else []
+        for index, handle in zip(fresh, made, strict=True):
+            out[index] = handle
+        self.handles += [h for h in out if isinstance(h, str)]
+        return [h if h is not None else Refused("lost") for h in out]
+
+
+@dataclass
+class _Run:
+    """One workflow's live run: the engine, its executor and what it posted."""
+
+    task_id: str
+    spec: Spec
+    run_id: str
+    record: Path
+    report: Path
+    started_at: float
+    resumed_from: str | None
+    batch: BatchRun = field(init=False)
+    shell: WorkflowShell = field(init=False)
+    events: deque[ExecEvent] = field(default_factory=deque)
+    stop_reason: str | None = None
+    saved: tuple[int, float] = (-1, 0.0)
+
+
+class WorkflowKind:
+    """The TaskKind of `local_workflow` tasks, and the leader policy that runs them."""
+
+    types = frozenset({TaskType.LOCAL_WORKFLOW})
+
+    def __init__(self, leader: Leader) -> None:
+        self.leader = leader
+        self.records = RunRecords(leader.layout)
+        self.runs: dict[str, _Run] = {}
+        self._adopted: list[str] = []
+        """Workflows of the resumed session, rebuilt at the first policy step (by then every
+        task of the session is registered and its kind has adopted it)."""
+
+    # -- TaskKind ------------------------------------------------------------------------------
+
+    def start(self, task: AnyTaskState, store: TaskStore) -> None:
+        assert isinstance(task, LocalWorkflowTaskState)
+        try:
+            spec = load_spec(task.spec_path or "")
+        except ShoalError as exc:  # (changed since it was checked)
+            store.move_task(task.id, TaskStatus.FAILED, error=str(exc))
+            store.emit(task_started(store.get(task.id) or task))
+            return
+        run_id = str(ULID()).lower()
+        run = self._new_run(task.id, spec, run_id, carried={}, resumed_from=None)
+        store.move_task(
+            task.id,
+            TaskStatus.RUNNING,
+            start_time=time.time(),
+            run_id=run_id,
+            total_steps=len(spec.tasks),
+            record_file=str(run.record),
+            report_file=str(run.report),
+        )
+        store.emit(task_started(store.get(task.id) or task))
+        self._log(run, f"started: {len(spec.tasks)} step(s) of {spec.path} (run {run_id})")
+        run.batch.begin()
+        store.wake()
+
+    def poll(
+        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
+    ) -> None:
+        """Nothing to poll: a workflow moves in the policy step, on its steps' events."""
+
+    def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
+        """Stop the workflow's running steps (TERM; the leader's reap ends them) and skip the
+        rest; it ends killed once every step has its verdict."""
+        if task.id in self._adopted:
+            self._rebuild(task.id)
+        run = self.runs.get(task.id)
+        if run is None:
+            store.move_task(task.id, TaskStatus.KILLED, kill_reason=reason)
+            if reason == STOPPED_ON_REQUEST:
+                self._quiet_end(task.id)
+            return
+        self._interrupt(run, reason)
+        store.set_task(task.id, kill_reason=reason)
+        self.step(self.leader, time.monotonic())
+
+    def orphans(
+        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
+    ) -> None:
+        """A workflow is the lead's own: no agent owns it, none can leave it orphaned."""
+
+    def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
+        if task.status == TaskStatus.RUNNING:
+            self._adopted.append(task.id)
+
+    def notification(self, task: AnyTaskState) -> dict[str, Any]:
+        result = getattr(task, "result", None)
+        return {"result": result} if result else {}
+
+    def live(self) -> Iterable[str]:
+        return [*self.runs, *self._adopted]
+
+    def signalled(self) -> Iterable[str]:
+        return ()
+
+    def on_exit(self, key: str) -> bool:
+        return False
+
+    def next_due(self) -> float | None:
+        """Now, when a workflow has news or waits to be rebuilt; else its next timeout or
+        retry (one method for the loop's kinds and its policies alike)."""
+        if self._adopted or any(run.events for run in self.runs.values()):
+            return 0.0
+        due = [d for run in self.runs.values() if (d := run.batch.next_deadline()) is not None]
+        return min(due) if due else None
+
+    def running(self) -> int:
+        """A workflow holds no job slot of its own: its steps do."""
+        return 0
+
+    # -- the policy ----------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        for run in list(self.runs.values()):
+            run.shell.on_event(event)
+
+    def step(self, leader: Any, now: float) -> None:
+        """Feed every workflow what its steps did, let its engine decide, save its record."""
+        while self._adopted:
+            self._rebuild(self._adopted.pop(0))
+        for run in list(self.runs.values()):
+            if self.leader.stopping and run.stop_reason is None:
+                self._interrupt(run, LEADER_STOPPED)
+            self._quiet_steps(run)
+            ended = self._drain(run)
+            batch = run.batch
+            if not batch.done and not batch.interrupted:
+                batch.tick(now)
+                ended = self._drain(run) or ended
+            if batch.done:
+                self._finish(run)
+            else:
+                self._sync(run, force=ended)
+
+    # -- the workflow's life -----------------------------------------------------------------
+
+    def _new_run(
+        self,
+        task_id: str,
+        spec: Spec,
+        run_id: str,
+        *,
+        carried: dict[str, dict[str, Any]],
+        resumed_from: str | None,
+    ) -> _Run:
+        session = self.leader.session
+        run = _Run(
+            task_id=task_id,
+            spec=spec,
+            run_id=run_id,
+            record=self.records.path(self._record_key(task_id), spec.path),
+            report=session.dir / "workflows" / f"{task_id}.json",
+            started_at=time.time(),
+            resumed_from=resumed_from,
+        )
+        run.shell = WorkflowShell(self.leader, run.events.append, run_id)
+        run.shell.task_options = {"workflow_id": task_id}
+        run.batch = BatchRun(
+            spec,
+            shell=run.shell,
+            jobs=spec.settings.jobs,
+            halt=spec.settings.halt,
+            carried=carried,
+            emit=lambda event: self._on_run_event(run, event),
+        )
+        # The leader's queue is the team's, not this run's: hand out only what may start now,
+        # so that `[run] jobs` holds whatever the leader's own limit is.
+        run.batch.prefetch = 0
+        self.runs[task_id] = run
+        return run
+
+    def _record_key(self, task_id: str) -> str:
+        """Records of workflows sit apart from `shoal run`'s (`runs/{team}/{id}/...`)."""
+        return f"{self.leader.team}/{task_id}"
+
+    def _rebuild(self, task_id: str) -> None:
+        """Continue a workflow of the resumed session from its run record: what succeeded is
+        carried, the steps still running are taken back, the rest runs again."""
+        task = self.leader.get(task_id)
+        if not isinstance(task, LocalWorkflowTaskState) or task.is_terminal:
+            return
+        steps = self._steps_of(task_id)
+        try:
+            spec = load_spec(task.spec_path or "")
+        except ShoalError as exc:
+            for step in steps:
+                if isinstance(step, LocalShellTaskState) and not step.is_terminal:
+                    self.leader.stop(step.id)
+            self.leader.move_task(task_id, TaskStatus.FAILED, error=f"cannot continue: {exc}")
+            return
+        run_id = task.run_id or str(ULID()).lower()
+        previous = self.records.load(self._record_key(task_id), spec.path) or {
+            "run_id": run_id,
+            "tasks": [],
+        }
+        recovered = succeeded_attempts(previous, steps)
+        if recovered:
+            previous = with_recovered(previous, recovered)
+        carried = plan_resume(spec, previous)
+        run = self._new_run(task_id, spec, run_id, carried=carried, resumed_from=run_id)
+        run.shell.handles = list(task.steps)
+        for step in steps:
+            if not isinstance(step, LocalShellTaskState):
+                continue
+            spec_id = (step.env or {}).get(ENV_TASK, "")
+            if not step.is_terminal and spec_id and spec_id not in carried:
+                run.shell.leftovers[spec_id] = step
+            elif step.is_terminal and not step.notified:
+                self._quiet_end(step.id)
+        run.batch.begin()
+        run.batch.tick()
+        for left in run.shell.leftovers.values():  # (not asked for: its step is not due now)
+            with contextlib.suppress(ShoalError):
+                self.leader.stop(left.id, reason=f"not part of workflow {task_id} any more")
+        run.shell.leftovers.clear()
+        self._log(
+            run,
+            f"continued by a resumed leader: {len(carried)} step(s) carried from the run "
+            f"record, {len(run.shell.known)} running step(s) taken back",
+        )
+        self._sync(run, force=True)
+
+    def _steps_of(self, task_id: str) -> list[LocalShellTaskState | dict[str, Any]]:
+        """The workflow's shell tasks in the registry and, ended and evicted, in history."""
+        live: list[LocalShellTaskState | dict[str, Any]] = [
+            t
+            for t in self.leader.registry.get_all_tasks()
+            if isinstance(t, LocalShellTaskState) and t.workflow_id == task_id
+        ]
+        seen = {t.id for t in live if isinstance(t, LocalShellTaskState)}
+        live += [
+            rec
+            for tid, rec in self.leader.session.history().items()
+            if rec.get("workflow_id") == task_id and tid not in seen
+        ]
+        return live
+
+    def _interrupt(self, run: _Run, reason: str) -> None:
+        """Start nothing more, skip what waits, and stop the steps in flight."""
+        if run.stop_reason is not None:
+            return
+        run.stop_reason = reason
+        run.batch.interrupt(reason)
+        for handle in list(run.shell.known):
+            run.shell.stop(handle, reason)
+
+    def _quiet_steps(self, run: _Run) -> None:
+        """Steps that ended: their end is announced (the engine hears of it) but not notified
+        on its own (the workflow's notification counts it)."""
+        for handle in list(run.shell.known):
+            step = self.leader.get(handle)
+            if step is not None and step.is_terminal and not step.notified:
+                self._quiet_end(handle)
+
+    def _quiet_end(self, task_id: str) -> None:
+        if self.leader.mark_notified(task_id):
+            final = self.leader.get(task_id)
+            if final is not None:
+                self.leader.emit(task_terminated(final))
+
+    def _drain(self, run: _Run) -> bool:
+        """Feed the engine what its executor posted; True when an attempt ended."""
+        ended = False
+        while run.events:
+            event = run.events.popleft()
+            ended = ended or isinstance(event, Finished)
+            run.batch.feed(event)
+        return ended
+
+    def _on_run_event(self, run: _Run, event: RunEvent) -> None:
+        """An engine event: into the session's stream (naming the workflow) and its log."""
+        fields = event.model_dump(exclude={"type", "subtype", "session_id", "ts"})
+        self.leader.emit(RunEvent(subtype=event.subtype, workflow_id=run.task_id, **fields))
+        step = fields.get("id")
+        if event.subtype == "task_started":
+            self._log(run, f"step {step}: started as {fields.get('task_id')}")
+        elif event.subtype == "task_finished":
+            why = f" ({fields['reason']})" if fields.get("reason") else ""
+            self._log(run, f"step {step}: {fields.get('status')}{why}")
+        elif event.subtype in ("task_skipped", "task_retrying", "task_timed_out"):
+            self._log(run, f"step {step}: {event.subtype[5:]} ({fields.get('reason') or ''})")
+
+    def _log(self, run: _Run, text: str) -> None:
+        """A line of the workflow's output file (`shoal logs w...`)."""
+        task = self.leader.get(run.task_id)
+        if task is None:
+            return
+        with contextlib.suppress(OSError), open(task.output_file, "a", encoding="utf-8") as fh:
+            fh.write(f"{iso(time.time())} {text}\n")
+
+    def _meta(self, run: _Run) -> dict[str, Any]:
+        """The run-level fields of its report (those of `shoal run --report`, and its id)."""
+        ended = time.time() if run.batch.done else None
+        return {
+            "run_id": run.run_id,
+            "workflow_id": run.task_id,
+            "spec": str(run.spec.path),
+            "team": self.leader.team,
+            "session_id": self.leader.session.id,
+            "backend": "process",
+            "jobs": run.batch.jobs,
+            "halt": run.batch.halt.text,
+            "resumed_from": run.resumed_from,
+            "started_at": iso(run.started_at),
+            "ended_at": iso(ended),
+            "duration_s": round((ended or time.time()) - run.started_at, 3),
+            "files": {"record": str(run.record), "report": str(run.report), "junit": None},
+        }
+
+    def _sync(self, run: _Run, *, force: bool = False) -> None:
+        """The task's progress fields and the run record, when the run moved on (the record
+        at most every RECORD_INTERVAL_S unless an attempt ended)."""
+        batch = run.batch
+        version, saved_at = run.saved
+        now = time.monotonic()
+        if batch.version == version or (not force and now - saved_at < RECORD_INTERVAL_S):
+            return
+        run.saved = (batch.version, now)
+        self.records.save(
+            self._record_key(run.task_id), run.spec.path, batch.report(**self._meta(run))
+        )
+        counts = batch.counts()
+        running = [r.spec.id for r in batch.tasks.values() if r.status.value == "running"]
+        self.leader.set_task(
+            run.task_id,
+            counts=counts,
+            completed_steps=counts["total"] - counts["pending"] - counts["running"],
+            current_step=", ".join(running) or None,
+            steps=tuple(run.shell.handles),
+        )
+
+    def _finish(self, run: _Run) -> None:
+        """Every step has its verdict: the report, the record, and the task's end."""
+        batch = run.batch
+        report = batch.report(**self._meta(run))
+        self.runs.pop(run.task_id, None)
+        self.records.save(self._record_key(run.task_id), run.spec.path, report)
+        problem = None
+        try:
+            self.leader.layout.ensure(run.report.parent)
+            write_json(run.report, report)
+        except (ShoalError, OSError) as exc:
+            problem = f"could not write the report {run.report}: {exc}"
+        counts = report["counts"]
+        said = counts_text(counts)
+        result = f"{said}; report: {run.report}" + (f" ({problem})" if problem else "")
+        self._log(run, f"ended {report['status']}: {result}")
+        changes: dict[str, Any] = {
+            "counts": counts,
+            "completed_steps": counts["total"],
+            "current_step": None,
+            "steps": tuple(run.shell.handles),
+            "result": result,
+        }
+        if run.stop_reason is not None:
+            self.leader.move_task(
+                run.task_id, TaskStatus.KILLED, kill_reason=run.stop_reason, **changes
+            )
+            if run.stop_reason == STOPPED_ON_REQUEST:
+                self._quiet_end(run.task_id)
+        elif report["exit_code"] == EXIT_OK and problem is None:
+            self.leader.move_task(run.task_id, TaskStatus.COMPLETED, **changes)
+        else:
+            self.leader.move_task(run.task_id, TaskStatus.FAILED, error=problem or said, **changes)
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """`3 steps: 1 succeeded, 1 failed, 1 skipped` (verdicts with none left out)."""
+    parts = [
+        f"{counts[k]} {k.replace('_', ' ')}"
+        for k in ("succeeded", "failed", "timed_out", "killed", "skipped")
+        if counts.get(k)
+    ]
+    if counts.get("resumed"):
+        parts.append(f"{counts['resumed']} carried from before a restart")
+    total = counts.get("total", 0)
+    return f"{total} step{'s' if total != 1 else ''}: {', '.join(parts) or 'none ran'}"
+
+
+def install(leader: Leader) -> WorkflowKind:
+    """Give `leader` the workflow kind (before its `start`, so that a resumed session's
+    workflows are adopted): the team's long-lived leader runs workflows, a `shoal run`'s does
+    not."""
+    kind = WorkflowKind(leader)
+    for task_type in kind.types:
+        leader.kinds[task_type] = kind
+    leader.policies.append(kind)
+    return kind
