@@ -174,12 +174,16 @@ def test_a_killed_leader_resumed_continues_the_workflow(cli: Cli, tmp_path: Path
     ("text", "expected"),
     [
         ('[run]\njbos = 2\n[[task]]\nid = "a"\nrun = "true"\n', ':2: [run]: unknown key "jbos"'),
-        ('[[task]]\nid = "a"\nrun = "true"\nafter = ["nope"]\n', ":4: task \"a\": after names"),
-        ('[[task]]\nid = "a"\nrun = "true"\n[[task]]\nid = "a"\nrun = "x"\n',
-         ':5: task id "a" is used twice'),  # fmt: skip
+        ('[[task]]\nid = "a"\nrun = "true"\nafter = ["nope"]\n', ':4: task "a": after names'),
+        (
+            '[[task]]\nid = "a"\nrun = "true"\n[[task]]\nid = "a"\nrun = "x"\n',
+            ':5: task id "a" is used twice',
+        ),
         ("[[task]\n", ":1: not valid TOML"),
-        ('[[task]]\nid = "a"\nprompt = "review"\nassign = "r"\n[[member]]\nname = "r"\n',
-         ":1: task \"a\": agent steps are not supported"),  # fmt: skip
+        (
+            '[[task]]\nid = "a"\nprompt = "review"\nassign = "r"\n[[member]]\nname = "r"\n',
+            ':1: task "a": agent steps are not supported',
+        ),
     ],
 )
 def test_a_bad_spec_starts_nothing(leader: Cli, tmp_path: Path, text: str, expected: str) -> None:

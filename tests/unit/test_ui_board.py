@@ -69,7 +69,7 @@ def test_plain_board(snapshot: Snapshot) -> None:
         "  ▶ rremote01  remote    running       1.4m  plan the migration\n"
         "  ▶ tteammat1  teammate  running       1.4m  erin: write docs · Editing docs/ui.md\n"
         "  ▶ ddream001  dream     running       1.4m  consolidating memory\n"
-        "  ▶ wworkflo1  workflow  running       1.4m  release\n"
+        "  ▶ wworkflo1  workflow  running       1.4m  release · 2/5 steps (running: build)\n"
         "  ▶ mmcpmon01  mcp       running       1.4m  watch PRs\n"
     )
 

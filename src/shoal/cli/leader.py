@@ -63,6 +63,7 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool, tmux_status: bool)
     from shoal.orchestrator.cleanup import CleanupRegistry
     from shoal.orchestrator.leader import Leader
     from shoal.orchestrator.liveness import leader_alive
+    from shoal.orchestrator.workflow_kind import install as install_workflows
 
     running = leader_alive(layout, team)
     if running is not None:
@@ -79,6 +80,7 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool, tmux_status: bool)
             click.echo(line)
 
     leader = Leader(layout, team, jobs=jobs, on_event=None if quiet or use_board else show)
+    install_workflows(leader)  # (before start: a resumed session's workflows go on)
     cleanup = CleanupRegistry()
     interrupted: list[int] = []
 

@@ -287,14 +287,17 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
         click.echo("no tasks" + ("" if show_all else " (finished ones: `shoal ps --all`)"))
         return
     click.echo(f"{'ID':<10} {'TYPE':<10} {'STATUS':<12} {'AGE':>7}  DESCRIPTION")
-    for t in rows:
+    from shoal.ui.steps import nest_steps, step_prefix, workflow_progress
+
+    for t, _step in nest_steps(rows, lambda r: r):  # (a workflow's steps under it)
         status = queue_status(t) or t["status"]
         code = _exit_code(t)
         if status == "failed" and code is not None:
             status = f"failed({code})"
         click.echo(
             f"{t['id']:<10} {type_label(t):<10} {status:<12} "
-            f"{_age(t):>7}  {t.get('description', '')}{_waiting(t)}{queue_notes(t)}"
+            f"{_age(t):>7}  {step_prefix(t)}{t.get('description', '')}{workflow_progress(t)}"
+            f"{_waiting(t)}{queue_notes(t)}"
         )
 
 

@@ -295,6 +295,8 @@ class LocalShellTaskState(TaskStateBase):
     """How often it was run again in place (`shoal restart --in-place`)."""
     stdin_fifo: str | None = None
     """The FIFO its standard input reads (`sh --stdin`; `shoal send-input` writes to it)."""
+    workflow_id: str | None = None
+    """The workflow (`w...` task) this task is a step of, if any."""
 
 
 class LocalAgentTaskState(TaskStateBase):
@@ -422,16 +424,49 @@ class InProcessTeammateTaskState(TaskStateBase):
         return self.identity.agent_id
 
 
+class DreamPhase(StrEnum):
+    """Where a dream is: reading the sessions (starting), or rewriting memory (updating)."""
+
+    STARTING = "starting"
+    UPDATING = "updating"
+
+
+DREAM_PHASE_TRANSITIONS: Final[dict[DreamPhase, frozenset[DreamPhase]]] = {
+    # A dream starts updating with its first write and never goes back to reading only.
+    DreamPhase.STARTING: frozenset({DreamPhase.UPDATING}),
+    DreamPhase.UPDATING: frozenset(),
+}
+
+
+def check_dream_phase(task_id: str, current: DreamPhase, new: DreamPhase) -> None:
+    """Raise ShoalError unless DREAM_PHASE_TRANSITIONS allows `current -> new` (or a no-op)."""
+    if current != new and new not in DREAM_PHASE_TRANSITIONS[current]:
+        raise ShoalError(
+            f"dream {task_id}: illegal phase change {current.value} -> {new.value} "
+            f"(allowed: {', '.join(sorted(DREAM_PHASE_TRANSITIONS[current])) or 'none'})"
+        )
+
+
 class DreamTaskState(TaskStateBase):
     """A memory-consolidation agent made visible; `turns` keeps the last 30."""
 
     type: Literal[TaskType.DREAM] = TaskType.DREAM
-    phase: Literal["starting", "updating"] = "starting"
+    phase: DreamPhase = DreamPhase.STARTING
     sessions_reviewing: int = 0
     files_touched: tuple[str, ...] = ()
     turns: tuple[DreamTurn, ...] = ()
     prior_mtime: float | None = None
     """The consolidation lock's mtime before this run, restored when the dream is killed."""
+    memory_dir: str | None = None
+    """The directory it rewrites (SHOAL_HOME/memory, or a project's .shoal/memory)."""
+    sessions: tuple[str, ...] = ()
+    """The ids of the sessions it reviews."""
+    model: str | None = None
+    pid: int | None = None
+    pid_started_at: float | None = None
+    result: str | None = None
+    error: str | None = None
+    kill_reason: str | None = None
 
     @field_validator("turns")
     @classmethod
@@ -450,6 +485,17 @@ class LocalWorkflowTaskState(TaskStateBase):
     current_step: str | None = None
     error: str | None = None
     result: str | None = None
+    run_id: str | None = None
+    """The run of its spec (its steps' SHOAL_RUN_ID; kept across a leader's resume)."""
+    counts: dict[str, int] | None = None
+    """Steps by verdict (the run report's counts), as of the last change."""
+    steps: tuple[str, ...] = ()
+    """The ids of the shell tasks it started, in order (one per attempt)."""
+    report_file: str | None = None
+    """The JSON report, written when it ends (`shoal run --report`'s format)."""
+    record_file: str | None = None
+    """Its run record (what a resumed leader continues from)."""
+    kill_reason: str | None = None
 
 
 class MonitorMcpTaskState(TaskStateBase):
@@ -458,9 +504,18 @@ class MonitorMcpTaskState(TaskStateBase):
     type: Literal[TaskType.MONITOR_MCP] = TaskType.MONITOR_MCP
     server_name: str
     target: str | None = None
+    """The tool called every `every_s` seconds, if any."""
     event_count: int = 0
     last_event_at: float | None = None
     error: str | None = None
+    config_path: str | None = None
+    """The MCP config file the server is named in."""
+    every_s: float | None = None
+    tool_args: JsonDict = Field(default_factory=dict)
+    cwd: str | None = None
+    pid: int | None = None
+    pid_started_at: float | None = None
+    kill_reason: str | None = None
 
 
 AnyTaskState = (
@@ -514,6 +569,8 @@ def _checked_changes(task: TaskStateBase, changes: dict[str, Any]) -> dict[str, 
             raise TypeError(f"task {task.id}: field {name!r} cannot change")
     if all(getattr(task, name) == value for name, value in changes.items()):
         return None
+    if "phase" in changes and isinstance(task, DreamTaskState):
+        check_dream_phase(task.id, task.phase, DreamPhase(changes["phase"]))
     if "status" in changes:
         new_status = TaskStatus(changes["status"])
         check_transition(task.id, task.status, new_status)

@@ -30,6 +30,7 @@ from shoal.core.errors import ShoalError
 from shoal.ui.board import MemberLine, TaskLine, member_line, task_lines
 from shoal.ui.details import member_detail, task_detail
 from shoal.ui.source import Snapshot, SwarmSource, TaskRow
+from shoal.ui.steps import nest_steps
 from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 
 OUTPUT_TAIL_LINES = 15
@@ -128,9 +129,9 @@ class Overview(SwarmScreen):
         self.query_one("#summary", Static).update(summary)
         if self._tasks is None or self._members is None:
             return  # not mounted yet
-        self._tasks.show(
-            [(t.id, t) for t in task_lines(snapshot, time.time(), cache=self._task_cache)]
-        )
+        rows = [r for r, _ in nest_steps(snapshot.tasks, lambda r: r.record)]  # (steps under)
+        lines = task_lines(snapshot, time.time(), rows, cache=self._task_cache)
+        self._tasks.show([(t.id, t) for t in lines])
         self._members.show([(m.name, m) for m in map(member_line, snapshot.members)])
 
     def selection(self) -> Selection | None:

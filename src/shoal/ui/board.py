@@ -44,6 +44,7 @@ from shoal.ui.status import (
     teammate_facts_from_task,
     type_label,
 )
+from shoal.ui.steps import nest_steps, step_prefix, workflow_progress
 from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 
 COALESCE_S = 0.1
@@ -143,6 +144,7 @@ def task_line(task: TaskRow, now: float, member: MemberRow | None = None) -> Tas
         description = f"{description} · {activity}" if description else activity
     if task.type == "local_agent":
         description += agent_notes(task.record)  # (a lease waited on, a budget, violations)
+    description = step_prefix(task.record) + description + workflow_progress(task.record)
     return TaskLine(
         icon=icon,
         icon_style=style,
@@ -187,18 +189,23 @@ def task_lines(
 
 
 def board_tasks(snapshot: Snapshot, finished: int = FINISHED_SHOWN) -> tuple[list[TaskRow], int]:
-    """The tasks the board lists, in snapshot order, and how many finished ones it leaves out.
+    """The tasks the board lists, in snapshot order (a workflow's steps right under it), and
+    how many finished ones it leaves out.
 
     Every unfinished task is listed, but only the `finished` latest finished ones (by end
     time): evicted tasks stay in the snapshot for the whole session.
     """
     done = [t for t in snapshot.tasks if t.finished]
     if len(done) <= finished:
-        return list(snapshot.tasks), 0
+        return _nested(snapshot.tasks), 0
     done.sort(key=lambda t: (t.end_time or t.start_time, t.start_time, t.id))
     keep = {t.id for t in done[len(done) - finished :]}
     rows = [t for t in snapshot.tasks if not t.finished or t.id in keep]
-    return rows, len(done) - finished
+    return _nested(rows), len(done) - finished
+
+
+def _nested(rows: Iterable[TaskRow]) -> list[TaskRow]:
+    return [row for row, _ in nest_steps(rows, lambda r: r.record)]
 
 
 def left_out_line(count: int) -> str:

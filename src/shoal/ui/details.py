@@ -129,6 +129,7 @@ def shell_detail(task: LocalShellTaskState) -> list[tuple[str, Any]]:
         ("killed because", task.kill_reason),
         ("error", task.error),
         ("agent", task.agent_id),
+        ("workflow", task.workflow_id),
         ("output", task.output_file),
     ]
 
@@ -218,6 +219,11 @@ def workflow_detail(task: LocalWorkflowTaskState) -> list[tuple[str, Any]]:
         ("spec", task.spec_path),
         ("steps", steps),
         ("current step", task.current_step),
+        ("counts", ", ".join(f"{k} {v}" for k, v in (task.counts or {}).items() if v) or None),
+        ("step tasks", " ".join(task.steps) or None),
+        ("report", task.report_file),
+        ("run record", task.record_file),
+        ("killed because", task.kill_reason),
         *_result_rows(task),
     ]
 

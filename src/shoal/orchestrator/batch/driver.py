@@ -156,6 +156,8 @@ class LeaderShell:
         self.known: set[str] = set()
         self.junit: dict[str, tuple[str, FileStamp | None]] = {}
         """Handle -> (the JUnit report it must write, that file's stamp before it started)."""
+        self.task_options: dict[str, Any] = {}
+        """Extra fields of every task it makes (a workflow's steps name it: `workflow_id`)."""
 
     def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
         """Build and submit the shell tasks in one go (one state write)."""
@@ -165,7 +167,11 @@ class LeaderShell:
             try:
                 env = {**req.env, ENV_RUN: self.run_id} if self.run_id else req.env
                 task = self.leader.make_shell_task(
-                    req.command, description=req.description, cwd=req.cwd, env=env
+                    req.command,
+                    description=req.description,
+                    cwd=req.cwd,
+                    env=env,
+                    **self.task_options,
                 )
             except TaskError as exc:
                 out.append(Refused(str(exc)))
