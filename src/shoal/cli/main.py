@@ -28,6 +28,9 @@ COMMANDS: dict[str, str] = {
     "pause": "control_cmds:pause", "resume": "control_cmds:resume",
     "restart": "control_cmds:restart", "clean": "control_cmds:clean",
     "send-input": "control_cmds:send_input", "remote": "remote:remote",
+    "dream": "dream:dream",
+    "monitor": "monitor:monitor",
+    "workflow": "workflow:workflow",
 }  # fmt: skip
 
 

@@ -229,6 +229,32 @@ class RemoteAnswerRequest(_Request):
     text: str | None = None
 
 
+class MonitorRequest(_Request):
+    """Start a `monitor_mcp` task on SERVER of an MCP config (workers/monitor.py)."""
+
+    op: Literal["monitor"] = "monitor"
+    server: str
+    config: str
+    tool: str | None = None
+    every: float | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class WorkflowRequest(_Request):
+    """Start a `local_workflow` task: a `shoal run` spec run by this leader (workflow.py)."""
+
+    op: Literal["workflow"] = "workflow"
+    spec_path: str
+
+
+class DreamRequest(_Request):
+    """Start a `dream` task; `spec` has the fields of workers.dream.kind.DreamSpec."""
+
+    op: Literal["dream"] = "dream"
+    spec: dict[str, Any]
+
+
 class GroupAddRequest(_Request):
     op: Literal["group_add"] = "group_add"
     name: str
@@ -307,6 +333,9 @@ ControlRequest = Annotated[
     | PermissionRequest
     | RemoteRequest
     | RemoteAnswerRequest
+    | DreamRequest
+    | MonitorRequest
+    | WorkflowRequest
     | QueueRequest,
     Field(discriminator="op"),
 ]
@@ -322,6 +351,9 @@ OPERATIONS = (
     "permission",
     "remote",
     "remote_answer",
+    "dream",
+    "monitor",
+    "workflow",
     "group_add",
     "group_rm",
     "group_list",
@@ -458,6 +490,18 @@ class ControlTarget(Protocol):
         """Answer a remote ultraplan waiting for input or approval."""
         ...
 
+    def start_monitor(self, request: MonitorRequest) -> AnyTaskState:
+        """Check, register and start one MCP monitor task."""
+        ...
+
+    def start_workflow(self, spec_path: str) -> AnyTaskState:
+        """Check a workflow's spec, register its task and start it."""
+        ...
+
+    def start_dream(self, spec: Any) -> AnyTaskState:
+        """Take the consolidation lock, register and start a dream (`spec`: a DreamSpec)."""
+        ...
+
     def queue_control(self, request: QueueRequest) -> Any:
         """Carry out a request about queued and running tasks; its JSON-able result."""
         ...
@@ -507,7 +551,12 @@ class ControlServer:
 
     def _dispatch(self, request: ControlRequest, answer: Answer) -> None:
         target = self.target
-        starts = ShRequest | SpawnRequest | AgentRequest | RestartRequest | RemoteRequest
+        starts = (
+            ShRequest | SpawnRequest | AgentRequest | RestartRequest | RemoteRequest
+            | DreamRequest
+            | MonitorRequest
+            | WorkflowRequest
+        )  # fmt: skip
         if target.stopping and isinstance(request, starts):
             raise TaskError(f"the leader of team {self.team!r} is shutting down; nothing started")
         if isinstance(request, PingRequest):
@@ -550,6 +599,20 @@ class ControlServer:
                 where = ".".join(str(p) for p in first["loc"]) or "spec"
                 raise UsageError(f"bad remote request: {where}: {first['msg']}") from None
             answer(target.start_remote(remote).model_dump(mode="json"), None)
+        elif isinstance(request, MonitorRequest):
+            answer(target.start_monitor(request).model_dump(mode="json"), None)
+        elif isinstance(request, WorkflowRequest):
+            answer(target.start_workflow(request.spec_path).model_dump(mode="json"), None)
+        elif isinstance(request, DreamRequest):
+            from shoal.workers.dream.kind import DreamSpec  # (leader side only)
+
+            try:
+                dream = DreamSpec.model_validate(request.spec)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "spec"
+                raise UsageError(f"bad dream request: {where}: {first['msg']}") from None
+            answer(target.start_dream(dream).model_dump(mode="json"), None)
         elif isinstance(request, RemoteAnswerRequest):
             done = target.answer_remote(request.task_id, request.approve, request.text)
             answer(done.model_dump(mode="json"), None)

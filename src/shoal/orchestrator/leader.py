@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.config import Limits
@@ -48,7 +49,10 @@ from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind
+from shoal.workers.dream.kind import DreamKind, DreamSpec
+from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
 from shoal.workers.kinds import Poll, TaskKind
+from shoal.workers.monitor import MonitorKind
 from shoal.workers.remote import RemoteKind
 
 __all__ = ["Leader", "Policy", "TaskError"]
@@ -83,8 +87,10 @@ class Leader(LeaderRequests):
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
         self.agents.resume_with = self.resume_agent
         self.remote = RemoteKind()
+        self.dreams = DreamKind(layout.home)
+        self.monitors = MonitorKind()
         self.kinds: dict[TaskType, TaskKind] = {}
-        for kind in (self.shell, self.swarm, self.agents, self.remote):
+        for kind in (self.shell, self.swarm, self.agents, self.remote, self.monitors, self.dreams):
             for task_type in kind.types:
                 self.kinds[task_type] = kind
         self.control = ControlServer(layout, team, self)
@@ -121,7 +127,23 @@ class Leader(LeaderRequests):
         maildir = Maildir.create(self.layout.inbox_dir(self.team, LEAD_NAME), self.layout.home)
         self._inbox = Inbox(maildir, lead=LEAD_NAME)
         self._subscription = self._inbox.subscribe(self._on_message)
+        self.auto_dream()
         return self
+
+    def auto_dream(self) -> None:
+        """At the start: a dream when `auto_dream` is on and enough sessions and hours have
+        passed since the last consolidation (a refusal, e.g. another dream, is a note)."""
+        try:
+            config = DreamConfig.load(self.layout.home)
+            if not config.auto:
+                return
+            memory = memory_dir(self.layout.home, Path.cwd())
+            due = auto_dream_due(config, memory, self.layout.sessions_dir, now=time.time())
+            if due is not None:
+                task = self.start_dream(DreamSpec(cwd=os.getcwd(), reason=f"auto dream: {due}"))
+                self.note(f"started dream {task.id}: {due}")
+        except ShoalError as exc:
+            self.note(f"no automatic dream: {exc}")
 
     # -- the store interface: see store.py; requests: see requests.py ---------------------------
 
@@ -372,7 +394,7 @@ class Leader(LeaderRequests):
         for task_id in list(self.queue):
             self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
         self.queue.clear()
-        for kind in (self.shell, self.agents, self.remote):
+        for kind in (self.shell, self.agents, self.remote, self.monitors, self.dreams):
             for task_id in list(kind.live()):
                 task = self.registry.get(task_id)
                 if task is not None:
@@ -384,6 +406,8 @@ class Leader(LeaderRequests):
             not self.shell.running()
             and not self.agents.running()
             and not self.remote.jobs
+            and not self.monitors.procs
+            and not self.dreams.running()
             and not self.swarm.members
             and not self.control.pending
         )
@@ -398,6 +422,7 @@ class Leader(LeaderRequests):
         if not self._drained():  # (past the timeout: the last resort waits)
             self.shell.kill_all_now(self._limits.kill_grace)
             self.agents.kill_all_now(self._limits.kill_grace)
+            self.dreams.kill_all_now(self._limits.kill_grace)
             self.swarm.kill_all()
             self.reap()
         if self._subscription is not None:

@@ -7,6 +7,7 @@ elsewhere, so one thread owns the registry whoever asks.
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
@@ -20,8 +21,10 @@ from shoal.core.errors import ShoalError, TaskError
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
+    DreamTaskState,
     LocalAgentTaskState,
     LocalShellTaskState,
+    MonitorMcpTaskState,
     RemoteAgentTaskState,
     TaskStatus,
     TaskType,
@@ -32,7 +35,7 @@ from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator import task_ops
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
-from shoal.orchestrator.control import QueueRequest, ShellSpec
+from shoal.orchestrator.control import MonitorRequest, QueueRequest, ShellSpec
 from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import LeaderStore
@@ -40,7 +43,9 @@ from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind, coordinator_inbox
+from shoal.workers.dream.kind import DreamHost, DreamKind, DreamSpec, new_dream_task, release_lock
 from shoal.workers.kinds import TaskKind
+from shoal.workers.monitor import MonitorKind, new_monitor_task
 from shoal.workers.remote import RemoteKind, RemoteSpec, check_model_key, new_remote_task
 
 T = TypeVar("T")
@@ -55,6 +60,8 @@ class LeaderRequests(LeaderStore, ABC):
     scheduler: Scheduler
     agents: AgentKind
     remote: RemoteKind
+    dreams: DreamKind
+    monitors: MonitorKind
     kinds: dict[TaskType, TaskKind]
     queue: deque[str]
     _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
@@ -168,6 +175,84 @@ class LeaderRequests(LeaderStore, ABC):
         self.persist(force=True)
         self.wake()
         return done
+
+    # -- MCP monitors ----------------------------------------------------------------------
+
+    def start_monitor(self, request: MonitorRequest) -> MonitorMcpTaskState:
+        """Check and register a `monitor_mcp` task and start it (workers/monitor.py); it holds
+        no job slot, so it starts at once."""
+        if not self._owns():
+            return self.call(lambda: self.start_monitor(request)).result()
+        task = new_monitor_task(
+            self.session.output_file, server=request.server, config=request.config,
+            tool=request.tool, every=request.every, args=request.args, cwd=request.cwd,
+        )  # fmt: skip
+        self.layout.ensure(self.session.tasks_dir)
+        self.register(task)
+        self.monitors.start(task, self)
+        self.persist(force=True)
+        self.wake()
+        current = self.registry.get(task.id)
+        assert isinstance(current, MonitorMcpTaskState)
+        return current
+
+    # -- dreams ----------------------------------------------------------------------------
+
+    def start_dream(self, spec: DreamSpec) -> DreamTaskState:
+        """Check a `dream` task, take the consolidation lock (a second dream is refused,
+        naming the first), register it and start it (workers/dream/kind.py)."""
+        if not self._owns():
+            return self.call(lambda: self.start_dream(spec)).result()
+        self.layout.ensure(self.session.tasks_dir)
+        host = DreamHost(
+            home=self.layout.home,
+            team=self.team,
+            output_file=self.session.output_file,
+            environ={os.fsdecode(k): os.fsdecode(v) for k, v in self.environ.items()},
+            live=self._dream_live,
+        )
+        task = new_dream_task(host, spec)
+        try:
+            self.register(task)
+        except BaseException:
+            release_lock(task, None)
+            raise
+        self.queue.append(task.id)
+        self.start_pending()
+        self.persist(force=True)
+        self.wake()
+        current = self.registry.get(task.id)
+        assert isinstance(current, DreamTaskState)
+        return current
+
+    def _dream_live(self, task_id: str) -> bool:
+        """True while dream `task_id` is a live task of this leader (else its lock is stale)."""
+        task = self.registry.get(task_id)
+        return task is not None and not task.is_terminal
+
+    # -- workflows -------------------------------------------------------------------------
+
+    def start_workflow(self, spec_path: str) -> AnyTaskState:
+        """Check a workflow's spec (SpecError, exit 2: nothing is registered), register its
+        `local_workflow` task and start it (its kind: orchestrator/workflow_kind.py). It holds
+        no job slot, so it starts at once; its steps queue like any shell task."""
+        if not self._owns():
+            return self.call(lambda: self.start_workflow(spec_path)).result()
+        from shoal.orchestrator.workflow import load_spec, new_id, new_workflow_task
+
+        kind = self.kinds.get(TaskType.LOCAL_WORKFLOW)
+        if kind is None:
+            raise TaskError(f"this leader of team {self.team!r} runs no workflows")
+        spec = load_spec(spec_path)
+        task_id = new_id()
+        task = new_workflow_task(spec, self.session.output_file(task_id), task_id)
+        self.layout.ensure(self.session.tasks_dir)
+        Path(task.output_file).touch(exist_ok=True)
+        self.register(task)
+        kind.start(task, self)
+        self.persist(force=True)
+        self.wake()
+        return self.registry.get(task.id) or task
 
     # -- agents ----------------------------------------------------------------------------
 

@@ -1,0 +1,201 @@
+"""A dream's runner: `python -m shoal.workers.dream.runner JOB_FILE`, a process of its own.
+
+It runs the agent loop (workers/agent/loop.py) on the dream's model with only the tools of
+a `DreamWorkspace` (Read, Write, Edit, Glob, Grep; writes confined to the memory directory),
+and reports to its status file what the leader maps onto the dream's record: the agent's
+progress plus `phase`, `files_touched` and the last turns (text and tool-use count). SIGTERM,
+SIGINT and SIGHUP end the run `killed`, its status written. It never touches the lock or the
+registry: the leader settles both from the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from shoal.core.errors import ShoalError
+from shoal.core.jsonio import atomic_write
+from shoal.core.tasks import DREAM_TURNS_CAP, DreamPhase
+from shoal.workers.agent.job import AgentStatus, JobLimits, JobOutcome
+from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
+from shoal.workers.agent.models import ModelSpec, build_model
+from shoal.workers.agent.transcript import Transcript
+from shoal.workers.dream.workspace import DREAM_TOOLS, DreamWorkspace
+
+STATUS_INTERVAL_S: Final = 0.25
+TURN_TEXT_CHARS: Final = 500
+KILLED_ERROR: Final = "stopped"
+
+
+class DreamJob(BaseModel):
+    """Everything a dream's runner needs (written by the leader before it starts)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    task_id: str
+    home: str
+    prompt: str
+    instructions: str
+    model: str
+    memory_dir: str
+    sessions: tuple[str, ...] = ()
+    """The session directories under review (read-only)."""
+    cwd: str
+    """Where a relative `scripted:FILE` is found (the requester's directory)."""
+    output_file: str
+    transcript: str
+    status_file: str
+    limits: JobLimits = Field(default_factory=JobLimits)
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
+
+    @classmethod
+    def load(cls, path: Path) -> DreamJob:
+        return cls.model_validate(orjson.loads(path.read_bytes()))
+
+
+def turns_of(history: list[Any]) -> list[dict[str, Any]]:
+    """The last DREAM_TURNS_CAP model responses: their text and how many tools they called."""
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+
+    turns: list[dict[str, Any]] = []
+    for message in history:
+        if not isinstance(message, ModelResponse):
+            continue
+        text = "\n".join(p.content.strip() for p in message.parts if isinstance(p, TextPart))
+        calls = sum(isinstance(p, ToolCallPart) for p in message.parts)
+        turns.append({"text": text.strip()[:TURN_TEXT_CHARS], "tool_use_count": calls})
+    return turns[-DREAM_TURNS_CAP:]
+
+
+class DreamStatus:
+    """The runner's side of the status file: progress with the dream's fields (throttled),
+    then the outcome."""
+
+    def __init__(self, path: Path, workspace: DreamWorkspace) -> None:
+        self.path = path
+        self.workspace = workspace
+        self.loop: AgentLoop | None = None
+        self._record: dict[str, Any] = {}
+        self._written = 0.0
+
+    def progress(self, progress: Progress | None = None, *, force: bool = False) -> None:
+        record = progress.to_record() if progress is not None else dict(self._record)
+        touched = list(self.workspace.touched)
+        record["phase"] = (DreamPhase.UPDATING if touched else DreamPhase.STARTING).value
+        record["files_touched"] = touched
+        record["turns"] = turns_of(self.loop.history) if self.loop is not None else []
+        # (a new turn is written at once: the runner may block in its tools next)
+        news = record["turns"] != self._record.get("turns")
+        self._record = record
+        now = time.monotonic()
+        if force or news or now - self._written >= STATUS_INTERVAL_S:
+            self._written = now
+            self._save(AgentStatus(pid=os.getpid(), progress=record))
+
+    def done(self, outcome: JobOutcome) -> None:
+        self.progress(force=True)
+        self._save(
+            AgentStatus(state="done", pid=os.getpid(), progress=self._record, outcome=outcome)
+        )
+
+    def _save(self, status: AgentStatus) -> None:
+        status = status.model_copy(update={"updated_at": time.time()})
+        with contextlib.suppress(ShoalError, OSError):  # (a full disk: the next write retries)
+            status.save(self.path)
+
+
+async def run_dream(job: DreamJob, env: Mapping[str, str], status: DreamStatus) -> JobOutcome:
+    """Run the dream to its outcome (a cancel ends it `killed`)."""
+    started = time.monotonic()
+    loop: AgentLoop | None = None
+    output = Output(Path(job.output_file))
+    try:
+        model = build_model(ModelSpec.parse(job.model), env, Path(job.cwd))
+        tools = make_tools(status.workspace, DREAM_TOOLS)
+        loop = AgentLoop(
+            model,
+            instructions=job.instructions,
+            tools=tools,
+            transcript=Transcript(Path(job.transcript)),
+            output=output,
+            limits=Limits(**job.limits.model_dump()),
+            on_progress=status.progress,
+        )
+        status.loop = loop
+        # (a write is told at once: the record says `updating` from the first one)
+        status.workspace.on_write = lambda _rel: status.progress(force=True)
+        status.progress(force=True)
+        outcome = await loop.run(job.prompt)
+        return JobOutcome(
+            status="completed" if outcome.status == "completed" else "failed",
+            result=outcome.result,
+            error=outcome.error,
+            total_tokens=outcome.total_tokens,
+            tool_uses=outcome.tool_uses,
+            turns=outcome.turns,
+            duration_ms=outcome.duration_ms,
+        )
+    except asyncio.CancelledError:
+        output.write(f"\n[{KILLED_ERROR}]\n")
+        return JobOutcome(
+            status="killed",
+            error=KILLED_ERROR,
+            tool_uses=loop.progress.tool_use_count if loop else 0,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+    except (ShoalError, OSError, ValueError) as exc:  # a model that cannot be built, a bad file
+        output.write(f"\n[failed: {exc}]\n")
+        return JobOutcome(
+            status="failed", error=str(exc), duration_ms=int((time.monotonic() - started) * 1000)
+        )
+
+
+async def _main_async(job: DreamJob) -> int:
+    workspace = DreamWorkspace(
+        cwd=Path(job.memory_dir),
+        mode="acceptEdits",
+        readable=tuple(Path(p) for p in job.sessions),
+    )
+    status = DreamStatus(Path(job.status_file), workspace)
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        outcome = await run_dream(job, os.environ, status)
+    except asyncio.CancelledError:  # (a signal before the run began)
+        outcome = JobOutcome(status="killed", error=KILLED_ERROR)
+    status.done(outcome)
+    return 0 if outcome.status == "completed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the dream job file given as the one argument."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m shoal.workers.dream.runner JOB_FILE", file=sys.stderr)
+        return 2
+    try:
+        job = DreamJob.load(Path(args[0]))
+    except (OSError, ValueError) as exc:
+        print(f"shoal: error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_main_async(job))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
