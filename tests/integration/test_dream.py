@@ -153,9 +153,13 @@ def test_dream_rewrites_memory_from_the_sessions(leader: Cli, home: Path, tmp_pa
     # The lead hears of its end.
     out = leader("events", "--team", TEAM, "--json")
     ends = [json.loads(line) for line in out.stdout.splitlines()]
-    assert any(
-        e.get("subtype") == "task_notification" and e.get("task_id") == task["id"] for e in ends
-    ) or any(e.get("subtype") == "task_terminated" and e["task_id"] == task["id"] for e in ends)
+    (told,) = [
+        e
+        for e in ends
+        if e.get("subtype") == "task_notification" and e.get("task_id") == task["id"]
+    ]
+    assert "<status>completed</status>" in told["notification"]
+    assert "<result>Merged the decisions into memory.</result>" in told["notification"]
     # Nothing happened since: the next dream has no session to review.
     again = start(leader)
     assert not {"s0", "s1", "s2"} & set(again["sessions"]) and again["prior_mtime"] == stamped
@@ -198,6 +202,9 @@ args = {{ file_path = "{fifo}" }}
 
 [[turn]]
 text = "Updating the second file."
+[[turn.call]]
+tool = "Read"
+args = {{ file_path = "B.md" }}
 [[turn.call]]
 tool = "Write"
 args = {{ file_path = "B.md", content = "never" }}
@@ -276,6 +283,34 @@ def test_dead_dream_found_on_resume_rolls_the_lock_back(
         assert (mem / "B.md").read_text() == "old B"
         retry = start(cli, "--model", script(tmp_path, 'final = "ok"', "noop.toml"))
         assert ended(cli, retry["id"])["status"] == "completed"
+    finally:
+        cli("down", "--team", TEAM)
+
+
+def test_leader_dies_the_dream_goes_on_and_is_adopted(cli: Cli, home: Path, tmp_path: Path) -> None:
+    model = blocking(home, tmp_path)
+    mem = memory(home, A="old A", B="old B")
+    assert cli("up", "--team", TEAM, "-d", "-q", env=FAST).returncode == 0
+    try:
+        task = start(cli, "--model", model)
+        wait_until(lambda: reading_the_fifo(cli, task["id"]), timeout=60, what="the dream")
+        holder = json.loads((mem / LOCK).read_bytes())
+        os.kill(holder["pid"], signal.SIGKILL)  # the leader dies; the runner goes on
+        wait_until(lambda: pid_gone(holder["pid"]), what="the leader to die")
+        assert cli("up", "--team", TEAM, "-d", "-q", env=FAST).returncode == 0
+        # Adopted, still running, still holding the lock: a second dream is refused.
+        assert record(cli, task["id"])["status"] == "running"
+        refused = cli("dream", "--team", TEAM)
+        assert refused.returncode == 1 and task["id"] in refused.stderr
+        fifo = Path(home / "sessions" / "s0" / "transcripts" / "pipe.jsonl")
+        with open(fifo, "w") as pipe:  # (unblocks its Read)
+            pipe.write("more\n")
+        done = ended(cli, task["id"])
+        assert done["status"] == "completed", done
+        assert (mem / "B.md").read_text() == "never"
+        assert done["files_touched"] == ["A.md", "B.md"]
+        assert (mem / LOCK).stat().st_mtime >= done["start_time"]
+        assert (mem / LOCK).read_bytes() == b""
     finally:
         cli("down", "--team", TEAM)
 

@@ -272,7 +272,6 @@ class DreamKind:
         if task.status == TaskStatus.PENDING:  # (queued again by the caller: it never started)
             return
         alive = task.pid is not None and is_alive(task.pid, task.pid_started_at)
-        assert task.pid is not None or not alive
         proc = ShellProcess(task.pid or 0, task.pid_started_at, child=False)
         run = _Run(task.id, status_file, proc)
         self.runs[task.id] = run
