@@ -10,6 +10,8 @@ submits the job. `shoal remote job` is what a remote agent runs on the cluster's
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,6 +91,7 @@ def submit(
 
     env = get_env(click.get_current_context())
     team = env.team()
+    job_env = _env_pairs(env_pairs)  # (a bad pair is refused before the cluster is asked)
     spec: dict[str, Any] = {"remote_type": remote_type}
     if remote_type == "shell":
         spec["command"] = argv_for(list(args))[0]
@@ -97,22 +100,28 @@ def submit(
         if not prompt.strip():
             raise UsageError("no prompt given (usage: shoal remote submit PROMPT)")
         spec["prompt"] = prompt
-        if model is not None:
-            from shoal.workers.agent.models import ModelSpec
+        from shoal.workers.agent.models import DEFAULT_SPEC, ModelSpec, choose_model
 
+        if model is not None:
             ModelSpec.parse(model)  # an unknown provider is a usage error, here and now
+        else:  # the usual choice, made here: the model checked is the one the job runs
+            chosen = str(choose_model(None, None, {**os.environ, **job_env}, env.layout.home))
+            model = None if chosen == DEFAULT_SPEC else chosen
+        if model is not None:
             spec["model"] = model
     where = Path(os.path.abspath(cwd or os.getcwd()))
     url = resolve_address(address)
     with RayJobs(url) as client:
         client.version()  # the address answers (else: one line naming it)
         package = pack_workdir(where)
-        check_model_key(remote_type, model, os.environ, env.layout.home, where)
+        # (a key passed with --env is the job's too)
+        keys = {**os.environ, **job_env}
+        check_model_key(remote_type, model, keys, env.layout.home, where, package)
         spec["package"] = client.upload_package(package.name, package.data)
     spec.update(
         address=url,
-        cwd=os.path.relpath(where, package.root),
-        env=_env_pairs(env_pairs),
+        cwd=os.path.relpath(where.resolve(), package.root.resolve()),
+        env=job_env,
         timeout=timeout,
         long_running=long_running,
         title=title,
@@ -129,11 +138,13 @@ def submit(
 @json_option
 @common_options
 def status(as_json: bool) -> None:
-    """The session's remote tasks: type, status, phase, the job's id, node and cluster."""
-    from shoal.cli.tasks import _session
+    """The session's remote tasks, ended ones too: type, status, phase, the job's id, node
+    and cluster."""
+    from shoal.cli.tasks import _session, _tasks
 
     env = get_env(click.get_current_context())
-    records = (_session(env.layout, env.team()).read_tasks_raw() or {}).values()
+    # (as `ps --all`: an ended task leaves the session's registry for its history)
+    records = _tasks(_session(env.layout, env.team()), include_history=True).values()
     tasks = [t for t in records if t.get("type") == "remote_agent"]
     tasks.sort(key=lambda t: t.get("start_time") or 0)
     if as_json:
@@ -147,7 +158,7 @@ def status(as_json: bool) -> None:
         phase = f" ({t['ultraplan_phase']})" if t.get("ultraplan_phase") else ""
         why = t.get("error") or ""
         click.echo(
-            f"{t['id']}  {t.get('remote_task_type', '?'):<13} {t['status']}{phase:<14} "
+            f"{t['id']}  {t.get('remote_task_type', '?'):<13} {t['status'] + phase:<24} "
             f"job {t.get('session_id') or t['id']} on {t.get('host') or '-'} "
             f"at {meta.get('address', '?')}  {t.get('title') or t.get('description', '')}"
             + (f"  [{why}]" if why else "")
@@ -157,48 +168,106 @@ def status(as_json: bool) -> None:
 @remote.command(hidden=True)
 @click.option("--type", "remote_type", type=click.Choice(TYPES[:-1]), required=True)
 @click.option("--model", default=None)
+@click.option("--cwd", "rel", default=".", help="Where the agent starts, in the work tree.")
 @click.argument("prompt")
-def job(remote_type: str, model: str | None, prompt: str) -> None:
+def job(remote_type: str, model: str | None, rel: str, prompt: str) -> None:
     """On a cluster node: run one agent with `shoal agent --foreground` under a private home,
-    stream its transcript, then print the markers its task's leader reads."""
+    in a private copy of the job's working directory (Ray's unpacked package is shared by the
+    jobs of the same content: an agent must not change it under another), stream its
+    transcript, then print the markers its task's leader reads."""
     from shoal.core.paths import Layout
-    from shoal.orchestrator.session import current_session
     from shoal.workers.remote import QUESTION, preamble
 
     text = prompt
     if pre := preamble(remote_type):
         text = f"{pre}\n\n{prompt}"
+    # Ray stops a job with SIGTERM (SIGINT if so configured) to its processes, and KILLs them
+    # a few seconds later: the signal is raised as an exit here, and the private leader (in
+    # a session of its own, out of the stop's reach: it would outlive the job on the node) is
+    # brought down, and the temp dir removed, by a process of its own that the KILL spares.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     _marker("progress", "starting")
-    with tempfile.TemporaryDirectory(prefix="shoal-job-") as home:
-        env = {**os.environ, "SHOAL_HOME": home, "SHOAL_TEAM": "job"}
-        shoal = [sys.executable, "-m", "shoal"]
-        up = subprocess.run([*shoal, "up", "--detach", "--quiet"], env=env, check=False)
-        if up.returncode != 0:
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-job-"))
+    home, work = tmp / "home", tmp / "work"
+    where = work / rel
+    env = {**os.environ, "SHOAL_HOME": str(home), "SHOAL_TEAM": "job"}
+    shoal = [sys.executable, "-m", "shoal"]
+    finished = False
+    try:
+        home.mkdir()
+        shutil.copytree(Path.cwd(), work, symlinks=True)
+        up = subprocess.run(
+            [*shoal, "up", "--detach", "--quiet"], env=env, check=False, capture_output=True
+        )
+        if up.returncode != 0:  # (else its line is noise in the job's log)
+            sys.stderr.buffer.write(up.stdout + up.stderr)
             sys.exit(up.returncode)
-        try:
-            _marker("progress", "working")
-            argv = [*shoal, "agent", "--foreground", *(["--model", model] if model else [])]
-            code = subprocess.run([*argv, "--", text], env=env, check=False).returncode
-            session = current_session(Layout(home), "job")
-            records = (session.read_tasks_raw() or {}).values() if session else []
-            agents = [t for t in records if t.get("type") == "local_agent"]
-            result = str(agents[-1].get("result") or "") if agents else ""
-        finally:
-            subprocess.run([*shoal, "down"], env=env, check=False, capture_output=True)
-    if code != 0:
-        sys.exit(code)
-    if remote_type == "ultraplan":
-        question = QUESTION.search(result)
-        if question:
-            _marker("question", question.group(1).strip())
-            _marker("phase", "needs_input")
-        else:
-            _marker("phase", "plan_ready")
-    if remote_type == "ultrareview":
-        Path("review.md").write_text(result + "\n", encoding="utf-8")
-        _marker("progress", "done")
-        _marker("result-file", "review.md")
-    _marker("result", result)
+        _marker("progress", "working")
+        # Nobody can answer a permission request on a cluster node (the job runs on a copy
+        # of the work tree): the agent asks for nothing.
+        argv = [*shoal, "agent", "--foreground", "--permission-mode", "bypassPermissions"]
+        argv += ["--model", model] if model else []
+        argv += ["--cwd", str(where)]
+        code = subprocess.run([*argv, "--", text], env=env, cwd=where, check=False).returncode
+        # The agent is done: a stop now must not cut the wrap-up short (`down` inherits this).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        finished = True
+    finally:
+        if not finished:
+            subprocess.Popen(
+                [sys.executable, "-c", _CLEANER, str(tmp), *shoal, "down"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+    try:
+        subprocess.run([*shoal, "down"], env=env, check=False, capture_output=True)
+        # (read after `down`: its last state is written by then, however it was throttled)
+        result = _agent_result(Layout(home))
+        if code != 0:
+            sys.exit(code)
+        if remote_type == "ultraplan":
+            question = QUESTION.search(result)
+            if question:
+                _marker("question", question.group(1).strip())
+                _marker("phase", "needs_input")
+            else:
+                _marker("phase", "plan_ready")
+        if remote_type == "ultrareview":
+            # (in the job's private copy, gone with it: the review's text is the result)
+            (where / "review.md").write_text(result + "\n", encoding="utf-8")
+            _marker("progress", "done")
+            _marker("result-file", "review.md")
+        _marker("result", result)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# `python -c _CLEANER TMP CMD...`: run CMD (the private leader's `down`), then remove TMP.
+_CLEANER = (
+    "import shutil, subprocess, sys; subprocess.run(sys.argv[2:], capture_output=True); "
+    "shutil.rmtree(sys.argv[1], ignore_errors=True)"
+)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _agent_result(layout: Any) -> str:
+    """The final text of the job's agent (its record, live or evicted to the history)."""
+    from shoal.cli.tasks import _tasks
+    from shoal.orchestrator.session import current_session
+
+    session = current_session(layout, "job")
+    if session is None:
+        return ""
+    records = _tasks(session, include_history=True).values()
+    agents = [t for t in records if t.get("type") == "local_agent"]
+    agents.sort(key=lambda t: t.get("start_time") or 0)
+    return str(agents[-1].get("result") or "") if agents else ""
 
 
 def _marker(name: str, value: str) -> None:

@@ -106,10 +106,12 @@ def _remote_task(layout: Any, team: str, name: str) -> str | None:
     one), if it names one; None for a member's name or a permission request's id."""
     if not name.startswith("r") or "." in name:
         return None
+    from shoal.cli.tasks import _tasks
     from shoal.orchestrator.session import current_session
 
     session = current_session(layout, team)
-    records = (session.read_tasks_raw() or {}) if session is not None else {}
+    # (an ended one too, evicted to the history: the leader then says it waits for nothing)
+    records = _tasks(session, include_history=True) if session is not None else {}
     matches = [
         i for i, t in records.items() if i.startswith(name) and t.get("type") == "remote_agent"
     ]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import os
 import re
 import shlex
@@ -26,7 +25,6 @@ import stat
 import threading
 import time
 import tomllib
-import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -87,6 +85,9 @@ MARKER: Final = re.compile(r"^::shoal-([a-z-]+)::[ \t]?(.*)$")
 RAY_LINE: Final = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\t[A-Z]+ job_manager\.py:\d+ -- ")
 QUESTION: Final = re.compile(r"^\s*QUESTION:\s*(.+)$", re.MULTILINE)
 SIDECAR_DIR: Final = "remote"
+SIDECAR_KEEP_S: Final = 2.0
+"""An ended task's sidecar outlives its notification this long (the session's state, written
+at most every 0.2 s, shows the end by then)."""
 
 
 class RemoteError(ShoalError):
@@ -163,16 +164,20 @@ def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> Rem
 
 
 def entrypoint(spec: RemoteSpec, prompt: str | None = None) -> str:
-    """The job's shell command: a shell task's command, or shoal's agent on the node."""
-    cd = f"cd {shlex.quote(spec.cwd)} && " if spec.cwd not in ("", ".") else ""
+    """The job's shell command: a shell task's command, or shoal's agent on the node (which
+    works in a private copy of the working directory, entered at `cwd` there: the unpacked
+    package is Ray's cache, shared by every job of the same content)."""
     if spec.remote_type == "shell":
+        cd = f"cd {shlex.quote(spec.cwd)} && " if spec.cwd not in ("", ".") else ""
         return f"{cd}sh -c {shlex.quote(spec.command or '')}"
     shoal = os.environ.get(SHOAL_COMMAND_ENV) or "shoal"
     argv = ["remote", "job", "--type", spec.remote_type]
+    if spec.cwd not in ("", "."):
+        argv += ["--cwd", spec.cwd]
     if spec.model:
         argv += ["--model", spec.model]
     argv += ["--", prompt if prompt is not None else spec.prompt or ""]
-    return f"{cd}{shoal} {shlex.join(argv)}"
+    return f"{shoal} {shlex.join(argv)}"
 
 
 def preamble(remote_type: str) -> str:
@@ -192,6 +197,7 @@ class Package:
     name: str
     data: bytes
     files: int
+    names: frozenset[str] = frozenset()  # the packed files' paths (relative to the root)
 
 
 def upload_limit() -> int:
@@ -207,6 +213,9 @@ def upload_limit() -> int:
 def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
     """Zip the git work tree `cwd` is in (what .gitignore excludes stays out), checking that
     it is a repository with a commit and that the zip stays under the upload limit."""
+    import io
+    import zipfile
+
     limit = upload_limit() if limit is None else limit
     root = git.toplevel(cwd)
     if root is None:
@@ -218,6 +227,7 @@ def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
         raise RemoteError(f"the git repository {root} has no commit yet: commit once first")
     buffer = io.BytesIO()
     count = 0
+    names: set[str] = set()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for rel in git.listed_files(root):
             path = root / rel
@@ -232,6 +242,7 @@ def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, path.read_bytes())
             count += 1
+            names.add(rel)
             if buffer.tell() > limit:
                 break
     data = buffer.getvalue()
@@ -241,18 +252,42 @@ def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
             f"${UPLOAD_LIMIT_ENV} raises it): add what the job does not need to .gitignore"
         )
     name = f"_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
-    return Package(root=root, name=name, data=data, files=count)
+    return Package(root=root, name=name, data=data, files=count, names=frozenset(names))
 
 
 def check_model_key(
-    remote_type: str, model: str | None, env: Mapping[str, str], home: Path, cwd: Path
+    remote_type: str,
+    model: str | None,
+    env: Mapping[str, str],
+    home: Path,
+    cwd: Path,
+    package: Package | None = None,
 ) -> None:
-    """An agent type needs its model's key (the offline scripted model needs none)."""
+    """An agent type needs its model's key (the offline scripted model needs none). A
+    script's or a transcript's file is the node's, relative to the job's working directory:
+    with the `package` the job gets (at submit), it must be a file packed in it (relative to
+    `cwd`) or, absolute, a file here; without one (the leader) it is not checked."""
     if remote_type not in AGENT_TYPES:
         return
-    from shoal.workers.agent.models import check_model, choose_model
+    from shoal.workers.agent.models import PROVIDER_ENV, check_model, choose_model
 
-    check_model(choose_model(model, None, env, home), env, cwd)
+    spec = choose_model(model, None, env, home)
+    if spec.provider in PROVIDER_ENV:
+        check_model(spec, env, cwd)
+        return
+    if not spec.name or package is None:
+        return
+    if Path(os.path.expanduser(spec.name)).is_absolute():
+        check_model(spec, env, cwd)
+        return
+    what = "script" if spec.provider == "scripted" else "transcript"
+    path = Path(os.path.abspath(cwd / spec.name))
+    rel = os.path.relpath(path.resolve(), Path(package.root).resolve())
+    if rel.startswith("..") or rel not in package.names:
+        raise RemoteError(
+            f"model {spec}: the {what} {path} is not in the packed work tree of "
+            f"{package.root}, where the job reads it (add it there, out of .gitignore's reach)"
+        )
 
 
 # --------------------------------------------------------------------------- completion
@@ -373,8 +408,11 @@ class _Job:
     num_cpus: float | None
     output: Path
     submitted: bool
+    submit_tried: bool = False
+    retried_submit: bool = False  # a submit failed before (a timeout: it may have got through)
     offset: int = 0  # characters of the job's log (as the API gives it) read and written
     markers: dict[str, str] = field(default_factory=dict)
+    log_error: str | None = None  # why the job's log could not be read (said once)
     info: JobInfo | None = None
     error: BaseException | None = None  # the last call chain's failure
     future: Future[None] | None = None
@@ -398,7 +436,9 @@ class RemoteKind:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._done: set[str] = set()  # ids whose call chain finished (read at the next REAP)
-        self._ended: set[str] = set()  # ended ids whose sidecar goes once they are notified
+        # Ended ids (when they ended): their sidecar goes once they are notified and the
+        # session's state has surely been written since (its writes are throttled).
+        self._ended: dict[str, float] = {}
         self._wake: Callable[[], None] | None = None
         self._sidecars: dict[str, tuple[Path, dict[str, Any]]] = {}
 
@@ -420,6 +460,7 @@ class RemoteKind:
             store.emit(task_started(store.get(task.id) or task))
             return
         self.jobs[task.id] = job
+        job.output.touch(exist_ok=True)  # (a job that prints nothing has an empty output)
         now = time.time()
         store.move_task(
             task.id,
@@ -463,8 +504,15 @@ class RemoteKind:
         job = self.jobs.get(task.id)
         if task.status == TaskStatus.PENDING or job is None or (job.waiting and not job.future):
             self.jobs.pop(task.id, None)
-            store.move_task(task.id, TaskStatus.KILLED, kill_reason=reason, error=reason)
-            self._ended.add(task.id)
+            changes: dict[str, Any] = {
+                "kill_reason": reason,
+                "error": reason,
+                "end_time": time.time(),
+            }
+            if isinstance(task, RemoteAgentTaskState):
+                changes["log"] = _logged(task, TaskStatus.KILLED.value, reason)
+            self._record_end(task.id, TaskStatus.KILLED, changes)
+            store.move_task(task.id, TaskStatus.KILLED, **changes)
             if reason == STOPPED_ON_REQUEST:
                 store.mark_notified(task.id)
                 final = store.get(task.id)
@@ -488,15 +536,27 @@ class RemoteKind:
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """Re-attach to a running job by its id (the poll clock restarts now); a task that had
-        ended is never revived, and one whose sidecar is gone cannot be re-attached."""
+        ended is never revived (its sidecar says how it ended when the session's state had not
+        been written since), and one whose sidecar is gone cannot be re-attached. Lines the
+        output file got after the sidecar's last offset are cut: they are read again."""
         assert isinstance(task, RemoteAgentTaskState)
         self._wake = store.wake
         if task.is_terminal:
-            self._ended.add(task.id)
+            self._ended[task.id] = time.monotonic()
             return
         if task.status == TaskStatus.PENDING:
             return
-        if not sidecar_path(task).exists():
+        record = _read_sidecar(task)
+        ended = record.get("ended")
+        if isinstance(ended, dict) and ended.get("status") in {s.value for s in TaskStatus}:
+            self._sidecars[task.id] = (sidecar_path(task), record)
+            self._ended[task.id] = time.monotonic()
+            changes = {k: v for k, v in (ended.get("changes") or {}).items() if k != "status"}
+            if isinstance(changes.get("log"), list):
+                changes["log"] = tuple(changes["log"])
+            store.move_task(task.id, TaskStatus(ended["status"]), **changes)
+            return
+        if not record:  # (gone, or not readable)
             store.move_task(
                 task.id,
                 TaskStatus.FAILED,
@@ -504,14 +564,18 @@ class RemoteKind:
             )
             return
         try:
-            job = self._job_for(task, store, submitted=True)
+            # (a sidecar that does not say the job was submitted: it is submitted now, unless
+            # the cluster has it already)
+            submitted = record.get("submitted") is not False
+            job = self._job_for(task, store, submitted=submitted)
         except ShoalError as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=f"cannot re-attach: {exc}")
             return
+        job.retried_submit = not submitted
         meta = task.remote_task_metadata or {}
-        record = _read_sidecar(task)
         self._sidecars[task.id] = (sidecar_path(task), record)
         job.offset = int(record.get("log_offset") or 0)
+        _cut_output(job.output, record.get("output_size"))
         job.markers = dict(meta.get("markers") or {})
         job.waiting = task.ultraplan_phase in ("needs_input", "plan_ready")
         if task.kill_reason:
@@ -533,8 +597,18 @@ class RemoteKind:
         return list(self.jobs)
 
     def signalled(self) -> Iterable[str]:
+        """Tasks whose call chain finished, and those whose next poll is due (`next_due`
+        points the loop's quick steps at them: left out, the loop would wake for a due poll
+        and find nothing to do until its next full tick, spinning meanwhile)."""
+        now = time.monotonic()
         with self._lock:
-            return list(self._done)
+            done = set(self._done)
+        due = {
+            i
+            for i, j in self.jobs.items()
+            if j.future is None and not j.waiting and j.next_poll <= now
+        }
+        return list(done | due)
 
     def on_exit(self, key: str) -> bool:
         return False
@@ -570,11 +644,15 @@ class RemoteKind:
             )
         if task.ultraplan_phase == "plan_ready" and approve:
             self.jobs.pop(task.id, None)
-            store.move_task(
-                task.id, TaskStatus.COMPLETED, log=_logged(task, "approved", "the plan")
-            )
-            self._ended.add(task.id)
-            return store.get(task.id) or task  # type: ignore[return-value]
+            changes: dict[str, Any] = {
+                "end_time": time.time(),
+                "log": _logged(task, "approved", "the plan"),
+            }
+            self._record_end(task.id, TaskStatus.COMPLETED, changes)
+            store.move_task(task.id, TaskStatus.COMPLETED, **changes)
+            done = store.get(task.id)
+            assert isinstance(done, RemoteAgentTaskState)
+            return done
         if task.ultraplan_phase == "needs_input" and not (text or "").strip():
             raise UsageError(f"{task.id} asks a question: answer it with --feedback TEXT")
         if not approve and not (text or "").strip():
@@ -633,21 +711,44 @@ class RemoteKind:
         try:
             job.error = None
             if not job.submitted:
-                job.client.submit(
-                    job.submission_id,
-                    job.entrypoint,
-                    runtime_env=job.runtime_env,
-                    metadata={"shoal_task": job.task_id},
-                    num_cpus=job.num_cpus,
-                )
+                try:
+                    job.submit_tried = True
+                    job.client.submit(
+                        job.submission_id,
+                        job.entrypoint,
+                        runtime_env=job.runtime_env,
+                        metadata={"shoal_task": job.task_id},
+                        num_cpus=job.num_cpus,
+                    )
+                except JobExists:
+                    # An earlier try that failed to answer (a timeout) may have got through:
+                    # that job is this task's. A first try that meets one is refused.
+                    if not job.retried_submit:
+                        raise
                 job.submitted = True
+                self._write_sidecar_of(job)  # (a leader killed before this submits again)
             if job.stop_reason is not None and not job.stop_sent:
                 job.client.stop(job.submission_id)
                 job.stop_sent = True
             job.info = job.client.info(job.submission_id)
-            self._read_logs(job, job.client.logs(job.submission_id), job.info.terminal)
+            try:
+                logs = job.client.logs(job.submission_id)
+            except RayUnreachable:
+                raise
+            except RayError as exc:
+                # The dashboard cannot serve this log (it decodes it strictly: a job that
+                # printed bytes that are not UTF-8 breaks the call); the job's status still
+                # decides the task, and the output file says why it stops there.
+                if job.log_error is None:
+                    job.log_error = str(exc)
+                    with open(job.output, "a", encoding="utf-8") as fh:
+                        fh.write(f"[shoal: the rest of the job's log cannot be read: {exc}]\n")
+                    self._write_sidecar_of(job)
+            else:
+                self._read_logs(job, logs, job.info.terminal)
         except BaseException as exc:  # (a thread's failure must reach the loop)
             job.error = exc
+            job.retried_submit = job.submit_tried
         finally:
             with self._lock:
                 self._done.add(job.task_id)
@@ -773,8 +874,9 @@ class RemoteKind:
             changes.setdefault("error", reason)
             changes["kill_reason"] = reason
         changes["log"] = _logged(task, status.value, changes.get("error") or "")
-        store.move_task(task.id, status, end_time=time.time(), **changes)
-        self._ended.add(task.id)
+        changes["end_time"] = time.time()
+        self._record_end(task.id, status, changes)
+        store.move_task(task.id, status, **changes)
         if status == TaskStatus.KILLED and job.stop_reason == STOPPED_ON_REQUEST:
             store.mark_notified(task.id)  # a stop the user asked for is not news (as shells)
             final = store.get(task.id)
@@ -821,7 +923,8 @@ class RemoteKind:
 
     def _write_sidecar(self, task: RemoteAgentTaskState) -> None:
         """The task's sidecar: what re-attaching needs (the job, the cluster, how far its log
-        was read), beside the session's state (written at submit, then after each read)."""
+        was read and how long the output file was then), beside the session's state (written
+        at submit, then after each read)."""
         meta = task.remote_task_metadata or {}
         path = sidecar_path(task)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -831,15 +934,18 @@ class RemoteKind:
             "address": meta.get("address"),
             "remote_task_type": task.remote_task_type,
             "title": task.title,
+            "submitted": False,
             "log_offset": 0,
+            "output_size": _size(Path(task.output_file)),
             "written_at": time.time(),
         }
         atomic_write(path, dumps(record))
         self._sidecars[task.id] = (path, record)
 
     def _write_sidecar_of(self, job: _Job) -> None:
-        """Record how far the job's log was read (after the lines were appended: a leader
-        killed in between repeats at most one read's lines, and never loses any)."""
+        """Record how far the job's log was read and the output file's size (after the lines
+        were appended: a resumed leader cuts what a kill left after that size and reads it
+        again, so that no line is lost or doubled)."""
         known = self._sidecars.get(job.task_id)
         if known is None:
             return
@@ -847,27 +953,62 @@ class RemoteKind:
         record = {
             **record,
             "submission_id": job.submission_id,
+            "submitted": job.submitted,
             "log_offset": job.offset,
+            "output_size": _size(job.output),
             "written_at": time.time(),
         }
         self._sidecars[job.task_id] = (path, record)
         atomic_write(path, dumps(record))
 
+    def _record_end(self, task_id: str, status: TaskStatus, changes: Mapping[str, Any]) -> None:
+        """Write how the task ended into its sidecar, before the task moves: a leader killed
+        before the session's state shows the end finds it there, and does not re-attach."""
+        self._ended[task_id] = time.monotonic()
+        known = self._sidecars.get(task_id)
+        if known is None:
+            return
+        path, record = known
+        ended = {"status": status.value, "changes": orjson.loads(dumps(dict(changes)))}
+        record = {**record, "ended": ended, "written_at": time.time()}
+        self._sidecars[task_id] = (path, record)
+        with contextlib.suppress(OSError):
+            atomic_write(path, dumps(record))
+
     def _drop_sidecars(self, store: TaskStore) -> None:
-        for task_id in list(self._ended):
+        now = time.monotonic()
+        for task_id, ended_at in list(self._ended.items()):
             task = store.get(task_id)
-            if task is not None and not task.notified:
+            if (task is not None and not task.notified) or now - ended_at < SIDECAR_KEEP_S:
                 continue
-            self._ended.discard(task_id)
-            self._sidecars.pop(task_id, None)
-            if task is not None:
+            del self._ended[task_id]
+            path = self._sidecars.pop(task_id, (None, None))[0]
+            if path is None and task is not None:
+                path = sidecar_path(task)
+            if path is not None:
                 with contextlib.suppress(FileNotFoundError):
-                    sidecar_path(task).unlink()
+                    path.unlink()
 
 
 def sidecar_path(task: AnyTaskState) -> Path:
     """`sessions/{s}/remote/{id}.json` (the output file is in `sessions/{s}/tasks/`)."""
     return Path(task.output_file).parent.parent / SIDECAR_DIR / f"{task.id}.json"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _cut_output(path: Path, size: object) -> None:
+    """Cut the output file back to `size` bytes (what the sidecar's offset accounts for)."""
+    if not isinstance(size, int) or size < 0:
+        return
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > size:
+            os.truncate(path, size)
 
 
 def _read_sidecar(task: AnyTaskState) -> dict[str, Any]:
@@ -902,7 +1043,7 @@ def _first_line(text: str | None) -> str:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1024 / 1024:g} MB"
+    return f"{n / 1024 / 1024:.3g} MB"  # (the limit as set: 0.01, not 0.00999928)
 
 
 __all__ = [
