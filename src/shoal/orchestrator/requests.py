@@ -150,9 +150,8 @@ class LeaderRequests(LeaderStore, ABC):
         agent type needs its model's key in the leader's environment, which the job gets."""
         if not self._owns():
             return self.call(lambda: self.start_remote(spec)).result()
-        check_model_key(
-            spec.remote_type, spec.model, self.remote.environ, self.layout.home, Path.cwd()
-        )
+        env = {**self.remote.environ, **spec.env}  # (a key given with --env counts)
+        check_model_key(spec.remote_type, spec.model, env, self.layout.home, Path.cwd())
         task = new_remote_task(spec, self.session.output_file)
         self.layout.ensure(self.session.tasks_dir)
         self.register(task)
