@@ -44,6 +44,7 @@ from shoal.core.tasks import (
     new_task_id,
 )
 from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.shell import spawn_logged
 
 PING_EVERY_S: Final = 2.0
 PING_TIMEOUT_S: Final = 10.0
@@ -329,25 +330,7 @@ class MonitorKind:
         if task.cwd:
             argv += ["--cwd", task.cwd]
         try:
-            fd = os.open(
-                task.output_file,
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-            )
-            try:
-                pid = os.posix_spawn(
-                    sys.executable,
-                    argv,
-                    dict(os.environ),
-                    file_actions=[
-                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                        (os.POSIX_SPAWN_DUP2, fd, 1),
-                        (os.POSIX_SPAWN_DUP2, fd, 2),
-                    ],
-                    setsid=True,
-                )
-            finally:
-                os.close(fd)
+            pid = spawn_logged(argv, dict(store.environ), task.output_file)
         except OSError as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the monitor: {exc}")
             store.emit(task_started(store.get(task.id) or task))

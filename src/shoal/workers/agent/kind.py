@@ -44,7 +44,7 @@ from shoal.workers.agent.job import AGENTS_DIR, AgentJob, AgentStatus, JobLimits
 from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell import ShellProcess
+from shoal.workers.shell import ShellProcess, spawn_logged
 
 AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
 # The process entry of a runner (in the orchestrator: it gives the runner its leader port).
@@ -392,23 +392,9 @@ class AgentKind:
     def _start_process(
         self, live: _Live, job_file: Path, task: LocalAgentTaskState, store: TaskStore
     ) -> dict[str, Any]:
-        log = job_file.with_suffix(".log")
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        try:
-            argv = self._argv(job_file)
-            pid = os.posix_spawn(
-                argv[0],
-                argv,
-                self._environ(store, task),
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, fd, 1),
-                    (os.POSIX_SPAWN_DUP2, fd, 2),
-                ],
-                setsid=True,
-            )
-        finally:
-            os.close(fd)
+        pid = spawn_logged(
+            self._argv(job_file), self._environ(store, task), job_file.with_suffix(".log")
+        )
         live.proc = ShellProcess(pid, process_start_time(pid), child=True)
         return {"pid": pid, "pid_started_at": live.proc.started_at}
 

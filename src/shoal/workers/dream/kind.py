@@ -11,7 +11,6 @@ lock with its end, a killed, failed or dead one puts back `prior_mtime`.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,7 +52,7 @@ from shoal.workers.dream.memory import (
 )
 from shoal.workers.dream.runner import DreamJob
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell import ShellProcess
+from shoal.workers.shell import ShellProcess, spawn_logged
 
 RUNNER_MODULE: Final = "shoal.workers.dream.runner"
 # sessions/{s}/dreams/{id}.job.json, .status.json, .log, .transcript.jsonl
@@ -343,22 +342,8 @@ class DreamKind:
         )
 
     def _spawn(self, job_file: Path, log: Path, store: TaskStore) -> ShellProcess:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        try:
-            argv = [sys.executable, "-m", RUNNER_MODULE, str(job_file)]
-            pid = os.posix_spawn(
-                argv[0],
-                argv,
-                dict(store.environ),
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, fd, 1),
-                    (os.POSIX_SPAWN_DUP2, fd, 2),
-                ],
-                setsid=True,
-            )
-        finally:
-            os.close(fd)
+        argv = [sys.executable, "-m", RUNNER_MODULE, str(job_file)]
+        pid = spawn_logged(argv, dict(store.environ), log)
         return ShellProcess(pid, process_start_time(pid), child=True)
 
     # -- the steps ---------------------------------------------------------------------------
