@@ -234,18 +234,7 @@ class Workspace:
         if not path.is_file():
             raise ToolFailure(f"file not found: {path}")
         self._check_fresh(path, "Edit")
-        if args.old_string == args.new_string:
-            raise ToolFailure("old_string and new_string are the same; nothing to change")
-        text = path.read_text()
-        count = text.count(args.old_string) if args.old_string else 0
-        if count == 0:
-            raise ToolFailure(f"old_string was not found in {path}")
-        if count > 1 and not args.replace_all:
-            raise ToolFailure(
-                f"old_string occurs {count} times in {path}; give more context to make it "
-                "unique, or pass replace_all=true"
-            )
-        text = text.replace(args.old_string, args.new_string, -1 if args.replace_all else 1)
+        text, count = edited(path.read_text(), args, path)
         path.write_text(text)
         self._remember(path)
         return f"edited {path} ({count if args.replace_all else 1} replacement(s))"
@@ -469,3 +458,20 @@ async def run_foreground(
     elif proc.returncode:
         notes.append(f"[exit code {proc.returncode}]")
     return "\n".join([text.rstrip("\n"), *notes]).strip("\n") or "(no output)"
+
+
+def edited(text: str, args: EditArgs, path: Path) -> tuple[str, int]:
+    """`text` with the Edit tool's replacement applied, and how many occurrences there were;
+    a ToolFailure naming `path` when old_string is missing, equal to new_string, or not
+    unique without replace_all (one rule for every workspace's Edit)."""
+    if args.old_string == args.new_string:
+        raise ToolFailure("old_string and new_string are the same; nothing to change")
+    count = text.count(args.old_string) if args.old_string else 0
+    if count == 0:
+        raise ToolFailure(f"old_string was not found in {path}")
+    if count > 1 and not args.replace_all:
+        raise ToolFailure(
+            f"old_string occurs {count} times in {path}; give more context to make it "
+            "unique, or pass replace_all=true"
+        )
+    return text.replace(args.old_string, args.new_string, -1 if args.replace_all else 1), count

@@ -26,6 +26,7 @@ from shoal.workers.agent.tools import (
     ToolFailure,
     Workspace,
     WriteArgs,
+    edited,
 )
 from shoal.workers.dream.memory import LOCK_NAME
 
@@ -112,18 +113,7 @@ class DreamWorkspace(Workspace):
         if not path.is_file():
             raise ToolFailure(f"file not found: {path}")
         self._check_fresh(path, "Edit")
-        if args.old_string == args.new_string:
-            raise ToolFailure("old_string and new_string are the same; nothing to change")
-        text = path.read_text()
-        count = text.count(args.old_string) if args.old_string else 0
-        if count == 0:
-            raise ToolFailure(f"old_string was not found in {path}")
-        if count > 1 and not args.replace_all:
-            raise ToolFailure(
-                f"old_string occurs {count} times in {path}; give more context to make it "
-                "unique, or pass replace_all=true"
-            )
-        text = text.replace(args.old_string, args.new_string, -1 if args.replace_all else 1)
+        text, count = edited(path.read_text(), args, path)
         self._save(path, text)
         self._remember(path)
         return f"edited {path} ({count if args.replace_all else 1} replacement(s))"
