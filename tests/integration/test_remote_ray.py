@@ -216,19 +216,24 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_shell_jobs_end_with_their_exit_codes_on_the_committed_tree(
-    leader: Cli, home: Path, repo: Path
+    leader: Cli, home: Path, repo: Path, tmp_path: Path
 ) -> None:
     """A shell job runs (status running) then completes with exit code 0 (`shoal wait` exits
     0); it saw the committed file and not the ignored one; a job exiting 3 fails with an
     error naming exit code 3, and `shoal wait` exits 1; a job submitted from a subdirectory
     starts there, with the whole tree beside it."""
+    gate = tmp_path / "gate"
     ok = submit(
         leader, repo, "--type", "shell", "--",
-        f"sleep 1; cat data.txt; ls -A; test -e {SECRET} || echo no-secret-here",
+        # (it runs until the test opens its gate: "running" is a state, not a timing)
+        f"while [ ! -e {gate} ]; do sleep 0.05; done; "
+        f"cat data.txt; ls -A; test -e {SECRET} || echo no-secret-here",
     )  # fmt: skip
     bad = submit(leader, repo, "--type", "shell", "--", "echo failing; exit 3")
     inner = submit(leader, repo / "sub", "--type", "shell", "--", "cat inner.txt ../data.txt")
-    assert record(home, ok)["status"] == "running"
+    wait_until(lambda: record(home, ok)["status"] == "running", timeout=60,
+               what="the gated job to run")  # fmt: skip
+    gate.touch()
     done = ended(home, ok)
     assert done["status"] == "completed" and done["exit_code"] == 0, done
     assert done["remote_task_type"] == "shell" and done["host"] == "127.0.0.1"
