@@ -12,6 +12,7 @@ process, pane or team behind.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import tempfile
 import time
@@ -33,6 +34,7 @@ from shoal.workers.agent.runner import COORDINATOR_JOURNAL
 
 DEMO_TIMEOUT_S: Final = 55.0
 SCRIPT: Final = "demo_coordinator.toml"
+LEASE_WAIT: Final = re.compile(r"worker (?P<worker>\S+) waits for the lease of (?P<holder>\S+)")
 PROJECT: Final = {
     "calc/__init__.py": '"""calc: a tiny calculator."""\n',
     "calc/ops.py": (
@@ -126,15 +128,20 @@ def run_coordinator_demo(
             deadline = time.monotonic() + timeout
             final: LocalAgentTaskState | None = None
             while time.monotonic() < deadline:
+                # A lease wait can be shorter than one look at the workers: the leader's note,
+                # written when the wait begins, is what says it happened.
+                waits = _lease_waits(leader)
                 for worker in _workers(leader, coordinator.agent_id):
+                    if worker.id in waits and worker.id not in waited:
+                        waited.add(worker.id)
+                        say(
+                            f"  … {worker.id} {worker.description} waits for the lease of "
+                            f"{waits[worker.id]}"
+                        )
                     if worker.id not in seen and worker.status.value != "pending":
                         seen.add(worker.id)
                         lease = ", ".join(worker.write_set) if worker.write_set else "read-only"
                         say(f"  + {worker.id} {worker.description} [{lease}]")
-                    elif worker.id not in seen | waited and worker.waiting_for:
-                        waited.add(worker.id)
-                        holder = worker.waiting_for.get("lease")
-                        say(f"  … {worker.id} {worker.description} waits for the lease of {holder}")
                 task = leader.call(lambda: leader.find_agent(coordinator.id)).result(10)
                 if task.is_terminal:
                     final = task
@@ -158,6 +165,12 @@ def run_coordinator_demo(
         script.unlink(missing_ok=True)
         result.seconds = time.monotonic() - started
     return result
+
+
+def _lease_waits(leader: Leader) -> dict[str, str]:
+    """Worker id -> the holder it waited for, from the leader's notes (leases.py writes them)."""
+    notes = leader.call(lambda: list(leader.notes)).result(10)
+    return {m["worker"]: m["holder"] for n in notes if (m := LEASE_WAIT.fullmatch(n))}
 
 
 def _workers(leader: Leader, agent_id: str) -> list[LocalAgentTaskState]:
