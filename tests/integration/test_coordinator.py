@@ -287,6 +287,65 @@ def test_workers_take_the_run_model_and_default_mode_gives_accept_edits(
     assert "/50,000 tokens" in shown and "/30 tool uses]" in shown, shown
 
 
+SHARED_BUDGET = """
+final = "done"
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "one", prompt = "Count one" }
+[[turn.call]]
+tool = "Agent"
+args = { description = "two", prompt = "Count two" }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "counted"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 0.2" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 0.2" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 0.2" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 0.2" }
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "sleep 0.2" }
+"""
+
+
+def test_parallel_workers_share_what_the_run_has_and_are_stopped_when_it_is_spent(
+    leader: Cli, tmp_path: Path
+) -> None:
+    # Neither worker asked for a share: both start (the run holds nothing for them), each
+    # limited to what the run had left; together (2 + 5 + 5 tool uses) they pass the run's
+    # 10, and the run stops what still runs, `failed`, naming its limit.
+    model = script(tmp_path, SHARED_BUDGET)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS,
+                       "--budget-tool-uses", "10")  # fmt: skip
+    task = ended(leader, coord)
+    assert task["status"] == "completed", task
+    workers = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
+    assert sorted(w["description"] for w in workers) == ["one", "two"], workers
+    assert not [w for w in workers if "nothing left" in (w.get("error") or "")], workers
+    stopped = [w for w in workers if w["status"] == "failed"]
+    assert stopped, workers
+    for worker in stopped:
+        assert "the run's tool uses budget (10) is spent" in worker["error"], worker
+    shown = leader("ps", "--team", TEAM, "--all").stdout
+    assert "/10 tool uses]" in shown, shown
+
+
 SLOW_WORKER = """
 final = "done"
 [[turn]]

@@ -361,6 +361,10 @@ class LocalAgentTaskState(TaskStateBase):
     """The write-set lease it holds ({fence, write_set}), from start to end."""
     budget: JsonDict | None = None
     """A coordinator's run budget, or a worker's share of it ({tokens, tool_uses, seconds})."""
+    budget_held: tuple[str, ...] | None = None
+    """A worker's: the keys of its budget it asked for, which the run holds for it while it
+    runs; the others are limits only (what the run had left at its start), counted as spent.
+    None (records before this field): every key is held."""
     violations: tuple[JsonDict, ...] = ()
     """Files a worker's Bash commands changed outside its lease ({command, paths})."""
     replay_workers: dict[str, str] | None = None

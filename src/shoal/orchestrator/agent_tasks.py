@@ -286,6 +286,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         coordinator=coordinating,
         simple=spec.simple or (parent.simple if parent is not None else False),
         budget=budget,
+        budget_held=parent.budget_held if parent is not None else None,
         # (a worker continued by a message stays its coordinator's, with its write set)
         worker_of=parent.worker_of if parent is not None else None,
         write_set=parent.write_set if parent is not None else None,
@@ -384,4 +385,5 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         worker_of=boss.agent_id,
         write_set=write_set,
         budget=share or None,
+        budget_held=tuple(asked or ()),
     )

@@ -117,10 +117,13 @@ def spent(task: LocalAgentTaskState) -> dict[str, float]:
 
 
 def left(
-    coordinator: LocalAgentTaskState, workers: Iterable[LocalAgentTaskState]
+    coordinator: LocalAgentTaskState,
+    workers: Iterable[LocalAgentTaskState],
+    *,
+    held: bool = True,
 ) -> dict[str, float]:
-    """What the run budget has left: the budget less what finished workers spent and what
-    running workers hold (their budget, else what they spent)."""
+    """What the run budget has left: the budget less what the coordinator and its workers
+    spent and, with `held`, what running workers asked to be held for them beyond that."""
     budget = coordinator.budget or {}
     out: dict[str, float] = {}
     for key in BUDGET_KEYS:
@@ -128,19 +131,41 @@ def left(
             continue
         used = 0.0
         for worker in workers:
+            used_by = spent(worker)[key]
             share = (worker.budget or {}).get(key)
-            used += spent(worker)[key] if worker.is_terminal or share is None else share
+            kept = worker.budget_held is None or key in worker.budget_held
+            if held and kept and share is not None and not worker.is_terminal:
+                used_by = max(used_by, float(share))
+            used += used_by
         if key != "seconds":
             used += spent(coordinator)[key]
         out[key] = float(budget[key]) - used
     return out
 
 
+def overspent(
+    coordinator: LocalAgentTaskState, workers: Iterable[LocalAgentTaskState]
+) -> str | None:
+    """Why the run must stop its running workers (its tokens or tool uses all spent, by the
+    coordinator and its workers together), or None. Seconds are each worker's own limit
+    and the coordinator's wall time; parallel workers' seconds do not add up to a stop."""
+    budget = coordinator.budget or {}
+    for key, value in left(coordinator, workers, held=False).items():
+        if key != "seconds" and value <= 0:
+            return (
+                f"the run's {key.replace('_', ' ')} budget ({int(budget[key]):,}) is spent "
+                "(by the coordinator and its workers together)"
+            )
+    return None
+
+
 def worker_limits(
     asked: Mapping[str, float] | None, remaining: Mapping[str, float]
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The budget a new worker gets and the limits that enforce it: what it asked (refused
-    when more than the run has left), else all the run has left."""
+    when more than the run has left; held for it while it runs), and for each key it did
+    not ask, all the run has left as a limit (held for no one: parallel workers share it,
+    and the run stops them all when it is spent)."""
     share: dict[str, float] = {}
     for key, value in (asked or {}).items():
         if key in remaining and value > remaining[key]:
@@ -151,8 +176,9 @@ def worker_limits(
     for key, value in remaining.items():
         if value <= 0:
             raise UsageError(
-                f"the run's {key} budget has nothing left (what finished workers spent and "
-                "running ones hold); no worker can start until running workers end"
+                f"the run's {key.replace('_', ' ')} budget has nothing left (what the run spent "
+                "and what running workers asked to hold); no worker can start until running "
+                "workers end"
             )
         share.setdefault(key, value)
     limits: dict[str, Any] = {}

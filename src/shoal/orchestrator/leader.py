@@ -86,6 +86,7 @@ class Leader(LeaderRequests):
         self.swarm = Swarm(self)
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
         self.agents.resume_with = self.resume_agent
+        self.agents.on_spent = self.check_run_budget
         self.remote = RemoteKind()
         self.dreams = DreamKind(layout.home)
         self.monitors = MonitorKind()

@@ -33,16 +33,17 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator import task_ops
+from shoal.orchestrator import coordinator, task_ops
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
 from shoal.orchestrator.control import MonitorRequest, QueueRequest, ShellSpec
 from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.scheduling import Scheduler
+from shoal.orchestrator.session import HistoryReader
 from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
-from shoal.workers.agent.kind import AgentKind, coordinator_inbox
+from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
 from shoal.workers.dream.kind import DreamHost, DreamKind, DreamSpec, new_dream_task, release_lock
 from shoal.workers.kinds import TaskKind
 from shoal.workers.monitor import MonitorKind, new_monitor_task
@@ -392,10 +393,37 @@ class LeaderRequests(LeaderStore, ABC):
             self.move_task(task.id, TaskStatus.FAILED, error=f"could not take its lease: {exc}")
             return False
 
+    def check_run_budget(self, agent: LocalAgentTaskState) -> None:
+        """Stop every unfinished worker of `agent`'s coordinator run, `failed` with the limit
+        named, once the run's tokens or tool uses are all spent (by the coordinator and its
+        workers together: each worker's own limit is only what the run had left at its
+        start, so parallel workers could together spend more)."""
+        boss_id = agent.id if agent.coordinator else self._live_coordinator(agent.worker_of or "")
+        boss = self.registry.get(boss_id) if boss_id else None
+        if not isinstance(boss, LocalAgentTaskState) or not boss.budget or boss.is_terminal:
+            return
+        workers = self.workers_of(boss.agent_id)
+        why = coordinator.overspent(boss, workers)
+        if why is None:
+            return
+        stopped = [  # (one already ending is let be: what it did is done)
+            w.id
+            for w in workers
+            if not w.kill_reason
+            and (w.id in self.agents.runs or w.status is TaskStatus.PENDING)
+            and w.id in self.registry
+        ]
+        for worker_id in stopped:
+            self.stop(worker_id, reason=f"{OVER_BUDGET}{why}")
+        if stopped:
+            self.note(f"{why}: stopped worker(s) {', '.join(stopped)} of {boss.id}")
+
     def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
         """Every worker of coordinator `agent_id` in this session (live and evicted)."""
         found: dict[str, LocalAgentTaskState] = {}
-        for raw in self.session.history().values():
+        if self.history_reader is None or self.history_reader.session is not self.session:
+            self.history_reader = HistoryReader(self.session)
+        for raw in self.history_reader.read().values():
             if raw.get("worker_of") == agent_id:
                 task = parse_task_state(raw)
                 if isinstance(task, LocalAgentTaskState):

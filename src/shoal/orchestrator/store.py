@@ -22,7 +22,7 @@ from shoal.core.procs import current_identity
 from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, parse_task_state, should_evict
 from shoal.mailbox.router import notify_owner
 from shoal.orchestrator.registry import TaskRegistry
-from shoal.orchestrator.session import Session, Snapshot, new_session_id
+from shoal.orchestrator.session import HistoryReader, Session, Snapshot, new_session_id
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 
@@ -86,6 +86,7 @@ class LeaderStore:
         self.notes: list[str] = []
         self.policies: list[Policy] = []
         self.snapshot = Snapshot()
+        self.history_reader: HistoryReader | None = None  # (the session's, read as it grows)
         self._identity = current_identity()
         # What tasks inherit, as a plain dict: handing posix_spawn `os.environb` itself costs a
         # Python-level lookup per variable on every start.

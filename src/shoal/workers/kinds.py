@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from shoal.core.config import Limits
 from shoal.core.events import Event
-from shoal.core.tasks import AnyTaskState, TaskStatus, TaskType
+from shoal.core.tasks import AnyTaskState, LocalAgentTaskState, TaskStatus, TaskType
 
 
 class Poll(Enum):
@@ -67,6 +67,10 @@ class TaskStore(Protocol):
     def unwatch_pid(self, key: str) -> None: ...
 
     def wake(self) -> None: ...
+
+    def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
+        """Every worker of coordinator `agent_id` in the session (live and evicted)."""
+        ...
 
     def output_file(self, task_id: str) -> Path: ...
 

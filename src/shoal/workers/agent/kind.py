@@ -55,6 +55,7 @@ PROGRESS_EVENT_INTERVAL_S: Final = 1.0
 PANE_ENV: Final = ("SHOAL_", "ANTHROPIC_", "OPENAI_", "PATH", "HOME", "LANG", "LC_")
 # Messages a running agent has been sent but not yet drained, kept in its record.
 PENDING_CAP: Final = 50
+OVER_BUDGET: Final = "over budget: "  # (a stop reason so marked ends the agent `failed`)
 SCRATCHPAD: Final = "scratchpad"  # sessions/{s}/scratchpad/: coordinator mode's shared files
 
 
@@ -123,6 +124,8 @@ class AgentKind:
         self.stall_s = worker_stall_s(home)
         # Set by the leader: resume a finished agent with messages that came too late.
         self.resume_with: Callable[[LocalAgentTaskState, list[str]], Any] | None = None
+        # Set by the leader: a coordinator's or a worker's spending moved (the run budget).
+        self.on_spent: Callable[[LocalAgentTaskState], Any] | None = None
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -197,7 +200,8 @@ class AgentKind:
         live = self.runs.get(task.id)
         store.set_task(task.id, kill_reason=reason)
         if live is None:  # never started
-            store.move_task(task.id, TaskStatus.KILLED, error=reason)
+            ended = TaskStatus.FAILED if reason.startswith(OVER_BUDGET) else TaskStatus.KILLED
+            store.move_task(task.id, ended, error=reason)
             return
         if live.future is not None:
             live.future.cancel()
@@ -485,6 +489,8 @@ class AgentKind:
             store.set_task(live.task_id, violations=status.violations)
         if progress is not None and isinstance(task, LocalAgentTaskState):
             store.set_task(live.task_id, progress=progress)
+            if self.on_spent is not None and (task.coordinator or task.worker_of):
+                self.on_spent(task)
             now = time.monotonic()
             if now - live.last_event >= PROGRESS_EVENT_INTERVAL_S and status.state == "running":
                 live.last_event = now
@@ -535,7 +541,19 @@ class AgentKind:
             progress = (task.progress or AgentProgress()).model_copy(
                 update={"summary": outcome.error or _first_line(outcome.result)}
             )
-            if outcome.status == "killed" or task.kill_reason:
+            if task.kill_reason and task.kill_reason.startswith(OVER_BUDGET):
+                store.move_task(
+                    task.id,
+                    TaskStatus.FAILED,
+                    result=outcome.result or None,
+                    usage=usage,
+                    progress=progress,
+                    error=task.kill_reason,
+                    pending_messages=(),
+                )
+                self._over_budget(task, store, late)
+                return
+            elif outcome.status == "killed" or task.kill_reason:
                 store.move_task(
                     task.id,
                     TaskStatus.KILLED,
@@ -567,6 +585,10 @@ class AgentKind:
                 )
         else:
             code = live.proc.returncode() if live.proc is not None else None
+            if task.kill_reason and task.kill_reason.startswith(OVER_BUDGET):
+                store.move_task(task.id, TaskStatus.FAILED, error=task.kill_reason)
+                self._over_budget(task, store, late)
+                return
             if task.kill_reason:
                 store.move_task(task.id, TaskStatus.KILLED, error=task.kill_reason)
                 self._stopped(task, store, late)
@@ -588,6 +610,12 @@ class AgentKind:
             final = store.get(task.id)
             if isinstance(final, LocalAgentTaskState):
                 self.resume_with(final, late)
+
+    def _over_budget(self, task: LocalAgentTaskState, store: TaskStore, late: list[str]) -> None:
+        """A worker its run's budget stopped is not continued by messages that came late
+        (a continuation would spend what the run no longer has)."""
+        if late:
+            store.note(f"agent {task.id} ran out of budget; {len(late)} late message(s) dropped")
 
     def _stopped(self, task: LocalAgentTaskState, store: TaskStore, late: list[str]) -> None:
         """A killed agent is not resumed by messages that came too late (they are noted);
