@@ -220,6 +220,63 @@ def test_leases_hold_one_writer_per_file_set(leader: Cli, tmp_path: Path) -> Non
     assert leases["leases"] == {}  # every lease released when its holder ended
 
 
+# A real MCP server (the mcp SDK over stdio) whose `scribble` tool writes a file in its cwd.
+SCRIBBLER = """
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("scribbler")
+
+
+@server.tool()
+def scribble(name: str) -> str:
+    Path(name).write_text("scribbled\\n")
+    return f"wrote {name}"
+
+
+server.run()
+"""
+
+MCP_WORKER = """
+final = "done"
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "mcp", prompt = "Scribble", write_set = ["mine/*"] }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "{result_1}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "mcp__scribbler__scribble"
+args = { name = "theirs.txt" }
+"""
+
+
+def test_an_mcp_tool_that_writes_outside_the_lease_is_a_violation(
+    leader: Cli, tmp_path: Path
+) -> None:
+    server = tmp_path / "scribbler.py"
+    server.write_text(SCRIBBLER)
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"scribbler": {  # (it runs in the agent's cwd)
+        "command": sys.executable, "args": [str(server)]}}}))  # fmt: skip
+    model = script(tmp_path, MCP_WORKER)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS,
+                       "--mcp-config", str(config))  # fmt: skip
+    task = ended(leader, coord, timeout=90)
+    assert task["status"] == "completed", task
+    (worker,) = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
+    assert "wrote theirs.txt" in worker["result"], worker
+    assert "lease violation" in worker["result"], worker
+    (violation,) = worker["violations"]
+    assert violation["paths"] == ["theirs.txt"], violation
+    assert "scribble" in violation["command"], violation
+
+
 BAD_CALLS = """
 final = "bad: {result_1} || {result_2} || {result_3} || {result_4} || {result_5}"
 
