@@ -100,6 +100,69 @@ def test_three_steps_one_failing(leader: Cli, tmp_path: Path) -> None:
     assert all("└ [" in line for line in under), table
 
 
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_agent_steps_run_on_members_that_join_the_team(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    """A shell step, then a scripted member's turn, then a shell step that needs its work:
+    the member joins the team listed under the workflow, its turn is a step, the one
+    notification counts all three, and the member is gone at the end."""
+    (tmp_path / "review.toml").write_text(
+        '[[step]]\nwhen = "task"\nrun = "cat built.txt && echo {name} > reviewed.txt"\n'
+    )
+    spec = tmp_path / "mixed.toml"
+    spec.write_text(
+        f'[run]\nbackend = "{backend}"\n'
+        '[[member]]\nname = "reviewer"\nscript = "review.toml"\n'
+        '[[task]]\nid = "build"\nrun = "echo built > built.txt"\n'
+        '[[task]]\nid = "review"\nprompt = "Review the build."\nassign = "reviewer"\n'
+        'after = ["build"]\n'
+        '[[task]]\nid = "ship"\nrun = "test -f reviewed.txt"\nafter = ["review"]\n'
+    )
+    task_id = _start(leader, spec)
+    done = wait_until(lambda: _ended(leader, task_id), timeout=90, what="the workflow's end")
+    assert done["status"] == "completed", done
+    assert (tmp_path / "reviewed.txt").read_text() == "reviewer\n"
+    assert done["counts"]["succeeded"] == 3, done
+    report = json.loads(Path(done["report_file"]).read_text())
+    assert report["backend"] == backend
+    assert [t["status"] for t in report["tasks"]] == ["succeeded"] * 3
+    member = [t for t in _tasks(leader).values() if t.get("workflow_id") == task_id
+              and t["type"] == "in_process_teammate"]  # fmt: skip
+    assert [m["description"] for m in member] == ["teammate reviewer"], member
+    notes = [e for e in _events(leader) if e.get("subtype") == "task_notification"]
+    assert [n["task_id"] for n in notes] == [task_id], notes  # (the member's end is not news)
+
+    def gone() -> bool:
+        team = json.loads(leader("team", "show", "--json").stdout)
+        return [m["state"] for m in team["members"] if m["name"] == "reviewer"] == ["dead"]
+
+    assert wait_until(gone, timeout=30, what="the member's end")
+    log = Path(done["output_file"]).read_text()
+    assert f"members reviewer join team default as {backend}" in log, log
+
+
+def test_a_member_name_taken_fails_the_workflow_with_nothing_run(
+    leader: Cli, tmp_path: Path
+) -> None:
+    spawned = leader("spawn", "reviewer", "--backend", "in-process")
+    assert spawned.returncode == 0, spawned.stderr
+    spec = tmp_path / "taken.toml"
+    spec.write_text(
+        '[run]\nbackend = "in-process"\n[[member]]\nname = "reviewer"\n'
+        '[[task]]\nid = "build"\nrun = "echo built > built.txt"\n'
+        '[[task]]\nid = "review"\nprompt = "look"\nassign = "reviewer"\n'
+    )
+    task_id = _start(leader, spec)
+    done = wait_until(lambda: _ended(leader, task_id), timeout=60, what="the workflow's end")
+    assert done["status"] == "failed", done
+    assert "teammate 'reviewer' is already running in team 'default'" in done["error"], done
+    assert not (tmp_path / "built.txt").exists()  # nothing of it ran
+    team = json.loads(leader("team", "show", "--json").stdout)
+    (mine,) = [m for m in team["members"] if m["name"] == "reviewer"]
+    assert mine["is_active"], mine  # the user's teammate is left alone
+
+
 def test_stop_stops_the_running_steps(leader: Cli, tmp_path: Path) -> None:
     """`stop` of the workflow kills its running steps; nothing after them starts."""
     spec = tmp_path / "slow.toml"
@@ -181,8 +244,8 @@ def test_a_killed_leader_resumed_continues_the_workflow(cli: Cli, tmp_path: Path
         ),
         ("[[task]\n", ":1: not valid TOML"),
         (
-            '[[task]]\nid = "a"\nprompt = "review"\nassign = "r"\n[[member]]\nname = "r"\n',
-            ':1: task "a": agent steps are not supported',
+            '[[task]]\nid = "a"\nprompt = "review"\nassign = "r"\n',
+            ':4: task "a": assign names unknown member "r"',
         ),
     ],
 )

@@ -416,6 +416,8 @@ class InProcessTeammateTaskState(TaskStateBase):
     result: str | None = None
     usage: TaskUsage | None = None
     evict_after: float | None = None
+    workflow_id: str | None = None
+    """The workflow (`w...` task) that brought this member up for its steps, if any."""
 
     @field_validator("messages")
     @classmethod

@@ -1,36 +1,26 @@
 """`local_workflow` tasks: a `shoal run` spec run by the team's leader as one task (`w...`).
 
 This module is what the CLI and the leader's requests need before a workflow exists: the spec,
-read and checked as `shoal run` checks it (plus the one thing a workflow refuses: agent steps),
-and the pending task. Running it is `workflow_kind.py`'s (the batch engine inside the leader).
+read and checked as `shoal run` checks it, and the pending task. Running it is
+`workflow_kind.py`'s (the batch engine inside the leader).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Final
 
 from shoal.core.tasks import LocalWorkflowTaskState, TaskType, new_task_id
 from shoal.orchestrator.batch.parse import parse_spec
-from shoal.orchestrator.batch.spec import Spec, SpecError, SpecIssue
+from shoal.orchestrator.batch.spec import Spec
 from shoal.teams.models import LEAD_NAME
-
-AGENT_STEPS: Final = (
-    "agent steps are not supported in a workflow (its steps are the leader's shell tasks); "
-    "run this spec with `shoal run`"
-)
 
 
 def load_spec(path: str | os.PathLike[str], *, display: str | None = None) -> Spec:
     """Read and check a workflow's spec: SpecError (exit 2, file:line) for anything `shoal run`
-    refuses, and for `[[member]]`s and `prompt` tasks, which a workflow does not run."""
-    spec = parse_spec(path, display=display)
-    issues = [SpecIssue(t.line, f'task "{t.id}": {AGENT_STEPS}') for t in spec.agent_tasks]
-    issues += [SpecIssue(m.line, f'member "{m.name}": {AGENT_STEPS}') for m in spec.members]
-    if issues:
-        raise SpecError(spec.display, issues)
-    return spec
+    refuses. A `[[member]]` whose name is taken in the team is refused when the workflow
+    starts (the leader's answer names it)."""
+    return parse_spec(path, display=display)
 
 
 def new_workflow_task(spec: Spec, output_file: Path, task_id: str) -> LocalWorkflowTaskState:

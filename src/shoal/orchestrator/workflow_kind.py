@@ -1,11 +1,14 @@
 """The `local_workflow` kind: `shoal run`'s engine inside the team's long-lived leader.
 
 A workflow is one task (`w...`) whose steps are the leader's own shell tasks, each naming it
-(`workflow_id`). `WorkflowKind` is both the kind of those tasks and a policy of the leader's
-loop: every pass it feeds each workflow's `BatchRun` what happened to its steps (through a
-`LeaderShell`, as `shoal run` does), lets it decide, saves its run record (`RunRecords`) and,
-at the end, writes the JSON report and ends the task with the counts. A step's end is not
-notified on its own: the workflow's one notification at its end tells them all.
+(`workflow_id`), and, for a spec with `[[member]]`s, turns of those members: they join the
+team as its teammates when the workflow starts (without holding up the leader's loop; the
+engine begins once they are ready), are listed under it, and are stopped at its end.
+`WorkflowKind` is both the kind of those tasks and a policy of the leader's loop: every pass
+it feeds each workflow's `BatchRun` what happened to its steps (through a `LeaderShell`, as
+`shoal run` does), lets it decide, saves its run record (`RunRecords`) and, at the end, writes
+the JSON report and ends the task with the counts. A step's end is not notified on its own:
+the workflow's one notification at its end tells them all.
 
 A leader killed mid-workflow leaves the record and the steps: the leader that resumes the
 session rebuilds the run from the record (steps that succeeded, also after the last save, are
@@ -25,7 +28,14 @@ from typing import Any, Final
 from ulid import ULID
 
 from shoal.core.errors import EXIT_OK, ShoalError
-from shoal.core.events import Event, RunEvent, task_started, task_terminated
+from shoal.core.events import (
+    Event,
+    MessageReceived,
+    RunEvent,
+    TaskTerminated,
+    task_started,
+    task_terminated,
+)
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -34,13 +44,22 @@ from shoal.core.tasks import (
     TaskStatus,
     TaskType,
 )
-from shoal.orchestrator.batch.driver import LeaderShell
+from shoal.orchestrator.batch.agents import TeammateDispatcher, spawn_args
+from shoal.orchestrator.batch.driver import LeaderShell, resolve_backend
 from shoal.orchestrator.batch.engine import ENV_TASK, BatchRun
 from shoal.orchestrator.batch.recovery import succeeded_attempts, with_recovered
 from shoal.orchestrator.batch.report import RunRecords, iso, plan_resume, write_json
-from shoal.orchestrator.batch.spec import Spec
-from shoal.orchestrator.batch.state import ExecEvent, Finished, Refused, ShellRequest, Started
+from shoal.orchestrator.batch.spec import MemberSpec, Spec
+from shoal.orchestrator.batch.state import (
+    ExecEvent,
+    Finished,
+    Poster,
+    Refused,
+    ShellRequest,
+    Started,
+)
 from shoal.orchestrator.leader import Leader
+from shoal.orchestrator.members import StopCause
 from shoal.orchestrator.workflow import load_spec
 from shoal.workers.kinds import Poll, TaskStore
 
@@ -80,6 +99,113 @@ class WorkflowShell(LeaderShell):
         return [h if h is not None else Refused("lost") for h in out]
 
 
+class WorkflowAgents(TeammateDispatcher):
+    """A workflow's members as the team's teammates. `begin` asks the leader to spawn them
+    and returns at once (the loop runs on; `ready` or `error` is set when they are up or
+    could not start); a member still running from before a leader's restart is taken back
+    as it is. A member that ends while it holds an attempt fails that attempt; `end` stops
+    the members the workflow started."""
+
+    def __init__(self, leader: Leader, post: Poster, workflow_id: str) -> None:
+        super().__init__(leader, post)
+        self.workflow_id = workflow_id
+        self.ready = False
+        self.error: str | None = None
+        self.names: list[str] = []
+
+    def begin(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None:
+        swarm = self.leader.swarm
+        self.names = [m.name for m in members]
+        fresh = []
+        for m in members:
+            holder = self._holder(m.name)
+            if holder is None:
+                fresh.append(m)
+            elif holder != self.workflow_id:
+                self.error = (
+                    f"teammate {m.name!r} is already running in team {self.leader.team!r}"
+                    f" ({'for workflow ' + holder if holder else 'not for this workflow'});"
+                    " rename the [[member]] or stop that teammate"
+                )
+                self.names = []
+                return
+        if not fresh:
+            self._up()
+            return
+        batch = spawn_args(fresh, backend, cwd)
+
+        def reply(result: Any, error: ShoalError | None) -> None:
+            if error is not None:
+                self.error = str(error)
+            else:
+                self._up()
+            self.leader.wake()
+
+        try:
+            self.leader.spawn(batch, reply)
+        except ShoalError as exc:
+            self.error = str(exc)
+            self.names = []
+            return
+        for m in fresh:
+            run = swarm.members.get(m.name)
+            if run is not None:
+                self.leader.set_task(run.task_id, workflow_id=self.workflow_id)
+
+    def _holder(self, name: str) -> str | None:
+        """None when no teammate `name` runs; else the workflow it runs for ("" for none)."""
+        run = self.leader.swarm.members.get(name)
+        if run is None or run.ending is not None or not run.backend.is_alive(run.handle):
+            return None
+        task = self.leader.get(run.task_id)
+        return str(getattr(task, "workflow_id", None) or "")
+
+    def _up(self) -> None:
+        self.ready = True
+        self._members = list(self.names)
+
+    def on_event(self, event: Any) -> None:
+        """Messages may end attempts; a member's end fails the attempt it held."""
+        if isinstance(event, MessageReceived):
+            self.on_message(event)
+            return
+        if not isinstance(event, TaskTerminated):
+            return
+        swarm = self.leader.swarm
+        name = next((n for n, r in swarm.members.items() if r.task_id == event.task_id), None)
+        if name is None:
+            task = self.leader.get(event.task_id)
+            identity = getattr(task, "identity", None)
+            name = getattr(identity, "agent_name", None)
+        for handle, (item, member, started) in list(self._attempts.items()):
+            if member != name:
+                continue
+            self._attempts.pop(handle, None)
+            self._by_item.pop(item, None)
+            self.post(
+                Finished(
+                    handle,
+                    "failed",
+                    started_at=started,
+                    ended_at=time.time(),
+                    error=f"member {member} ended ({event.status}) during the step",
+                )
+            )
+
+    def stop_all(self, reason: str) -> None:
+        """Abort every attempt in flight (each member reports it killed)."""
+        for handle in list(self._attempts):
+            self.stop(handle, reason)
+
+    def end(self) -> None:
+        """Stop the workflow's members (not news: the workflow's end tells it)."""
+        for name in self.names:
+            with contextlib.suppress(ShoalError):
+                self.leader.swarm.stop(
+                    name, StopCause.ON_REQUEST, f"workflow {self.workflow_id} ended"
+                )
+
+
 @dataclass
 class _Run:
     """One workflow's live run: the engine, its executor and what it posted."""
@@ -96,6 +222,10 @@ class _Run:
     events: deque[ExecEvent] = field(default_factory=deque)
     stop_reason: str | None = None
     saved: tuple[int, float] = (-1, 0.0)
+    agents: WorkflowAgents | None = None
+    begun: bool = False
+    backend: str = "process"
+    """Where its members run (its shell steps are the leader's processes)."""
 
 
 class WorkflowKind:
@@ -134,7 +264,7 @@ class WorkflowKind:
         )
         store.emit(task_started(store.get(task.id) or task))
         self._log(run, f"started: {len(spec.tasks)} step(s) of {spec.path} (run {run_id})")
-        run.batch.begin()
+        self._begin(run)
         store.wake()
 
     def poll(
@@ -196,6 +326,8 @@ class WorkflowKind:
     def on_event(self, event: Event) -> None:
         for run in list(self.runs.values()):
             run.shell.on_event(event)
+            if run.agents is not None:
+                run.agents.on_event(event)
 
     def step(self, leader: Any, now: float) -> None:
         """Feed every workflow what its steps did, let its engine decide, save its record."""
@@ -204,6 +336,9 @@ class WorkflowKind:
         for run in list(self.runs.values()):
             if self.leader.stopping and run.stop_reason is None:
                 self._interrupt(run, LEADER_STOPPED)
+            if not run.begun:
+                self._await_members(run)
+                continue
             self._quiet_steps(run)
             ended = self._drain(run)
             batch = run.batch
@@ -216,6 +351,41 @@ class WorkflowKind:
                 self._sync(run, force=ended)
 
     # -- the workflow's life -----------------------------------------------------------------
+
+    def _begin(self, run: _Run) -> None:
+        """Begin the engine; a spec with members first brings them up (see `_await_members`)."""
+        spec = run.spec
+        if run.agents is not None and spec.members:
+            backend, why = resolve_backend(None, spec.settings.backend)
+            run.backend = backend
+            names = ", ".join(m.name for m in spec.members)
+            self._log(run, f"members {names} join team {self.leader.team} as {backend} ({why})")
+            run.agents.begin(spec.members, backend, str(spec.path.parent))
+            self._await_members(run)
+            return
+        run.begun = True
+        run.batch.begin()
+
+    def _await_members(self, run: _Run) -> None:
+        """The engine begins once the members are ready; members that cannot start fail the
+        workflow, with nothing of it run."""
+        agents = run.agents
+        if run.stop_reason is not None and not run.begun:
+            run.begun = True
+            run.batch.begin()
+            run.batch.interrupt(run.stop_reason)
+            return
+        if agents is None or agents.ready:
+            run.begun = True
+            run.batch.begin()
+            return
+        if agents.error is None:
+            return
+        self.runs.pop(run.task_id, None)
+        agents.end()
+        error = f"its members could not start: {agents.error}"
+        self._log(run, f"ended failed: {error}")
+        self.leader.move_task(run.task_id, TaskStatus.FAILED, error=error)
 
     def _new_run(
         self,
@@ -246,6 +416,9 @@ class WorkflowKind:
             carried=carried,
             emit=lambda event: self._on_run_event(run, event),
         )
+        if spec.members or spec.agent_tasks:
+            run.agents = WorkflowAgents(self.leader, run.events.append, task_id)
+            run.batch.agents = run.agents
         # The leader's queue is the team's, not this run's: hand out only what may start now,
         # so that `[run] jobs` holds whatever the leader's own limit is.
         run.batch.prefetch = 0
@@ -290,8 +463,9 @@ class WorkflowKind:
                 run.shell.leftovers[spec_id] = step
             elif step.is_terminal and not step.notified:
                 self._quiet_end(step.id)
-        run.batch.begin()
-        run.batch.tick()
+        self._begin(run)
+        if run.begun:
+            run.batch.tick()
         for left in run.shell.leftovers.values():  # (not asked for: its step is not due now)
             with contextlib.suppress(ShoalError):
                 self.leader.stop(left.id, reason=f"not part of workflow {task_id} any more")
@@ -323,9 +497,12 @@ class WorkflowKind:
         if run.stop_reason is not None:
             return
         run.stop_reason = reason
-        run.batch.interrupt(reason)
+        if run.begun:
+            run.batch.interrupt(reason)
         for handle in list(run.shell.known):
             run.shell.stop(handle, reason)
+        if run.agents is not None:
+            run.agents.stop_all(reason)
 
     def _quiet_steps(self, run: _Run) -> None:
         """Steps that ended: their end is announced (the engine hears of it) but not notified
@@ -380,7 +557,7 @@ class WorkflowKind:
             "spec": str(run.spec.path),
             "team": self.leader.team,
             "session_id": self.leader.session.id,
-            "backend": "process",
+            "backend": run.backend,
             "jobs": run.batch.jobs,
             "halt": run.batch.halt.text,
             "resumed_from": run.resumed_from,
@@ -417,6 +594,8 @@ class WorkflowKind:
         batch = run.batch
         report = batch.report(**self._meta(run))
         self.runs.pop(run.task_id, None)
+        if run.agents is not None:
+            run.agents.end()
         self.records.save(self._record_key(run.task_id), run.spec.path, report)
         problem = None
         try:

@@ -47,20 +47,7 @@ class TeammateDispatcher:
         """Spawn every member and wait until all are ready (or say which could not start)."""
         if not members:
             return
-        batch = [
-            {
-                "name": m.name,
-                "agent": m.agent,
-                "script": m.script,
-                "cmd": shlex.join(m.command) if m.command else None,
-                "prompt": m.prompt,
-                "backend": backend,
-                "plan_mode": m.plan_mode,
-                "worktree": m.worktree,
-                "cwd": cwd,
-            }
-            for m in members
-        ]
+        batch = spawn_args(members, backend, cwd)
         outcome: dict[str, Any] = {}
 
         def reply(result: Any, error: ShoalError | None) -> None:
@@ -131,6 +118,24 @@ class TeammateDispatcher:
                     "args": {"reason": reason},
                 },
             )
+
+
+def spawn_args(members: Sequence[MemberSpec], backend: str, cwd: str) -> list[dict[str, Any]]:
+    """What the leader's `spawn` takes for the spec's `members`, on `backend`, in `cwd`."""
+    return [
+        {
+            "name": m.name,
+            "agent": m.agent,
+            "script": m.script,
+            "cmd": shlex.join(m.command) if m.command else None,
+            "prompt": m.prompt,
+            "backend": backend,
+            "plan_mode": m.plan_mode,
+            "worktree": m.worktree,
+            "cwd": cwd,
+        }
+        for m in members
+    ]
 
 
 def _exit_code(status: object, data: Mapping[str, Any], result: str) -> int | None:
