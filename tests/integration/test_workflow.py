@@ -233,6 +233,54 @@ def test_a_killed_leader_resumed_continues_the_workflow(cli: Cli, tmp_path: Path
         cli("down", timeout=60)
 
 
+def test_a_run_leader_that_resumes_the_session_stops_its_workflow_once(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """The team's leader is killed mid-workflow; `shoal run --team default` resumes that
+    session and, as with any task an earlier leader left running, stops the workflow: it ends
+    killed (not "cannot run local_workflow tasks"), rebuilt once, its running step killed, its
+    report written, and, stopped on request, not notified."""
+    up = cli("up", "-d", "-q", env=FAST)
+    assert up.returncode == 0, up.stderr
+    try:
+        marks = tmp_path / "marks"
+        flow = tmp_path / "flow.toml"
+        flow.write_text(
+            '[[task]]\nid = "a"\nrun = "echo a >> marks"\n'
+            '[[task]]\nid = "b"\nafter = ["a"]\nrun = "echo b-start >> marks; sleep 600"\n'
+            '[[task]]\nid = "c"\nrun = "echo c >> marks"\nafter = ["b"]\n'
+        )
+        task_id = _start(cli, flow)
+        wait_until(lambda: marks.exists() and "b-start" in marks.read_text(), timeout=30)
+        team = json.loads(cli("team", "show", "--json").stdout)
+        lead_pid = next(m["pid"] for m in team["members"] if m["name"] == "team-lead")
+        os.kill(lead_pid, signal.SIGKILL)
+        wait_until(lambda: not psutil.pid_exists(lead_pid) or
+                   psutil.Process(lead_pid).status() == "zombie", timeout=30)  # fmt: skip
+        other = tmp_path / "other.toml"
+        other.write_text('[[task]]\nid = "one"\nrun = "true"\n')
+        ran = cli("run", str(other), "--team", "default", timeout=120, env=FAST)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert "stopped 2 task(s) left running by an earlier leader of team default: " in (
+            ran.stdout + ran.stderr
+        )
+        done = _ended(cli, task_id)
+        assert done is not None and done["status"] == "killed", done
+        assert marks.read_text().split() == ["a", "b-start"]
+        report = json.loads(Path(done["report_file"]).read_text())
+        assert {t["id"]: t["status"] for t in report["tasks"]} == {
+            "a": "succeeded",
+            "b": "killed",
+            "c": "skipped",
+        }
+        log = Path(done["output_file"]).read_text()
+        assert log.count("continued by a resumed leader") == 1, log
+        notes = [e for e in _events(cli) if e.get("subtype") == "task_notification"]
+        assert task_id not in [n["task_id"] for n in notes], notes  # (stopped on request)
+    finally:
+        cli("down", timeout=60)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -275,7 +275,8 @@ class WorkflowKind:
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         """Stop the workflow's running steps (TERM; the leader's reap ends them) and skip the
         rest; it ends killed once every step has its verdict."""
-        if task.id in self._adopted:
+        if task.id in self._adopted:  # (rebuilt once: here, not again by the next step)
+            self._adopted.remove(task.id)
             self._rebuild(task.id)
         run = self.runs.get(task.id)
         if run is None:
@@ -641,8 +642,8 @@ def counts_text(counts: dict[str, int]) -> str:
 
 def install(leader: Leader) -> WorkflowKind:
     """Give `leader` the workflow kind (before its `start`, so that a resumed session's
-    workflows are adopted): the team's long-lived leader runs workflows, a `shoal run`'s does
-    not."""
+    workflows are adopted). The team's long-lived leader and a `shoal run`'s leader (which
+    may resume a session of a team named with --team) both have it."""
     kind = WorkflowKind(leader)
     for task_type in kind.types:
         leader.kinds[task_type] = kind

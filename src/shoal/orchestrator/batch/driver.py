@@ -502,7 +502,11 @@ class _Driver:
         cleanup = CleanupRegistry()
         try:
             self._make_team()
+            # (imported here: the workflow kind builds on this module)
+            from shoal.orchestrator.workflow_kind import install as install_workflows
+
             leader = Leader(self.layout, self.team, jobs=self.jobs)
+            install_workflows(leader)  # (a resumed session's workflows go on here too)
             leader.start()
             self.leader = leader
             cleanup.register("leader", leader.shutdown)
