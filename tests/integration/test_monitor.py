@@ -52,6 +52,73 @@ server.run()
 """
 
 
+MEMO = """
+import asyncio
+
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+
+URI = "memo://counter"
+state = {"count": 0}
+watchers: dict[str, list[ServerSession]] = {}
+
+
+async def list_resources(ctx, params):
+    return types.ListResourcesResult(
+        resources=[types.Resource(name="counter", uri=URI, mime_type="text/plain")]
+    )
+
+
+async def read_resource(ctx, params):
+    return types.ReadResourceResult(
+        contents=[types.TextResourceContents(uri=URI, text=str(state["count"]))]
+    )
+
+
+async def subscribe(ctx, params):
+    watchers.setdefault(str(params.uri), []).append(ctx.session)
+    return types.EmptyResult()
+
+
+async def unsubscribe(ctx, params):
+    watchers.pop(str(params.uri), None)
+    return types.EmptyResult()
+
+
+async def list_tools(ctx, params):
+    schema = {"type": "object", "properties": {}}
+    return types.ListToolsResult(tools=[types.Tool(name="bump", input_schema=schema)])
+
+
+async def call_tool(ctx, params):
+    state["count"] += 1
+    for session in watchers.get(URI, []):
+        await session.send_resource_updated(URI)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=str(state["count"]))])
+
+
+server = Server(
+    "memo",
+    on_list_resources=list_resources,
+    on_read_resource=read_resource,
+    on_subscribe_resource=subscribe,
+    on_unsubscribe_resource=unsubscribe,
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
+)
+
+
+async def main():
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+asyncio.run(main())
+"""
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A directory with `.mcp.json` naming three servers: time, notifier, crasher."""
@@ -68,6 +135,22 @@ def project(tmp_path: Path) -> Path:
     }  # fmt: skip
     (tmp_path / ".mcp.json").write_text(json.dumps(config))
     return tmp_path
+
+
+@pytest.fixture
+def memo(project: Path) -> str:
+    """A fourth server in the project's `.mcp.json`, `memo`: one resource, `memo://counter`,
+    with subscriptions, and a tool `bump` that sends `notifications/resources/updated` for it
+    to each session subscribed; its name."""
+    (project / "memo.py").write_text(MEMO)
+    path = project / ".mcp.json"
+    config = json.loads(path.read_text())
+    config["mcpServers"]["memo"] = {
+        "command": sys.executable,
+        "args": ["-W", "ignore", str(project / "memo.py")],
+    }
+    path.write_text(json.dumps(config))
+    return "memo"
 
 
 @pytest.fixture
@@ -130,6 +213,39 @@ def test_notifications_and_tool_results_are_lines_and_stop_closes_politely(
     assert _lines(final)[-1]["kind"] == "closed"
     for pid in server_pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_a_server_with_subscriptions_has_its_resources_watched(
+    memo: str, leader: Cli, project: Path
+) -> None:
+    """When the server offers resource subscriptions, the monitor subscribes to each resource
+    (a `subscribed` line, ahead of any update), and each `resources/updated` the
+    server sends (here, on every `bump`) is a `resource-updated` line naming the resource;
+    every line is JSON, and `stop` still closes the session politely."""
+    uri = "memo://counter"
+    task_id = _monitor(leader, project, memo, "--tool", "bump", "--every", "0.3")
+
+    def updates() -> int:
+        lines = _lines(_task(leader, task_id))
+        return sum(1 for ln in lines if ln["kind"] == "resource-updated" and ln["uri"] == uri)
+
+    wait_until(lambda: updates() >= 2, timeout=60, what="two resource-updated lines")
+    lines = _lines(_task(leader, task_id))
+    kinds = [ln["kind"] for ln in lines]
+    assert kinds[0] == "connected", kinds
+    subscribed = [i for i, ln in enumerate(lines) if ln["kind"] == "subscribed"]
+    assert [lines[i]["uri"] for i in subscribed] == [uri]
+    first_update = next(i for i, ln in enumerate(lines) if ln["kind"] == "resource-updated")
+    assert subscribed[0] < first_update
+    assert "subscribe-error" not in kinds and "notification" not in kinds
+    updated = [ln for ln in lines if ln["kind"] == "resource-updated"]
+    assert all(ln["uri"] == uri and ln["params"]["uri"] == uri for ln in updated)
+    wait_until(lambda: _task(leader, task_id)["event_count"] >= 4, timeout=30)
+    stopped = leader("stop", task_id)
+    assert stopped.returncode == 0, stopped.stderr
+    final = _task(leader, task_id)
+    assert final["status"] == "killed"
+    assert _lines(final)[-1]["kind"] == "closed"
 
 
 def test_the_real_time_server_answers_its_tool(leader: Cli, project: Path) -> None:

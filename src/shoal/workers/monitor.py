@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +164,8 @@ async def _monitor(args: argparse.Namespace) -> int:
 
 async def _subscribe(session: Any, init: Any) -> None:
     """Subscribe to every resource, when the server offers resource subscriptions."""
+    from mcp.shared.exceptions import MCPDeprecationWarning
+
     caps = getattr(init, "capabilities", None)
     resources = getattr(caps, "resources", None)
     if resources is None or not getattr(resources, "subscribe", False):
@@ -175,7 +178,12 @@ async def _subscribe(session: Any, init: Any) -> None:
     for resource in listed.resources:
         uri = str(resource.uri)
         try:
-            await session.subscribe_resource(uri)
+            # The session speaks a handshake-era version (initialize), where resources/subscribe
+            # is the way; the SDK's warning that 2026-07-28 removed it is shown by default, and
+            # on our stderr (the output file) it would be lines that are not JSON.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", MCPDeprecationWarning)
+                await session.subscribe_resource(uri)
         except Exception as exc:
             _line("subscribe-error", uri=uri, error=str(exc))
         else:
