@@ -488,6 +488,7 @@ def run(
     from shoal.orchestrator.batch import RunOptions, run_batch
     from shoal.orchestrator.batch.parse import parse_spec
     from shoal.orchestrator.batch.spec import parse_halt
+    from shoal.orchestrator.workflow_kind import install as install_workflows
 
     env = get_env(click.get_current_context())
     if output != "none" and output_format == "stream-json":
@@ -551,7 +552,7 @@ def run(
             no_color=os.environ.get("NO_COLOR", "") != "",
         )
     try:
-        outcome = run_batch(spec, env.layout, options, sink)
+        outcome = run_batch(spec, env.layout, options, sink, leader_setup=install_workflows)
     finally:
         sink.close()
     sys.exit(outcome.exit_code)

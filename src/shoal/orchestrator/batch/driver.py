@@ -319,6 +319,7 @@ def run_batch(
     sink: Sink | None = None,
     *,
     agents_factory: AgentDispatcherFactory | None = None,
+    leader_setup: Callable[[Leader], object] | None = None,
 ) -> RunOutcome:
     """Run `spec` to its end on a leader of its team in this process; returns the outcome.
 
@@ -326,9 +327,13 @@ def run_batch(
     an unwritable report path, a leader already running for the team). SIGINT, SIGTERM and
     SIGHUP (when called on the main thread) stop the run: every task is killed, the reports
     are written with status interrupted, and the exit code is 130. `sink` receives every
-    run event record (and, with `forward_leader_events`, the leader's own).
+    run event record (and, with `forward_leader_events`, the leader's own). `leader_setup`
+    is called with the run's leader before it starts (the CLI gives it the workflow kind, so
+    that a resumed session's workflows are handled).
     """
-    return _Driver(spec, layout, options or RunOptions(), sink, agents_factory).run()
+    driver = _Driver(spec, layout, options or RunOptions(), sink, agents_factory)
+    driver.leader_setup = leader_setup
+    return driver.run()
 
 
 class _Driver:
@@ -346,6 +351,7 @@ class _Driver:
         self.layout = layout
         self.options = options
         self.sink = sink
+        self.leader_setup: Callable[[Leader], object] | None = None
         settings = spec.settings
         named = options.team or settings.team
         self.team = validate_name(named or default_run_team(spec.path), "team name")
@@ -502,11 +508,9 @@ class _Driver:
         cleanup = CleanupRegistry()
         try:
             self._make_team()
-            # (imported here: the workflow kind builds on this module)
-            from shoal.orchestrator.workflow_kind import install as install_workflows
-
             leader = Leader(self.layout, self.team, jobs=self.jobs)
-            install_workflows(leader)  # (a resumed session's workflows go on here too)
+            if self.leader_setup is not None:
+                self.leader_setup(leader)
             leader.start()
             self.leader = leader
             cleanup.register("leader", leader.shutdown)
