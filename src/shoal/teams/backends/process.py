@@ -1,17 +1,61 @@
-"""Teammates as background processes: a new session each, output into a log file."""
+"""Teammates as background processes: a new session each, output into a log file.
+
+A teammate's command line is `python -m shoal worker ...`; rather than a new interpreter that
+imports shoal again (about half a second of CPU each), the process's fork server (one per
+leader process, `core/forkserver.py`) forks it from a process that has those imports done.
+`SHOAL_FORKSERVER=0` starts every teammate as a new interpreter instead; a fork server that
+cannot start or dies is said once on stderr, and teammates then start as new interpreters.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
-from typing import ClassVar
+import sys
+import threading
+from typing import ClassVar, Final
 
+from shoal.core import forkserver
 from shoal.core.errors import ShoalError
 from shoal.core.paths import FILE_MODE
 from shoal.core.procs import is_alive, process_start_time, terminate
 from shoal.teams.backends.base import Handle, SpawnSpec
 
 STOP_GRACE_S = 5.0
+
+# What a worker imports, done once in the fork server (names, not imports: the server loads
+# them; nothing here depends on those layers).
+WORKER_PRELOAD: Final = (
+    "shoal.cli.entry",
+    "shoal.cli.main",
+    "shoal.cli.worker",
+    "shoal.workers.worker",
+    "shoal.mailbox.watcher",
+)
+
+_client: forkserver.ForkClient | None = None
+_client_lock = threading.Lock()
+_said: list[str] = []
+
+
+def fork_client() -> forkserver.ForkClient | None:
+    """This process's fork server client (started with the first teammate), or None when it
+    is turned off or broke (said once)."""
+    global _client
+    if not forkserver.enabled():
+        return None
+    with _client_lock:
+        if _client is None:
+            _client = forkserver.ForkClient(WORKER_PRELOAD)
+        if _client.broken is not None:
+            if not _said:
+                _said.append(_client.broken)
+                print(
+                    f"shoal: note: {_client.broken}; teammates start as new interpreters",
+                    file=sys.stderr,
+                )
+            return None
+        return _client
 
 
 class ProcessBackend:
@@ -21,12 +65,30 @@ class ProcessBackend:
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._forked: dict[int, forkserver.ForkClient] = {}
         self._started: dict[int, float | None] = {}
 
     def available(self) -> tuple[bool, str]:
         return True, "always available"
 
     def spawn(self, spec: SpawnSpec) -> Handle:
+        client = fork_client() if forkserver.forkable(spec.argv) else None
+        if client is not None:
+            try:
+                pid = client.spawn(
+                    spec.argv,
+                    cwd=spec.cwd,
+                    env={**os.environ, **spec.env},
+                    log=str(spec.log_file) if spec.log_file is not None else None,
+                )
+            except forkserver.ForkServerError:
+                fork_client()  # (says why, once; this teammate starts the usual way)
+            except OSError as exc:
+                raise ShoalError(f"cannot start teammate {spec.name!r}: {exc}") from None
+            else:
+                self._forked[pid] = client
+                self._started[pid] = process_start_time(pid)
+                return Handle(backend=self.name, pid=pid)
         log = spec.log_file
         out: int | None = None
         if log is not None:
@@ -56,11 +118,18 @@ class ProcessBackend:
         child = self._children.get(handle.pid)
         if child is not None:
             return child.poll() is None
+        forked = self._forked.get(handle.pid)
+        if forked is not None and forked.exit_code(handle.pid) is not None:
+            return False
         return is_alive(handle.pid, self._started.get(handle.pid))
 
     def exit_code(self, handle: Handle) -> int | None:
         """The exit code of a teammate this backend started, once it ended."""
-        child = self._children.get(handle.pid or -1)
+        pid = handle.pid or -1
+        forked = self._forked.get(pid)
+        if forked is not None:
+            return forked.exit_code(pid)
+        child = self._children.get(pid)
         return None if child is None else child.poll()
 
     def kill(self, handle: Handle) -> None:
@@ -75,3 +144,6 @@ class ProcessBackend:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]
+        for pid, forked in list(self._forked.items()):
+            if forked.exit_code(pid) is not None:
+                del self._forked[pid]
