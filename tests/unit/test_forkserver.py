@@ -42,8 +42,11 @@ def _ended(client: ForkClient, pid: int) -> int:
 
 
 def _record(log: Path) -> dict[str, object]:
-    first = wait_until(lambda: log.exists() and log.read_text().splitlines()[:1], timeout=30)
-    record: dict[str, object] = json.loads(first[0])
+    def first() -> str | None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return lines[0] if lines else None
+
+    record: dict[str, object] = json.loads(wait_until(first, timeout=30))
     return record
 
 
@@ -80,13 +83,12 @@ def test_exit_codes_signals_and_many_children(client: ForkClient, tmp_path: Path
 def test_the_command_line_shown_is_the_childs(client: ForkClient, tmp_path: Path) -> None:
     pid = client.spawn(_argv("0", "sleep"), cwd=str(tmp_path), env={}, log=None)
     try:
-        shown = wait_until(
-            lambda: (
-                "forkee" in " ".join(psutil.Process(pid).cmdline())
-                and " ".join(psutil.Process(pid).cmdline())
-            ),
-            timeout=10,
-        )
+
+        def line() -> str | None:
+            text = " ".join(psutil.Process(pid).cmdline())
+            return text if "forkee" in text else None
+
+        shown = wait_until(line, timeout=10)
         assert MODULE in shown and "sleep" in shown
     finally:
         os.kill(pid, signal.SIGKILL)
@@ -94,13 +96,13 @@ def test_the_command_line_shown_is_the_childs(client: ForkClient, tmp_path: Path
 
 
 def test_bad_requests_are_errors_that_name_the_cause(client: ForkClient, tmp_path: Path) -> None:
-    with pytest.raises(OSError, match="working directory .*nowhere.* does not exist"):
+    with pytest.raises(OSError, match=r"working directory .*nowhere.* does not exist"):
         client.spawn(_argv("0"), cwd=str(tmp_path / "nowhere"), env={}, log=None)
     (tmp_path / "target").write_text("")
     (tmp_path / "link.log").symlink_to(tmp_path / "target")
-    with pytest.raises(OSError, match="cannot open log .*link.log"):
+    with pytest.raises(OSError, match=r"cannot open log .*link\.log"):
         client.spawn(_argv("0"), cwd=str(tmp_path), env={}, log=str(tmp_path / "link.log"))
-    with pytest.raises(OSError, match="not a .* -m MODULE. command"):
+    with pytest.raises(OSError, match=r"not a .* -m MODULE. command"):
         client.spawn(["/bin/true"], cwd=str(tmp_path), env={}, log=None)
     # (the server goes on serving after each refusal)
     pid = client.spawn(_argv("0"), cwd=str(tmp_path), env={}, log=None)
