@@ -1292,6 +1292,8 @@ def bench_swarm(cfg: Config) -> SectionResult:
     }
     for backend, n in sizes.items():
         team = f"sw-{backend.replace('-', '')}"
+        # The baseline first, on a machine without this section's teammates running.
+        base = _bare_pythons(n)
         env_extra = {"SHOAL_TMUX_SOCKET": f"shoal-bench-{os.getpid()}"}
         os.environ.update(env_extra)
         _shoal_cli(home, "up", "--team", team, "--detach", "--quiet")
@@ -1302,7 +1304,6 @@ def bench_swarm(cfg: Config) -> SectionResult:
             t0 = time.perf_counter()
             _shoal_cli(home, "spawn", "--team", team, "--backend", backend, *names)
             ready = time.perf_counter() - t0
-            base = _bare_pythons(n)
             target = "< 2 s" if backend == "in-process" else "all ready"
             passed = ready < 2.0 if backend == "in-process" else True
             result.rows.append(

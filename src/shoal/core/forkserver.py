@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import os
 import runpy
@@ -296,11 +297,31 @@ def _child(request: dict[str, Any], keep_closed: list[int]) -> None:
         os._exit(code & 0xFF if code >= 0 else 1)
 
 
+def _settle() -> None:
+    """Make what is imported cheap to share with the children: finish the pydantic models
+    that build lazily (each child would rebuild them on first use), then move every object
+    out of the collector's reach, so that a child's collections do not write to (and so
+    copy) the pages it shares with the server."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None:
+        base = pydantic.BaseModel
+        pending = list(base.__subclasses__())
+        while pending:
+            model = pending.pop()
+            pending.extend(model.__subclasses__())
+            if not getattr(model, "__pydantic_complete__", True):
+                with contextlib.suppress(Exception):  # (one it cannot finish stays lazy)
+                    model.model_rebuild()
+    gc.collect()
+    gc.freeze()
+
+
 def _serve(fd: int, preload: Sequence[str]) -> None:
     setproctitle.setproctitle(f"shoal fork server (for pid {os.getppid()})")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the leader's to handle)
     for module in preload:
         importlib.import_module(module)
+    _settle()
     sock = socket.socket(fileno=fd)
     sock.setblocking(True)
     wake_r, wake_w = os.pipe()
@@ -332,11 +353,14 @@ def _serve(fd: int, preload: Sequence[str]) -> None:
             send({"id": rid, "error": f"not a `{sys.executable} -m MODULE` command: {argv}"})
             return
         try:
-            for module in request.get("preload") or ():
+            fresh = [m for m in request.get("preload") or () if m not in sys.modules]
+            for module in fresh:
                 importlib.import_module(module)
         except Exception as exc:
             send({"id": rid, "error": f"cannot import {module}: {exc}"})
             return
+        if fresh:
+            _settle()
         if threading.active_count() != 1:
             send({"id": rid, "error": "the fork server has threads; it cannot fork safely"})
             return
