@@ -95,7 +95,7 @@ def test_teammates_take_dependent_tasks_talk_and_shut_down(
     down = cli("down", "--team", "t")
     assert down.returncode == 0, down.stderr
     assert leader.proc.wait(30) == 0
-    assert all(states(home)[n] is MemberState.LEFT for n in ("ana", "ben"))
+    assert all(states(home)[n] is MemberState.LEFT for n in ("ana", "ben")), states(home)
     if backend != "in-process":
         for pid in pids:
             wait_until(functools.partial(pid_gone, pid))

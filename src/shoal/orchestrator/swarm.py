@@ -465,6 +465,10 @@ class Swarm(MemberRecords):
     def _ended(self, run: MemberRun, *, settle_member: bool = True) -> None:
         leader = self.leader
         self._refresh(run)  # its last progress and messages
+        if run.cause is None and (run.status or {}).get("shutdown_requested"):
+            # It approved a shutdown and ended before its answer reached the lead's inbox: its
+            # own status says so (an in-process teammate's end is seen at once, its mail not).
+            run.end_because(StopCause.SHUTDOWN_APPROVED)
         self.members.pop(run.name, None)
         with self._push_lock:
             self._pushed.pop(run.name, None)
