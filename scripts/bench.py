@@ -353,8 +353,11 @@ def _extra(message: AnyMessage) -> dict[str, Any]:
 # watchdog emitter thread is mid-read can make watchdog log a spurious error line.
 
 
-def shoal_latency_receiver(home: str, team: str, conn: Connection) -> None:
-    """Handle messages with `Inbox.process`, recording receipt time - send time per message."""
+def shoal_latency_receiver(home: str, team: str, conn: Connection, poll: bool = False) -> None:
+    """Handle messages with `Inbox.process`, recording receipt time - send time per message
+    (`poll`: as a member that could get no inotify instance, i.e. SHOAL_WATCHER=poll)."""
+    if poll:
+        os.environ["SHOAL_WATCHER"] = "poll"
     from shoal.core.paths import Layout
     from shoal.mailbox.inbox import Inbox
     from shoal.mailbox.store import Maildir
@@ -658,7 +661,40 @@ def summarize_latency(samples: list[tuple[int, int]], n: int, calls: list[int]) 
 LATENCY_PHASES = ("send", "deliver", "bare")
 
 
-def measure_shoal_latency(home: Path, n: int, rate: float, warmup: int) -> dict[str, Any]:
+def shoal_idle_member(home: str, team: str, seconds: float, poll: bool, conn: Connection) -> None:
+    """A member's inbox started and then idle for `seconds`: the CPU (all threads) it used."""
+    if poll:
+        os.environ["SHOAL_WATCHER"] = "poll"
+    from shoal.core.paths import Layout
+    from shoal.mailbox.inbox import Inbox
+    from shoal.mailbox.store import Maildir
+
+    inbox = Inbox(
+        Maildir.open(Layout(home).inbox_dir(team, RECEIVER)), lead=TEAM_LEAD, durable=False
+    ).start()
+    time.sleep(1.0)  # (start-up settles)
+    cpu = time.process_time()
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        inbox.process(lambda m: None, timeout=left)
+    conn.send(("done", inbox.watcher_mode, time.process_time() - cpu))
+
+
+def measure_idle_member(home: Path, seconds: float, poll: bool) -> tuple[str, float]:
+    """(watcher mode, CPU %) of one idle member's process."""
+    team = "idle-poll" if poll else "idle-inotify"
+    make_team(home, team)
+    with children() as kids:
+        rx = spawn(shoal_idle_member, str(home), team, seconds, poll)
+        kids.append(rx)
+        _, mode, cpu = rx.expect(seconds + 60)
+        rx.finish()
+    return mode, cpu / seconds * 100
+
+
+def measure_shoal_latency(
+    home: Path, n: int, rate: float, warmup: int, poll: bool = False
+) -> dict[str, Any]:
     """Paced sends from this process to a receiver process, round robin: `send()`,
     make_message+deliver, and a bare-syscall delivery (no shoal on the sending side)."""
     from shoal.core.paths import Layout
@@ -667,12 +703,12 @@ def measure_shoal_latency(home: Path, n: int, rate: float, warmup: int) -> dict[
     from shoal.mailbox.store import Maildir
     from shoal.teams.store import Teams
 
-    team = "lat"
+    team = "lat-poll" if poll else "lat"
     inbox_dir = make_team(home, team)
     directory = Teams(Layout(home)).directory(team)  # resolved once
     maildir = Maildir.open(inbox_dir)
     with children() as kids:
-        rx = spawn(shoal_latency_receiver, str(home), team)
+        rx = spawn(shoal_latency_receiver, str(home), team, poll)
         kids.append(rx)
         _, mode = rx.expect(60)
         ping = {"phase": "ping", "seq": 0, "t": time.time_ns()}
@@ -977,6 +1013,28 @@ def mailbox_section(cfg: Config) -> SectionResult:
         "time - send time. The sender-side call is part of the latency (the timestamp is taken "
         "before it); 'bare syscalls' is the same file delivery without shoal (json + O_EXCL + "
         "link), read by the same shoal Inbox, which separates sender and receiver costs."
+    )
+
+    # 1b. a member that got no inotify instance (Linux allows 128 per user): it polls
+    plat = measure_shoal_latency(home, n_lat // 2, rate, warmup, poll=True)
+    ps: Latency = plat["send"]
+    rows.append(Row(f"polling member: latency p50 @{rate:.0f}/s, send()", "ms", ps.p50_ms,
+                    pipe.p50_ms, "lower", "-", None))  # fmt: skip
+    rows.append(Row(f"polling member: latency p99 @{rate:.0f}/s, send()", "ms", ps.p99_ms,
+                    pipe.p99_ms, "lower", "< 50 ms", ps.p99_ms < 50.0))  # fmt: skip
+    p_lost = sum(plat[p].lost for p in LATENCY_PHASES) + plat["quarantined"]
+    rows.append(Row(f"lost, polling member ({len(LATENCY_PHASES) * (n_lat // 2)} msgs)", "count",
+                    p_lost, 0, "lower", "== 0", p_lost == 0))  # fmt: skip
+    idle_s = 5.0 if cfg.quick else 15.0
+    for poll in (True, False):
+        mode, cpu = measure_idle_member(home, idle_s, poll)
+        target = ("< 0.1 %", cpu < 0.1) if poll else ("-", None)
+        rows.append(Row(f"idle member's CPU, watcher={mode}", "%", cpu, None, "lower",
+                        *target))  # fmt: skip
+    notes.append(
+        f"polling member: the receiver runs with SHOAL_WATCHER=poll (watcher={plat['mode']}), "
+        f"{n_lat // 2} msgs per variant at the same pace; idle CPU over {idle_s:g} s, all "
+        "threads of the member's process"
     )
 
     # 2./3. one sender -> one receiver, plain and durable, against the bare syscall loop

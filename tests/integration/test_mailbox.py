@@ -281,6 +281,34 @@ def test_polling_fallback_when_inotify_is_unavailable(
         watcher.stop()
 
 
+def test_polling_stats_inboxes_and_directories_instead_of_watching(
+    teams: Teams, layout: Layout, team: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Forced polling: no watchdog schedule for an inbox or a directory, yet a message and a
+    file in a watched directory are seen at once (well before the reconcile tick), also two
+    arrivals in one tick of the kernel's timestamp clock."""
+    monkeypatch.setenv("SHOAL_WATCHER", "poll")
+    watcher = Watcher(reconcile_interval=3600)
+    try:
+        assert watcher.polling
+        box = inbox_of(layout, team, "bob", watcher).start()
+        got: list[str] = []
+        sub = box.subscribe(lambda m: got.append(m.text or ""))
+        seen_dir = threading.Event()
+        watched = tmp_path / "watched"
+        watched.mkdir()
+        watcher.watch_dir(watched, seen_dir.set)
+        assert watcher._watches == {}  # (nothing scheduled: stat'ed instead)
+        send(teams.directory(team), to="bob", sender="carol", text="a")
+        send(teams.directory(team), to="bob", sender="carol", text="b")
+        wait_until(lambda: got == ["a", "b"], timeout=10)
+        (watched / "file").write_text("x")
+        assert seen_dir.wait(10)
+        sub.stop()
+    finally:
+        watcher.stop()
+
+
 def test_forced_polling_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHOAL_WATCHER", "poll")
     watcher = Watcher()

@@ -4,7 +4,9 @@ inotify drops events when its queue overflows and watchdog does not tell the han
 registered inbox is also woken by a reconcile tick (every few seconds) and right after a queue
 overflow (seen through watchdog's own log record). When no inotify instance can be had (Linux
 allows 128 per user by default) or `SHOAL_WATCHER=poll` is set (network filesystems), a
-polling observer is used instead and `mode`/`reason` say so; watching never fails to start.
+polling mode is used instead and `mode`/`reason` say so; watching never fails to start. In
+polling mode inboxes and directories are not snapshotted: their mtime is stat'ed every
+`POLL_INTERVAL_S`, which keeps a polling member's latency low and its idle cost a few syscalls.
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ logging.getLogger("watchdog").propagate = False
 
 RECONCILE_INTERVAL_S = 10.0
 OBSERVER_TIMEOUT_S = 10.0
-POLL_INTERVAL_S = 0.1
+# Polling (no inotify instance to be had): each inbox's `new/` and each watched directory is
+# stat'ed this often, a syscall each; a directory whose mtime changed, or changed lately (within
+# the kernel timestamp's coarse granularity), wakes its readers. Idle, that is a few dozen
+# stats a second; a message waits at most about this long.
+POLL_INTERVAL_S = 0.03
+# Trees (views of a whole session) are polled by watchdog's snapshotting observer, less often.
+TREE_POLL_INTERVAL_S = 0.5
 
 Wake = Callable[[], None]
 
@@ -116,6 +124,9 @@ class Watcher:
         self._seen: dict[str, int] = {}
         self._dirs: dict[str, list[Wake]] = {}
         self._specs: dict[str, tuple[str, bool]] = {}
+        self._polled: dict[str, int] = {}
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
         self.reconcile_interval = reconcile_interval
         if force_polling is None:
             force_polling = os.environ.get("SHOAL_WATCHER", "").lower() == "poll"
@@ -133,7 +144,6 @@ class Watcher:
                 self._use_polling(self._unavailable(exc))
         self._observer.daemon = True
         self._observer.start()
-        self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="shoal-reconcile", daemon=True)
         self._ticker.start()
         self._hook = _OverflowHook(self)
@@ -147,14 +157,21 @@ class Watcher:
     def _use_polling(self, reason: str) -> None:
         self.mode = "polling"
         self.reason = reason
-        self._observer = PollingObserver(timeout=POLL_INTERVAL_S)
+        self._observer = PollingObserver(timeout=TREE_POLL_INTERVAL_S)
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="shoal-poll", daemon=True)
+            self._poller.start()
+
+    @property
+    def polling(self) -> bool:
+        return self.mode == "polling"
 
     def watch_root(self, root: Path) -> None:
         """Watch a whole inbox root (a team's `inboxes/`) with one recursive schedule, so the
         many inboxes of in-process teammates below it cost no schedule (and thread) each."""
         key = os.fspath(root)
         with self._lock:
-            if key not in self._watches:
+            if key not in self._watches and not self.polling:  # (polling: inboxes are stat'ed)
                 self._watches[key] = self._schedule(key, key, recursive=True)
                 self._roots.add(key)
 
@@ -165,7 +182,7 @@ class Watcher:
         with self._lock:
             self._dirs.setdefault(key, []).append(wake)
             # No watch to be had: the caller's periodic look still finds the changes.
-            if key not in self._watches:
+            if key not in self._watches and not self.polling:
                 with contextlib.suppress(OSError):
                     self._watches[key] = self._schedule(key, key, recursive=False)
 
@@ -201,7 +218,7 @@ class Watcher:
         key = os.fspath(inbox)
         with self._lock:
             self._wakers.setdefault(key, []).append(wake)
-            if key not in self._watches and not self._covered(key):
+            if key not in self._watches and not self._covered(key) and not self.polling:
                 # Only new/ is watched: that is where messages arrive.
                 self._watches[key] = self._schedule(key, os.path.join(key, "new"), recursive=False)
 
@@ -222,11 +239,9 @@ class Watcher:
             self._use_polling(reason)
             self._observer.daemon = True
             self._observer.start()
-            for other in list(self._watches):
-                where, deep = self._specs[other]
-                self._watches[other] = self._observer.schedule(
-                    _Handler(self), where, recursive=deep
-                )
+            # Inboxes and directories are stat'ed from now on (they need no schedule); the
+            # watches kept are placeholders on the polling observer, so unscheduling works.
+            self._watches.clear()
             return self._observer.schedule(_Handler(self), path, recursive=recursive)
 
     def unregister(self, inbox: Path, wake: Wake) -> None:
@@ -273,6 +288,29 @@ class Watcher:
             # unchanged, so recently changed directories get one more look.
             if self._seen.get(key) != mtime or now_ns - mtime < recent_ns:
                 self._seen[key] = mtime
+                for wake in wakers:
+                    wake()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL_S):
+            self.poll_once()
+
+    def poll_once(self) -> None:
+        """Polling mode's look: wake the readers of inboxes and directories whose mtime
+        changed since the last look, or changed lately (a second arrival in the same tick of
+        the kernel's coarse clock leaves the mtime as it was)."""
+        with self._lock:
+            inboxes = [(os.path.join(k, "new"), list(w)) for k, w in self._wakers.items()]
+            dirs = [(k, list(w)) for k, w in self._dirs.items() if w]
+        now_ns = time.time_ns()
+        recent_ns = int(3 * POLL_INTERVAL_S * 1e9) + 20_000_000
+        for path, wakers in (*inboxes, *dirs):
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                mtime = -1
+            if self._polled.get(path) != mtime or now_ns - mtime < recent_ns:
+                self._polled[path] = mtime
                 for wake in wakers:
                     wake()
 
