@@ -353,7 +353,7 @@ def _extra(message: AnyMessage) -> dict[str, Any]:
 # watchdog emitter thread is mid-read can make watchdog log a spurious error line.
 
 
-def shoal_latency_receiver(home: str, team: str, conn: Connection, poll: bool = False) -> None:
+def shoal_latency_receiver(home: str, team: str, poll: bool, conn: Connection) -> None:
     """Handle messages with `Inbox.process`, recording receipt time - send time per message
     (`poll`: as a member that could get no inotify instance, i.e. SHOAL_WATCHER=poll)."""
     if poll:

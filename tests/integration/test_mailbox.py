@@ -6,6 +6,8 @@ import errno
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -305,6 +307,47 @@ def test_polling_stats_inboxes_and_directories_instead_of_watching(
         (watched / "file").write_text("x")
         assert seen_dir.wait(10)
         sub.stop()
+    finally:
+        watcher.stop()
+
+
+def test_a_polling_reader_is_woken_by_the_delivery_itself(
+    teams: Teams, layout: Layout, team: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the stat look made rare (an hour), a polling reader waiting in `receive` still
+    gets each message: the delivery pokes the inbox's wake socket, from this process or from
+    another one (without the poke, `receive` would wait out its 60 s)."""
+    from shoal.mailbox import watcher as watcher_mod
+
+    monkeypatch.setenv("SHOAL_WATCHER", "poll")
+    monkeypatch.setattr(watcher_mod, "POLL_INTERVAL_S", 3600.0)
+    watcher = Watcher(reconcile_interval=3600)
+    try:
+        box = inbox_of(layout, team, "bob", watcher).start()
+        wait_until(lambda: watcher._kick is not None)
+        code = (
+            "from shoal.core.paths import Layout; from shoal.mailbox.router import send; "
+            "from shoal.teams.store import Teams; import sys, time; time.sleep(0.3); "
+            f"send(Teams(Layout(sys.argv[1])).directory({team!r}), to='bob', sender='carol', "
+            "text=sys.argv[2])"
+        )
+        woken = threading.Event()
+        real_wake = watcher.wake
+
+        def wake(inbox: str) -> None:  # (only the wake socket calls this: no stat look is due)
+            woken.set()
+            real_wake(inbox)
+
+        monkeypatch.setattr(watcher, "wake", wake)
+        for i in range(3):
+            woken.clear()
+            assert box.receive(timeout=0) is None  # (nothing waiting: the next one comes later)
+            sender = subprocess.Popen([sys.executable, "-c", code, str(layout.home), str(i)])
+            assert woken.wait(60), "the delivery did not wake the polling reader"
+            delivery = box.receive(timeout=60)
+            assert sender.wait(30) == 0
+            assert delivery is not None and delivery.message.text == str(i)
+            box.ack(delivery)
     finally:
         watcher.stop()
 

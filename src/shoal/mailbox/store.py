@@ -25,6 +25,7 @@ from shoal.core.errors import (
 )
 from shoal.core.jsonio import append_line, fsync_dir, write_new_file
 from shoal.core.paths import FILE_MODE, check_path, ensure_dir
+from shoal.mailbox import wake
 from shoal.mailbox.schema import MAX_MESSAGE_BYTES
 
 SUBDIRS = ("tmp", "new", "cur", "bad")
@@ -130,6 +131,7 @@ class Maildir:
             os.unlink(tmp)
             if durable:
                 fsync_dir(self.new)
+            wake.notify(self.path)  # (a reader without inotify sleeps on this)
             return name
 
     # -- receiving ---------------------------------------------------------------------------

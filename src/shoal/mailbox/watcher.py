@@ -5,8 +5,9 @@ registered inbox is also woken by a reconcile tick (every few seconds) and right
 overflow (seen through watchdog's own log record). When no inotify instance can be had (Linux
 allows 128 per user by default) or `SHOAL_WATCHER=poll` is set (network filesystems), a
 polling mode is used instead and `mode`/`reason` say so; watching never fails to start. In
-polling mode inboxes and directories are not snapshotted: their mtime is stat'ed every
-`POLL_INTERVAL_S`, which keeps a polling member's latency low and its idle cost a few syscalls.
+polling mode inboxes and directories are not snapshotted: each inbox's reader sleeps on its
+wake socket, which every delivery pokes, and their mtimes are stat'ed every `POLL_INTERVAL_S`
+besides; a polling member's latency stays low and its idle cost a few syscalls a second.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +27,8 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserver
 
+from shoal.mailbox.wake import Listener
+
 # watchdog logs its own hiccups (e.g. an emitter stopping mid-read) as warnings; they are not
 # the user's business, and the overflow hook below sees them through a filter anyway.
 logging.getLogger("watchdog").addHandler(logging.NullHandler())
@@ -31,13 +36,14 @@ logging.getLogger("watchdog").propagate = False
 
 RECONCILE_INTERVAL_S = 10.0
 OBSERVER_TIMEOUT_S = 10.0
-# Polling (no inotify instance to be had): each inbox's `new/` and each watched directory is
-# stat'ed this often, a syscall each; a directory whose mtime changed, or changed lately (within
-# the kernel timestamp's coarse granularity), wakes its readers. Idle, that is a few dozen
-# stats a second; a message waits at most about this long.
-POLL_INTERVAL_S = 0.03
+# Polling (no inotify instance to be had): a delivery wakes the inbox's reader through its
+# wake socket (mailbox/wake.py) at once; besides, each inbox's `new/` and each watched
+# directory is stat'ed this often, a syscall each (for files other tools drop in and for the
+# task list): a directory whose mtime changed, or changed lately (within the kernel
+# timestamp's coarse granularity), wakes its readers.
+POLL_INTERVAL_S = 0.25
 # Trees (views of a whole session) are polled by watchdog's snapshotting observer, less often.
-TREE_POLL_INTERVAL_S = 0.5
+TREE_POLL_INTERVAL_S = 1.0
 
 Wake = Callable[[], None]
 
@@ -126,6 +132,7 @@ class Watcher:
         self._specs: dict[str, tuple[str, bool]] = {}
         self._polled: dict[str, int] = {}
         self._poller: threading.Thread | None = None
+        self._kick: socket.socket | None = None
         self._stop = threading.Event()
         self.reconcile_interval = reconcile_interval
         if force_polling is None:
@@ -221,6 +228,8 @@ class Watcher:
             if key not in self._watches and not self._covered(key) and not self.polling:
                 # Only new/ is watched: that is where messages arrive.
                 self._watches[key] = self._schedule(key, os.path.join(key, "new"), recursive=False)
+        if self.polling:
+            self._kick_poller()  # (its wake socket is bound now, not at the next look)
 
     def _schedule(self, key: str, path: str, *, recursive: bool) -> ObservedWatch:
         self._specs[key] = (path, recursive)
@@ -292,8 +301,56 @@ class Watcher:
                     wake()
 
     def _poll(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL_S):
-            self.poll_once()
+        """Polling mode's thread: sleep on the inboxes' wake sockets (a delivery wakes its
+        inbox at once), and look at every mtime each POLL_INTERVAL_S."""
+        listeners: dict[str, Listener | None] = {}
+        selector = selectors.DefaultSelector()
+        kick_r, self._kick = socket.socketpair()
+        kick_r.setblocking(False)
+        selector.register(kick_r, selectors.EVENT_READ, None)
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    keys = set(self._wakers)
+                # (an inbox not there yet, or read by another process, is tried again)
+                for key in keys - {k for k, v in listeners.items() if v is not None}:
+                    listener: Listener | None = None
+                    try:
+                        listener = Listener(key)
+                    except OSError:  # (not there yet, or read by another process: stat only)
+                        pass
+                    else:
+                        selector.register(listener, selectors.EVENT_READ, key)
+                    listeners[key] = listener
+                for key in listeners.keys() - keys:
+                    gone = listeners.pop(key)
+                    if gone is not None:
+                        selector.unregister(gone)
+                        gone.close()
+                deadline = time.monotonic() + POLL_INTERVAL_S
+                while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+                    ready = selector.select(left)
+                    for sel_key, _ in ready:
+                        if sel_key.data is None:  # (registrations changed, or stop)
+                            with contextlib.suppress(OSError):
+                                kick_r.recv(4096)
+                            deadline = 0.0
+                            continue
+                        sel_key.fileobj.drain()  # type: ignore[union-attr]
+                        self.wake(sel_key.data)
+                self.poll_once()
+        finally:
+            for listener in listeners.values():
+                if listener is not None:
+                    listener.close()
+            selector.close()
+            kick_r.close()
+
+    def _kick_poller(self) -> None:
+        kick = getattr(self, "_kick", None)
+        if kick is not None:
+            with contextlib.suppress(OSError):
+                kick.send(b"k")
 
     def poll_once(self) -> None:
         """Polling mode's look: wake the readers of inboxes and directories whose mtime
@@ -317,6 +374,7 @@ class Watcher:
     def stop(self) -> None:
         """Stop the observer and the reconcile tick (tests; processes just exit)."""
         self._stop.set()
+        self._kick_poller()
         self._observer.stop()
         logging.getLogger("watchdog.observers.inotify_c").removeFilter(self._hook)
         logging.getLogger("watchdog.observers.inotify").removeFilter(self._hook)
