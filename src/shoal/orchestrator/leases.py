@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
-from filelock import FileLock
 
 from shoal.core.errors import CorruptFileError
-from shoal.core.jsonio import atomic_write
+from shoal.core.jsonio import atomic_write, lock_for
 from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType
 from shoal.core.writeset import overlaps
 
@@ -44,7 +43,7 @@ class Leases:
 
     def __init__(self, session_dir: Path) -> None:
         self.path = session_dir / LEASES_FILE
-        self._lock = FileLock(str(self.path) + ".lock")
+        self._lock = lock_for(self.path)
 
     def _load(self) -> dict[str, Any]:
         try:

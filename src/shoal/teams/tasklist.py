@@ -34,8 +34,8 @@ from shoal.core.errors import (
     UsageError,
 )
 from shoal.core.jsonio import (
-    BackoffFileLock,
     LockTimeoutError,
+    ShoalLock,
     atomic_write,
     dumps,
     lock_at,
@@ -232,7 +232,7 @@ class TaskList:
         # The last failure to tell a new owner about its task (None when the last add or update
         # notified fine or had nobody to notify). The update itself is never undone by it.
         self.last_notify_error: Exception | None = None
-        self._lock: BackoffFileLock | None = None
+        self._lock: ShoalLock | None = None
 
     # -- paths and locking -------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ class TaskList:
 
     @contextmanager
     def _locked(self) -> Iterator[Path]:
-        """Hold the list's lock (waiters back off, see core.jsonio); yields the directory."""
+        """Hold the list's lock (a flock, see core.jsonio); yields the directory."""
         directory = self._dir()
         lock_path = directory / LOCK_NAME
         check_path(lock_path, "file")
