@@ -1103,7 +1103,7 @@ def mailbox_section(cfg: Config) -> SectionResult:
                     "lower", "== 0", su.final == want))  # fmt: skip
     notes.append(
         f"team file: {procs} processes, each 1 warm-up + {k} timed increments. shoal: "
-        "Teams.update (filelock + pydantic + orjson + atomic replace). Baseline: fcntl.flock "
+        "Teams.update (flock + pydantic + orjson + atomic replace). Baseline: fcntl.flock "
         "(blocking) + json.load / json.dump(indent=2) + os.replace on a copy of the same file."
     )
     return res
