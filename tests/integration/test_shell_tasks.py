@@ -269,3 +269,18 @@ def test_a_group_that_outlives_sigterm_gets_it_once_more_before_sigkill(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_side_files_are_private_and_the_command_keeps_the_umask(tmp_path: Path) -> None:
+    """The wrapper makes its pid and exit files 0600 itself; the command runs with this
+    process's umask (what it creates is not made private behind its back)."""
+    out = tmp_path / "u.output"
+    mask = os.umask(0o022)
+    os.umask(mask)
+    proc = shell.start(["-c", "umask; touch made.txt"], out, cwd=str(tmp_path))
+    wait_until(lambda: shell.recorded_exit(out) == 0)
+    assert int(out.read_text().strip(), 8) == mask
+    assert (tmp_path / "made.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+    for side in (shell.exit_file_for(out), shell.pid_file_for(out)):
+        assert side.stat().st_mode & 0o777 == 0o600, side
+    assert shell.recorded_pid(out) == proc.pid

@@ -43,11 +43,15 @@ from shoal.workers.kinds import Poll, TaskStore
 # status from an EXIT trap; a TERM, INT or HUP makes it exit 128+N through that trap too
 # (after a foreground child has ended). All of it is builtins, so the wrapper costs no extra
 # process: a command line runs in it directly.
+# The wrapper: $1 the exit file, $2 the leader's umask, $3 the cwd, then the command. It
+# writes its pid and, at the end, the exit code into side files it creates 0600 itself (umask
+# 077 for those two writes only: the command runs with the leader's umask), so the leader
+# creates no file per task but the output.
 _WRAPPER = (
-    '__shoal_exit=$1; printf "%s\\n" "$$" > "${1%.exit}.pid"; '
-    'trap \'printf "%s\\n" "$?" > "$__shoal_exit"\' EXIT; '
+    '__shoal_exit=$1; umask 077; printf "%s\\n" "$$" > "${1%.exit}.pid"; '
+    'trap \'__shoal_rc=$?; umask 077; printf "%s\\n" "$__shoal_rc" > "$__shoal_exit"\' EXIT; '
     "trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP; "
-    'cd -- "$2" || exit 126; shift 2; '
+    'umask "$2"; cd -- "$3" || exit 126; shift 3; '
     'if [ "$1" = -c ]; then eval "$2"; else "$@"; fi'
 )
 _NAME = "shoal"
@@ -63,7 +67,21 @@ _DEFAULT_SIGNALS = (
     signal.SIGALRM,
 )
 _SH = "/bin/sh"
-_SIDE_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _process_umask() -> str:
+    """This process's umask in octal (from /proc: setting it to read it would be a race
+    with other threads creating files)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Umask:"):
+                return f"{int(line.split()[1], 8):04o}"
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return f"{mask:04o}"
+
+
+_UMASK = _process_umask()
 
 # Shell exit code for "command not found" / "not executable".
 EXIT_NOT_FOUND = 127
@@ -190,14 +208,13 @@ def start(
     )
     try:
         for side in (exit_file, pid_file_for(output_file)):
-            # Made here, empty and private: the wrapper's `>` keeps the mode of a file that
-            # exists, where it would otherwise create one with the task's umask (0644).
+            # (a restart in place reuses the id: what its last run recorded goes; the wrapper
+            # makes them anew, 0600)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(side)
-            os.close(os.open(side, _SIDE_FILE_FLAGS, FILE_MODE))
         pid = os.posix_spawn(
             _SH,
-            [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv],
+            [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), _UMASK, cwd or os.getcwd(), *argv],
             os.environb if env is None else env,  # bytes: no decoding and re-encoding
             file_actions=[
                 stdin_action,
@@ -247,7 +264,7 @@ def wrapped_argv(
     argv: Sequence[str], exit_file: Path, cwd: str | None = None, *, gated: bool = False
 ) -> list[str]:
     """The `sh` argv that runs `argv` (as `argv_for` makes it) under the wrapper, which records
-    its pid and exit code in `exit_file` and its `.pid` sibling (made here, empty and private).
+    its pid and exit code in `exit_file` and its `.pid` sibling (0600; old ones removed here).
 
     For a caller that spawns the process itself, into an output file of its own (a teammate's
     commands). `gated`: the process waits for one line on its stdin before it runs anything, so
@@ -256,9 +273,8 @@ def wrapped_argv(
     for side in (exit_file, pid_file_for(exit_file)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(side)
-        os.close(os.open(side, _SIDE_FILE_FLAGS, FILE_MODE))
     script = (_GATE if gated else "") + _WRAPPER
-    return [_SH, "-c", script, _NAME, os.fspath(exit_file), cwd or os.getcwd(), *argv]
+    return [_SH, "-c", script, _NAME, os.fspath(exit_file), _UMASK, cwd or os.getcwd(), *argv]
 
 
 def pid_file_for(output_file: str | Path) -> Path:
