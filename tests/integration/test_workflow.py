@@ -52,6 +52,15 @@ def _start(cli: Cli, spec: Path) -> str:
     return task_id
 
 
+def _kill_leader(cli: Cli) -> None:
+    """kill -9 the team's leader and wait until it is gone."""
+    team = json.loads(cli("team", "show", "--json").stdout)
+    lead_pid = next(m["pid"] for m in team["members"] if m["name"] == "team-lead")
+    os.kill(lead_pid, signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(lead_pid) or
+               psutil.Process(lead_pid).status() == "zombie", timeout=30)  # fmt: skip
+
+
 def _ended(cli: Cli, task_id: str) -> dict[str, Any] | None:
     task = _task(cli, task_id)
     return task if task["status"] in ("completed", "failed", "killed") else None
@@ -210,11 +219,7 @@ def test_a_killed_leader_resumed_continues_the_workflow(cli: Cli, tmp_path: Path
         marks = tmp_path / "marks"
         task_id = _start(cli, spec)
         wait_until(lambda: marks.exists() and "b-start" in marks.read_text(), timeout=30)
-        team = json.loads(cli("team", "show", "--json").stdout)
-        lead_pid = next(m["pid"] for m in team["members"] if m["name"] == "team-lead")
-        os.kill(lead_pid, signal.SIGKILL)
-        wait_until(lambda: not psutil.pid_exists(lead_pid) or
-                   psutil.Process(lead_pid).status() == "zombie", timeout=30)  # fmt: skip
+        _kill_leader(cli)
         assert _task(cli, task_id)["status"] == "running"  # (as the dead leader left it)
         again = cli("up", "-d", "-q", env=FAST)
         assert again.returncode == 0, again.stderr
@@ -252,11 +257,7 @@ def test_a_run_leader_that_resumes_the_session_stops_its_workflow_once(
         )
         task_id = _start(cli, flow)
         wait_until(lambda: marks.exists() and "b-start" in marks.read_text(), timeout=30)
-        team = json.loads(cli("team", "show", "--json").stdout)
-        lead_pid = next(m["pid"] for m in team["members"] if m["name"] == "team-lead")
-        os.kill(lead_pid, signal.SIGKILL)
-        wait_until(lambda: not psutil.pid_exists(lead_pid) or
-                   psutil.Process(lead_pid).status() == "zombie", timeout=30)  # fmt: skip
+        _kill_leader(cli)
         other = tmp_path / "other.toml"
         other.write_text('[[task]]\nid = "one"\nrun = "true"\n')
         ran = cli("run", str(other), "--team", "default", timeout=120, env=FAST)
