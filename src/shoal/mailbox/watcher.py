@@ -285,20 +285,8 @@ class Watcher:
         """Wake the readers of inboxes whose `new/` changed (or changed lately) since the
         last look: a missed event is caught, and a thousand idle inboxes cost a stat each."""
         with self._lock:
-            items = [(key, list(wakers)) for key, wakers in self._wakers.items()]
-        now_ns = time.time_ns()
-        recent_ns = int(2 * self.reconcile_interval * 1e9)
-        for key, wakers in items:
-            try:
-                mtime = os.stat(os.path.join(key, "new")).st_mtime_ns
-            except OSError:
-                mtime = -1
-            # A change within the timestamp granularity of the last look would leave mtime
-            # unchanged, so recently changed directories get one more look.
-            if self._seen.get(key) != mtime or now_ns - mtime < recent_ns:
-                self._seen[key] = mtime
-                for wake in wakers:
-                    wake()
+            items = [(os.path.join(k, "new"), list(w)) for k, w in self._wakers.items()]
+        _wake_changed(items, self._seen, int(2 * self.reconcile_interval * 1e9))
 
     def _poll(self) -> None:
         """Polling mode's thread: sleep on the inboxes' wake sockets (a delivery wakes its
@@ -359,17 +347,7 @@ class Watcher:
         with self._lock:
             inboxes = [(os.path.join(k, "new"), list(w)) for k, w in self._wakers.items()]
             dirs = [(k, list(w)) for k, w in self._dirs.items() if w]
-        now_ns = time.time_ns()
-        recent_ns = int(3 * POLL_INTERVAL_S * 1e9) + 20_000_000
-        for path, wakers in (*inboxes, *dirs):
-            try:
-                mtime = os.stat(path).st_mtime_ns
-            except OSError:
-                mtime = -1
-            if self._polled.get(path) != mtime or now_ns - mtime < recent_ns:
-                self._polled[path] = mtime
-                for wake in wakers:
-                    wake()
+        _wake_changed([*inboxes, *dirs], self._polled, int(3 * POLL_INTERVAL_S * 1e9) + 20_000_000)
 
     def stop(self) -> None:
         """Stop the observer and the reconcile tick (tests; processes just exit)."""
@@ -378,6 +356,24 @@ class Watcher:
         self._observer.stop()
         logging.getLogger("watchdog.observers.inotify_c").removeFilter(self._hook)
         logging.getLogger("watchdog.observers.inotify").removeFilter(self._hook)
+
+
+def _wake_changed(
+    items: list[tuple[str, list[Wake]]], seen: dict[str, int], recent_ns: int
+) -> None:
+    """Call the wakers of each directory whose mtime differs from the one `seen` last time,
+    or lies within `recent_ns` of now: a change within the timestamp granularity of the last
+    look leaves the mtime as it was, so a recently changed directory gets one more look."""
+    now_ns = time.time_ns()
+    for path, wakers in items:
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            mtime = -1
+        if seen.get(path) != mtime or now_ns - mtime < recent_ns:
+            seen[path] = mtime
+            for wake in wakers:
+                wake()
 
 
 _shared: Watcher | None = None
