@@ -43,6 +43,7 @@ import setproctitle
 ENV_DISABLE: Final = "SHOAL_FORKSERVER"
 """Set to 0 to start every child as a new interpreter (no fork server)."""
 READY_TIMEOUT_S: Final = 60.0
+DRAIN_INTERVAL_S: Final = 0.02
 FILE_MODE: Final = 0o600
 
 
@@ -76,6 +77,7 @@ class ForkClient:
         self._next = 0
         self._replies: dict[int, dict[str, Any]] = {}
         self._exits: dict[int, int] = {}
+        self._drained = 0.0
         self.broken: str | None = None
 
     # -- the server's life ----------------------------------------------------------------------
@@ -169,10 +171,13 @@ class ForkClient:
         return got
 
     def _drain(self) -> None:
-        """Read what the server sent meanwhile (exits), without waiting."""
+        """Read what the server sent meanwhile (exits), without waiting; at most every
+        DRAIN_INTERVAL_S (a leader asks about each of its teammates once a tick)."""
         sock = self._sock
-        if sock is None:
+        now = time.monotonic()
+        if sock is None or now - self._drained < DRAIN_INTERVAL_S:
             return
+        self._drained = now
         sock.setblocking(False)
         while True:
             try:
@@ -225,9 +230,19 @@ class ForkClient:
             return int(reply["pid"])
 
     def exit_code(self, pid: int) -> int | None:
+        """The exit code of child `pid` once the server reported its end, else None."""
         with self._lock:
             self._drain()
             return self._exits.get(pid)
+
+    def running(self, pid: int) -> bool | None:
+        """Whether child `pid` runs, by the server's word (it reaps and reports every child
+        it forked); None when the server is gone and cannot say."""
+        with self._lock:
+            self._drain()
+            if pid in self._exits:
+                return False
+            return None if self._sock is None else True
 
 
 # -- the server ---------------------------------------------------------------------------------

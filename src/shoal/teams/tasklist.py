@@ -717,18 +717,19 @@ class TaskList:
     def release_orphaned(self) -> builtins.list[TaskItem]:
         """Release the unfinished tasks of owners that are gone: not in the team file, departed,
         or dead (a recorded process that no longer runs). For the leader's periodic tick."""
+        owners = {i.owner for i in self.list() if i.owner is not None and not i.resolved}
+        if not owners:  # (an idle team: no member's liveness to look up)
+            return []
         views = {v.member.name: v for v in self.teams.members(self.team)}
         gone: set[str] = set()
-        for item in self.list():
-            if item.owner is None or item.resolved or item.owner in gone:
-                continue
-            view = views.get(item.owner)
+        for owner in owners:
+            view = views.get(owner)
             if (
                 view is None
                 or view.state is MemberState.LEFT
                 or (view.state is MemberState.DEAD and view.member.pid is not None)
             ):
-                gone.add(item.owner)
+                gone.add(owner)
         released: builtins.list[TaskItem] = []
         for name in sorted(gone):
             released.extend(self.release_member(name))

@@ -119,8 +119,10 @@ class ProcessBackend:
         if child is not None:
             return child.poll() is None
         forked = self._forked.get(handle.pid)
-        if forked is not None and forked.exit_code(handle.pid) is not None:
-            return False
+        if forked is not None:
+            running = forked.running(handle.pid)
+            if running is not None:  # (the server's word: no /proc reads for each teammate)
+                return running
         return is_alive(handle.pid, self._started.get(handle.pid))
 
     def exit_code(self, handle: Handle) -> int | None:
