@@ -1169,17 +1169,27 @@ def _leader_span(home: Path, ids: list[str]) -> float:
 
 
 def _cpu_percent(pids: list[int], seconds: float) -> float:
-    """CPU used by `pids` over `seconds`, in percent of one core."""
+    """CPU used by `pids` (all their threads) over `seconds`, in percent of one core. Read from
+    /proc/PID/task/TID/schedstat (nanoseconds) where there is one: the 10 ms ticks of
+    cpu_times cannot tell 0.1 % from 0.3 % of fifty quiet processes."""
     import psutil
 
-    procs = [psutil.Process(p) for p in pids]
+    def ns(pid: int) -> int:
+        out = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
+                out += int(fh.read().split()[0])
+        return out
 
     def total() -> float:
         s = 0.0
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                t = p.cpu_times()
-                s += t.user + t.system
+        for pid in pids:
+            try:
+                s += ns(pid) / 1e9
+            except (OSError, ValueError, IndexError):
+                with contextlib.suppress(psutil.Error):
+                    t = psutil.Process(pid).cpu_times()
+                    s += t.user + t.system
         return s
 
     before = total()
@@ -1444,16 +1454,22 @@ def bench_swarm(cfg: Config) -> SectionResult:
         time.sleep(3)  # let start-up settle
         members = Teams(Layout(home)).read("idle").members
         pids = [m.pid for m in members if m.pid]
+        # The leader's fork server counts too (shoal's own process, idle here).
+        pids += [
+            c.pid
+            for c in psutil.Process(_leader_pid(home, "idle")).children()
+            if "fork server" in " ".join(c.cmdline())
+        ]
         cpu = _cpu_percent(pids, 5 if cfg.quick else 15)
         result.rows.append(
             Row(
-                "leader + 50 idle process teammates, CPU",
+                "leader + 50 idle process teammates (+ fork server), CPU",
                 "%",
                 cpu,
                 None,
                 "lower",
-                "< 1%",
-                cpu < 1.0,
+                "< 0.3%",
+                cpu < 0.3,
             )
         )
     finally:
