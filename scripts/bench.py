@@ -1260,6 +1260,32 @@ def bench_leader(cfg: Config) -> SectionResult:
             "shoal's time includes two CLI calls (sh --batch, wait) and the "
             "leader's state, event and history writes for every task"
         )
+        # One task from the shell, end to end: `shoal sh --foreground -- true` returns when it
+        # has ended, with its exit code (a CLI start, a control round trip, the task).
+        single = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            _shoal_cli(home, "sh", "--team", "bench", "--foreground", "--", "true")
+            single.append(time.perf_counter() - t0)
+        parallel = shutil.which("parallel")
+        base_argv = [parallel, "-j1", ":::", "true"] if parallel else ["/bin/sh", "-c", "true"]
+        base_s = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            subprocess.run(base_argv, check=True, capture_output=True)
+            base_s.append(time.perf_counter() - t0)
+        base_name = "GNU parallel, one job" if parallel else "sh -c true"
+        result.rows.append(
+            Row(
+                f"one `shoal sh --foreground -- true`, end to end vs {base_name} (median of 5)",
+                "s",
+                statistics.median(single),
+                statistics.median(base_s),
+                "lower",
+                "<= 1.5x",
+                statistics.median(single) <= 1.5 * statistics.median(base_s),
+            )
+        )
         # The leader idle with 50 sleeping tasks.
         sleepers = cfg.workdir / "sleep.txt"
         sleepers.write_text("sleep 300\n" * 50)
