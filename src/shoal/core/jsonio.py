@@ -7,6 +7,7 @@ import fcntl
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,11 @@ from shoal.core.paths import FILE_MODE
 M = TypeVar("M", bound=BaseModel)
 
 LOCK_TIMEOUT_S = 30.0
+# A taken lock is first tried again a few times over SPIN_FOR_S (sleeps from SPIN_FIRST_S,
+# doubling up to SPIN_MAX_S), then waited for in a blocking flock (see ShoalLock).
+SPIN_FIRST_S = 0.00005
+SPIN_MAX_S = 0.001
+SPIN_FOR_S = 0.005
 
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:
@@ -179,10 +185,11 @@ class ShoalLock:
 
     Reentrant within a thread; two threads of one process exclude each other (each opens its
     own file description). A free lock is taken with one non-blocking flock. A taken one is
-    waited for with a *blocking* flock on a helper thread, so that the kernel hands it over
-    the moment the holder lets go (no polling interval, no crowd of pollers competing for the
-    CPU the holder needs), while the caller waits for that thread up to its timeout; a wait
-    that times out leaves the helper to drop the lock as soon as it gets it.
+    tried again a few times over 5 ms (an update holds it for a fraction of a millisecond),
+    then waited for with a *blocking* flock on a helper thread, so that the kernel hands it
+    over the moment the holder lets go (no crowd of pollers competing for the CPU the holder
+    needs), while the caller waits for that thread up to its timeout; a wait that times out
+    leaves the helper to drop the lock as soon as it gets it.
     """
 
     def __init__(
@@ -247,7 +254,7 @@ class ShoalLock:
                     f"{self.lock_file} is locked (another shoal process holds it)"
                 ) from None
             limit = self.timeout if timeout is None else timeout
-            if not _wait_for_flock(fd, None if limit < 0 else limit):
+            if not _spin_for_flock(fd) and not _wait_for_flock(fd, None if limit < 0 else limit):
                 raise LockTimeoutError(
                     f"{self.lock_file} stayed locked for {limit:g}s "
                     "(another shoal process holds it; is one stuck?)"
@@ -278,6 +285,23 @@ class ShoalLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _spin_for_flock(fd: int) -> bool:
+    """A few quick tries first: an update holds a lock for a fraction of a millisecond, and
+    a try costs less than handing the wait to a thread."""
+    delay = SPIN_FIRST_S
+    waited = 0.0
+    while waited < SPIN_FOR_S:
+        time.sleep(delay)
+        waited += delay
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            delay = min(delay * 2, SPIN_MAX_S)
+            continue
+        return True
+    return False
 
 
 def _wait_for_flock(fd: int, timeout: float | None) -> bool:
