@@ -76,6 +76,7 @@ class Maildir:
         self._tmp_s = os.fspath(self.tmp)
         self._new_s = os.fspath(self.new)
         self._cur_s = os.fspath(self.cur)
+        self._wake: bytes | None = None  # (its wake address, found at the first delivery)
 
     @classmethod
     def create(cls, path: Path, home: Path) -> Maildir:
@@ -131,7 +132,12 @@ class Maildir:
             os.unlink(tmp)
             if durable:
                 fsync_dir(self.new)
-            wake.notify(self.path)  # (a reader without inotify sleeps on this)
+            # A reader without inotify sleeps on this. The address (the inbox's device and
+            # inode) is found once: a stat per message is not needed to name the same dir.
+            if self._wake is None:
+                self._wake = wake.address(self._dir)
+            if self._wake is not None:
+                wake.poke(self._wake)
             return name
 
     # -- receiving ---------------------------------------------------------------------------

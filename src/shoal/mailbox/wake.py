@@ -32,10 +32,14 @@ def address(inbox: str | os.PathLike[str]) -> bytes | None:
 
 def notify(inbox: str | os.PathLike[str]) -> None:
     """Tell whoever polls `inbox` that it has mail (best effort, never blocks or raises)."""
-    global _sender
     where = address(inbox)
-    if where is None:
-        return
+    if where is not None:
+        poke(where)
+
+
+def poke(where: bytes) -> None:
+    """Send the empty datagram to `where` (an `address`), ignoring that nobody is there."""
+    global _sender
     sock = _sender
     if sock is None:
         with _sender_lock:

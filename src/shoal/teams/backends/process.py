@@ -35,27 +35,27 @@ WORKER_PRELOAD: Final = (
 
 _client: forkserver.ForkClient | None = None
 _client_lock = threading.Lock()
-_said: list[str] = []
+_said_broken = False
 
 
 def fork_client() -> forkserver.ForkClient | None:
-    """This process's fork server client (started with the first teammate), or None when it
-    is turned off or broke (said once)."""
+    """This process's fork server client (its server started with the first teammate), or
+    None when it is turned off or broke."""
     global _client
     if not forkserver.enabled():
         return None
     with _client_lock:
         if _client is None:
             _client = forkserver.ForkClient(WORKER_PRELOAD)
-        if _client.broken is not None:
-            if not _said:
-                _said.append(_client.broken)
-                print(
-                    f"shoal: note: {_client.broken}; teammates start as new interpreters",
-                    file=sys.stderr,
-                )
-            return None
-        return _client
+        return _client if _client.broken is None else None
+
+
+def _say_broken(why: str) -> None:
+    """Say once, on stderr (the leader's log), that teammates no longer start as forks."""
+    global _said_broken
+    if not _said_broken:
+        _said_broken = True
+        print(f"shoal: note: {why}; teammates start as new interpreters", file=sys.stderr)
 
 
 class ProcessBackend:
@@ -81,8 +81,8 @@ class ProcessBackend:
                     env={**os.environ, **spec.env},
                     log=str(spec.log_file) if spec.log_file is not None else None,
                 )
-            except forkserver.ForkServerError:
-                fork_client()  # (says why, once; this teammate starts the usual way)
+            except forkserver.ForkServerError as exc:
+                _say_broken(str(exc))  # (this teammate starts the usual way)
             except OSError as exc:
                 raise ShoalError(f"cannot start teammate {spec.name!r}: {exc}") from None
             else:
