@@ -691,14 +691,18 @@ def test_twenty_workers_ending_at_once_each_arrive_once(leader: Cli, tmp_path: P
 
 
 READER = """
-final = "report: {notified}"
+final = "waiting"
 
 [[turn]]
 [[turn.call]]
 tool = "Agent"
 args = { description = "reader", prompt = "Read the data" }
-[[turn]]
-text = "waiting"
+
+# (keyed to the end's arrival, not to the request's number: a worker that ends during the
+# Agent call's round has its end in the second request already)
+[[after]]
+notifications = 1
+text = "report: {notified}"
 
 [[worker]]
 final = "data says {last}"
