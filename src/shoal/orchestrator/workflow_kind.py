@@ -48,7 +48,13 @@ from shoal.orchestrator.batch.agents import TeammateDispatcher, spawn_args
 from shoal.orchestrator.batch.driver import LeaderShell, resolve_backend
 from shoal.orchestrator.batch.engine import ENV_TASK, BatchRun
 from shoal.orchestrator.batch.recovery import succeeded_attempts, with_recovered
-from shoal.orchestrator.batch.report import RunRecords, iso, plan_resume, write_json
+from shoal.orchestrator.batch.report import (
+    RecordSaver,
+    RunRecords,
+    iso,
+    plan_resume,
+    write_json,
+)
 from shoal.orchestrator.batch.spec import MemberSpec, Spec
 from shoal.orchestrator.batch.state import (
     ExecEvent,
@@ -221,7 +227,7 @@ class _Run:
     shell: WorkflowShell = field(init=False)
     events: deque[ExecEvent] = field(default_factory=deque)
     stop_reason: str | None = None
-    saved: tuple[int, float] = (-1, 0.0)
+    saver: RecordSaver = field(init=False)
     agents: WorkflowAgents | None = None
     begun: bool = False
     backend: str = "process"
@@ -408,6 +414,9 @@ class WorkflowKind:
             resumed_from=resumed_from,
         )
         run.shell = WorkflowShell(self.leader, run.events.append, run_id)
+        run.saver = RecordSaver(
+            self.records, self._record_key(task_id), spec.path, run_id, RECORD_INTERVAL_S
+        )
         run.shell.task_options = {"workflow_id": task_id}
         run.batch = BatchRun(
             spec,
@@ -570,16 +579,16 @@ class WorkflowKind:
 
     def _sync(self, run: _Run, *, force: bool = False) -> None:
         """The task's progress fields and the run record, when the run moved on (the record
-        at most every RECORD_INTERVAL_S unless an attempt ended)."""
+        whole at most every RECORD_INTERVAL_S, an ended attempt's verdict journaled at once)."""
         batch = run.batch
-        version, saved_at = run.saved
-        now = time.monotonic()
-        if batch.version == version or (not force and now - saved_at < RECORD_INTERVAL_S):
+        if not run.saver.sync(
+            batch.version,
+            batch.settled,
+            lambda: batch.report(**self._meta(run)),
+            lambda step_id: batch.tasks[step_id].to_json(),
+            ended=force,
+        ):
             return
-        run.saved = (batch.version, now)
-        self.records.save(
-            self._record_key(run.task_id), run.spec.path, batch.report(**self._meta(run))
-        )
         counts = batch.counts()
         running = [r.spec.id for r in batch.tasks.values() if r.status.value == "running"]
         self.leader.set_task(

@@ -51,6 +51,7 @@ from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepa
 from shoal.orchestrator.batch.recovery import ENV_RUN, succeeded_attempts, with_recovered
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
+    RecordSaver,
     RunRecords,
     iso,
     plan_resume,
@@ -77,7 +78,7 @@ from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams
 
 # The run record (what --resume reads) is rewritten at most this often while the run goes on
-# (and at once when an attempt ends).
+# (and a verdict is journaled at once: RecordSaver).
 RECORD_INTERVAL_S: Final = 1.0
 # Why a task queued by an earlier leader, and never started, is dropped by a run.
 NEVER_STARTED: Final = "never started: queued by an earlier leader of the team"
@@ -299,7 +300,7 @@ class BatchPolicy:
         if batch.done:
             self.finished.set()
         # An end is saved at once: a --resume after a crash must not run a success again.
-        driver.save_record(force=ended)
+        driver.save_record(ended=ended)
 
     def next_due(self) -> float | None:
         """Now, when there is news and the leader's queue may run dry (or a signal came);
@@ -395,8 +396,7 @@ class _Driver:
             emit=self.emit,
             on_attempt_end=self._log_attempt,
         )
-        self._saved_version = -1
-        self._saved_at = 0.0
+        self.saver = RecordSaver(self.records, self.team, spec.path, self.run_id, RECORD_INTERVAL_S)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -487,15 +487,18 @@ class _Driver:
             },
         }
 
-    def save_record(self, *, force: bool = False) -> None:
-        """Rewrite the run record when the run moved on (throttled unless forced)."""
-        now = time.monotonic()
-        if not force and (
-            self.batch.version == self._saved_version or now - self._saved_at < RECORD_INTERVAL_S
-        ):
-            return
-        self._saved_version, self._saved_at = self.batch.version, now
-        self.records.save(self.team, self.spec.path, self.batch.report(**self.meta()))
+    def save_record(self, *, ended: bool = False, full: bool = False) -> None:
+        """Keep the run record up to date: whole at most every RECORD_INTERVAL_S (or when
+        `full`), and when an attempt `ended`, its verdict journaled at once."""
+        batch = self.batch
+        self.saver.sync(
+            batch.version,
+            batch.settled,
+            lambda: batch.report(**self.meta()),
+            lambda task_id: batch.tasks[task_id].to_json(),
+            ended=ended,
+            full=full,
+        )
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -659,7 +662,7 @@ class _Driver:
                 resume_requested=self.options.resume,
             )
         )
-        self.save_record(force=True)
+        self.save_record(full=True)
 
     def _finish(self) -> RunOutcome:
         if self.policy is not None:

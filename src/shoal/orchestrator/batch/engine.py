@@ -120,6 +120,8 @@ class BatchRun:
         self.interrupted: str | None = None
         self.version = 0
         """Bumped on every change (the driver saves the run record when it moves)."""
+        self.settled: list[str] = []
+        """Ids of the tasks given their verdict, in order (the record's journal reads it)."""
 
     # -- events out -----------------------------------------------------------------------------
 
@@ -419,6 +421,7 @@ class BatchRun:
             task.reason = why
             self._unfinished -= 1
             self.version += 1
+            self.settled.append(task.spec.id)
             last = task.attempts[-1] if task.attempts else None
             if verdict == RunStatus.SUCCEEDED:
                 self.successes += 1

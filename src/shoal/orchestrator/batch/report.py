@@ -11,8 +11,9 @@ import hashlib
 import os
 import re
 import socket
+import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final
@@ -20,7 +21,7 @@ from typing import IO, Any, Final
 import orjson
 
 from shoal.core.errors import UsageError
-from shoal.core.jsonio import atomic_write, read_bytes_nofollow
+from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.output import tail_lines
 from shoal.core.paths import FILE_MODE, Layout
 from shoal.orchestrator.batch.junit import JunitProblem, has_failures, read_cases
@@ -302,21 +303,117 @@ class RunRecords:
         key = hashlib.sha256(os.fsencode(os.path.realpath(spec_path))).hexdigest()[:16]
         return self.layout.home / "runs" / team / f"{spec_path.stem[:40]}-{key}.json"
 
+    def ends_path(self, team: str, spec_path: Path) -> Path:
+        """The record's journal of verdicts given since it was last written (`.ends.jsonl`
+        beside it): one line `{"run_id", "task"}` per task, so that a verdict is on disk at
+        once without rewriting the whole record for each."""
+        return self.path(team, spec_path).with_suffix(".ends.jsonl")
+
     def load(self, team: str, spec_path: Path) -> dict[str, Any] | None:
-        """The previous run's record, or None when there is none or it is unreadable."""
+        """The previous run's record, or None when there is none or it is unreadable; the
+        verdicts its journal holds for the same run replace the record's entries."""
         path = self.path(team, spec_path)
         try:
             data = orjson.loads(read_bytes_nofollow(path))
         except (FileNotFoundError, orjson.JSONDecodeError, OSError):
             return None
-        return data if isinstance(data, dict) and data.get("v") == REPORT_VERSION else None
+        if not isinstance(data, dict) or data.get("v") != REPORT_VERSION:
+            return None
+        ends = self._read_ends(self.ends_path(team, spec_path), data.get("run_id"))
+        if ends and isinstance(data.get("tasks"), list):
+            data["tasks"] = [
+                ends.get(str(t.get("id")), t) if isinstance(t, dict) else t for t in data["tasks"]
+            ]
+        return data
+
+    @staticmethod
+    def _read_ends(path: Path, run_id: Any) -> dict[str, dict[str, Any]]:
+        """Task id -> its last journaled entry of run `run_id` (a torn last line, written when
+        the run died, is skipped)."""
+        try:
+            raw = read_bytes_nofollow(path)
+        except OSError:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for line in raw.splitlines():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                item = orjson.loads(line)
+                task = item.get("task") if isinstance(item, dict) else None
+                if isinstance(task, dict) and "id" in task and item.get("run_id") == run_id:
+                    out[str(task["id"])] = task
+        return out
 
     def save(self, team: str, spec_path: Path, report: Mapping[str, Any]) -> Path:
-        """Replace the record atomically; returns its path."""
+        """Replace the record atomically (its journal is then void); returns its path."""
         path = self.path(team, spec_path)
         self.layout.ensure(path.parent)
         atomic_write(path, orjson.dumps(report))
+        # (a crash before the unlink leaves lines the record already has: reading them again
+        # changes nothing)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.ends_path(team, spec_path))
         return path
+
+    def note_ends(
+        self, team: str, spec_path: Path, run_id: str, tasks: list[Mapping[str, Any]]
+    ) -> None:
+        """Append the verdicts `tasks` (report entries) of run `run_id` to the record's
+        journal: a verdict is on disk at once, whatever the size of the record."""
+        path = self.ends_path(team, spec_path)
+        self.layout.ensure(path.parent)
+        lines = b"".join(
+            orjson.dumps({"run_id": run_id, "task": t}, option=orjson.OPT_APPEND_NEWLINE)
+            for t in tasks
+        )
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, FILE_MODE)
+        try:
+            append_line(fd, lines, path)
+        finally:
+            os.close(fd)
+
+
+class RecordSaver:
+    """Keeps one run's record on disk as the run goes on: rewritten whole at most every
+    `interval` seconds, and each verdict given in between journaled at once (one short line
+    instead of the whole record per task, which made a long run's saves quadratic)."""
+
+    def __init__(
+        self, records: RunRecords, key: str, spec_path: Path, run_id: str, interval: float
+    ) -> None:
+        self.records, self.key, self.spec_path = records, key, spec_path
+        self.run_id, self.interval = run_id, interval
+        self.version = -1
+        self.saved_at = 0.0
+        self.journaled = 0
+        """How many of the run's verdicts (`settled`) are on disk."""
+
+    def sync(
+        self,
+        version: int,
+        settled: list[str],
+        report: Callable[[], dict[str, Any]],
+        entry: Callable[[str], Mapping[str, Any]],
+        *,
+        ended: bool = False,
+        full: bool = False,
+    ) -> bool:
+        """Save what changed since the last call: the whole `report()` when `full` or when
+        `interval` has passed, else (when an attempt `ended`) the new verdicts' `entry(id)`s.
+        True when something was written."""
+        now = time.monotonic()
+        if version == self.version and not full:
+            return False
+        if full or now - self.saved_at >= self.interval:
+            self.records.save(self.key, self.spec_path, report())
+            self.version, self.saved_at, self.journaled = version, now, len(settled)
+            return True
+        if not ended or self.journaled == len(settled):
+            return False
+        fresh = settled[self.journaled :]
+        self.records.note_ends(self.key, self.spec_path, self.run_id, [entry(i) for i in fresh])
+        self.journaled = len(settled)
+        return True
 
 
 def plan_resume(spec: Spec, previous: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
