@@ -142,7 +142,7 @@ def agent(
     model answers without a tool call. PROMPT `-` reads standard input. Without --model it
     runs on $SHOAL_MODEL, `model` in SHOAL_HOME/config.toml, or the embedded scripted model.
     """
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
     from shoal.orchestrator.coordinator import env_mode
     from shoal.workers.agent.models import ModelSpec
 
@@ -240,7 +240,7 @@ def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
 
 def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
     from shoal.cli.tasks import _follow, _session
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
 
     session = _session(layout, team)
     asked: set[str] = set()

@@ -62,7 +62,7 @@ class Chat:
     # -- the leader ------------------------------------------------------------------------
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
-        from shoal.orchestrator.control import call
+        from shoal.orchestrator.client import call
 
         return call(self.env.layout, self.team, op, args)
 

@@ -152,7 +152,7 @@ def queue_status(task: dict[str, Any]) -> str | None:
 
 
 def _call(op: str, args: dict[str, Any]) -> Any:
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
 
     env = get_env(click.get_current_context())
     return call(env.layout, env.team(), op, args)

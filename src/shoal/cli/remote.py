@@ -84,7 +84,7 @@ def submit(
     """Submit PROMPT (an agent; `-` reads standard input) or, with --type shell, the command
     after `--` as a Ray job; prints the task's id."""
     from shoal.cli.agent import _env_pairs
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
     from shoal.workers.ray_jobs import RayJobs, resolve_address
     from shoal.workers.remote import check_model_key, pack_workdir
     from shoal.workers.shell import argv_for

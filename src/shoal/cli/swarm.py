@@ -72,7 +72,7 @@ def spawn(
 
     With --json: the teammate as an object, or a list of them for several names.
     """
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
 
     env = get_env(click.get_current_context())
     spec = {
@@ -127,12 +127,12 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     team = env.team()
     remote_id = _remote_task(env.layout, team, name)
     if remote_id is not None:  # a remote ultraplan waiting for an answer or an approval
-        from shoal.orchestrator.control import call
+        from shoal.orchestrator.client import call
 
         args = {"task_id": remote_id, "approve": approve, "text": feedback}
         return str(call(env.layout, team, "remote_answer", args)["id"])
     if "." in name:  # `{agent task id}.{n}`: an agent's permission request
-        from shoal.orchestrator.control import call
+        from shoal.orchestrator.client import call
 
         args = {"request_id": name, "approve": approve, "reason": feedback}
         return str(call(env.layout, team, "permission", args)["request_id"])

@@ -32,8 +32,9 @@ from shoal.core.errors import (
 )
 from shoal.core.ids import resolve_task_id
 from shoal.core.paths import Layout
-from shoal.core.tasks import is_terminal_task_status, retry_due
-from shoal.orchestrator.session import HistoryReader, Session, current_session
+from shoal.core.taskstatus import is_terminal_task_status, retry_due
+from shoal.orchestrator.client import DEFAULT_TIMEOUT_S, Channel, ControlError, leader_alive
+from shoal.orchestrator.session_files import HistoryReader, SessionFiles, current_session_files
 from shoal.ui.status import type_label
 
 POLL_S = 0.05
@@ -45,8 +46,8 @@ BATCH_CHUNK_BYTES = 128 * 1024
 LOGS_JSON_MAX_BYTES = 8 * 1024 * 1024
 
 
-def _session(layout: Layout, team: str) -> Session:
-    session = current_session(layout, team)
+def _session(layout: Layout, team: str) -> SessionFiles:
+    session = current_session_files(layout, team)
     if session is None:
         raise NotFoundError(
             f"team {team!r} has no session yet; start its leader with `shoal up --team {team}`"
@@ -55,7 +56,7 @@ def _session(layout: Layout, team: str) -> Session:
 
 
 def _tasks(
-    session: Session, *, include_history: bool, history: HistoryReader | None = None
+    session: SessionFiles, *, include_history: bool, history: HistoryReader | None = None
 ) -> dict[str, dict[str, Any]]:
     """Tasks by id: the registry snapshot, plus evicted ones when asked (from `history`, read
     incrementally, when the caller polls)."""
@@ -66,7 +67,7 @@ def _tasks(
     return out
 
 
-def _find(session: Session, task_id: str) -> dict[str, Any]:
+def _find(session: SessionFiles, task_id: str) -> dict[str, Any]:
     """The record of task `task_id` (any unique prefix of its id), live or finished."""
     tasks = _tasks(session, include_history=True)
     return tasks[resolve_task_id(tasks, task_id)]
@@ -76,7 +77,7 @@ def full_task_id(layout: Layout, team: str, given: str) -> str:
     """The id of the team's task that `given` is a unique prefix of (itself when none is, or
     there is no session to look in: the leader then says what is wrong); an ambiguous
     prefix is a UsageError listing the candidates."""
-    session = current_session(layout, team)
+    session = current_session_files(layout, team)
     if session is None:
         return given
     try:
@@ -148,7 +149,7 @@ def sh(
     as they are (`shoal sh -- pytest -x tests/`). With --batch, every line of FILE is a
     command line and the ids are printed one per line, in order.
     """
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
 
     env = get_env(click.get_current_context())
     extra: dict[str, str] = {}
@@ -197,15 +198,14 @@ def sh(
         return
     one = {**spec, "command": list(command)}
     _check_size(one)
-    task = call(env.layout, team, "sh", one)
     if not foreground:
+        task = call(env.layout, team, "sh", one)
         if as_json:
             print_json(task)
         else:
             click.echo(task["id"])
         return
-    session = _session(env.layout, team)
-    final = _follow(session, task["id"], stream=True)
+    final = _run_in_foreground(env.layout, team, one)
     code = _exit_code(final)
     if final["status"] != "completed":
         # The task's own exit code (128+N after signal N), as `timeout` and `nohup` pass it on;
@@ -213,6 +213,52 @@ def sh(
         how = f"exit code {code}" if code is not None else final.get("error") or "no exit code"
         click.echo(f"shoal: task {final['id']} {final['status']} ({how})", err=True)
         sys.exit(code if code is not None and 0 < code < 256 else EXIT_FAILED)
+
+
+def _run_in_foreground(layout: Layout, team: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Start the task, stream its output until the leader answers that it has ended (an
+    `await` request on the same reply inbox: no state.json poll, which lags up to 0.2 s), and
+    return its final record."""
+    with Channel(layout, team) as channel:
+        done, task = channel.answer(channel.send("sh", spec), DEFAULT_TIMEOUT_S)
+        if not done:
+            raise ControlError(
+                f"the leader of team {team!r} did not answer within {DEFAULT_TIMEOUT_S:g}s"
+            )
+        end = channel.send("await", {"task_id": task["id"]})
+        path, offset = task["output_file"], 0
+        while True:
+            offset = _copy_output(path, offset)
+            try:
+                done, final = channel.answer(end, POLL_S)
+            except ControlError:
+                if leader_alive(layout, team) is not None:
+                    raise
+                raise ShoalError(
+                    f"the leader of team {team!r} is not running, so task "
+                    f"{task['id']} cannot finish; start it with `shoal up`"
+                ) from None
+            if done:
+                _copy_output(path, offset)
+                return dict(final)
+
+
+def _copy_output(path: str, offset: int) -> int:
+    """Write what task output file `path` holds past `offset` to stdout; the new offset."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return offset
+    out = sys.stdout.buffer
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+        while chunk := os.read(fd, 1 << 16):
+            out.write(chunk)
+            offset += len(chunk)
+    finally:
+        os.close(fd)
+    out.flush()
+    return offset
 
 
 def _waiting(task: dict[str, Any]) -> str:
@@ -277,7 +323,7 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
 
         watch_board(env.layout, env.team())
         return
-    session = current_session(env.layout, env.team())
+    session = current_session_files(env.layout, env.team())
     tasks = _tasks(session, include_history=show_all) if session else {}
     rows = sorted(tasks.values(), key=lambda t: t.get("start_time", 0))
     if as_json:
@@ -302,34 +348,19 @@ def ps(show_all: bool, watch: bool, as_json: bool) -> None:
 
 
 def _follow(
-    session: Session,
+    session: SessionFiles,
     task_id: str,
     *,
     stream: bool,
     on_poll: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    from shoal.orchestrator.liveness import leader_alive
-
-    team: str | None = None
     """Print the task's output (following it while it runs when `stream`); the final record."""
+    team: str | None = None
     task = _find(session, task_id)
     path = task["output_file"]
     offset = 0
-    out = sys.stdout.buffer
     while True:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            fd = -1
-        if fd >= 0:
-            try:
-                os.lseek(fd, offset, os.SEEK_SET)
-                while chunk := os.read(fd, 1 << 16):
-                    out.write(chunk)
-                    offset += len(chunk)
-            finally:
-                os.close(fd)
-            out.flush()
+        offset = _copy_output(path, offset)
         if not stream or is_terminal_task_status(task["status"]):
             return task
         time.sleep(POLL_S)
@@ -384,7 +415,7 @@ def stop(task_id: str, turn: bool, as_json: bool) -> None:
     """Stop running task TASK_ID (TERM to its process group, then KILL; an agent with its
     commands). With --turn, only the agent's turn in progress: it waits for the next message
     (`shoal send TASK_ID ...`)."""
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
 
     env = get_env(click.get_current_context())
     team = env.team()
@@ -410,8 +441,6 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
     Exit code 0 when all completed, 1 when any failed or was killed (however long before the
     call it ended), 124 when --timeout expired first.
     """
-    from shoal.orchestrator.liveness import leader_alive
-
     env = get_env(click.get_current_context())
     team = env.team()
     session = _session(env.layout, team)

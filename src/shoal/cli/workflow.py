@@ -23,7 +23,7 @@ def workflow(spec_path: str, as_json: bool) -> None:
     under the workflow, `shoal stop ID` stops it and its running steps, and its one
     notification at the end has the counts and the path of its JSON report.
     """
-    from shoal.orchestrator.control import call
+    from shoal.orchestrator.client import call
     from shoal.orchestrator.workflow import load_spec
 
     env = get_env(click.get_current_context())

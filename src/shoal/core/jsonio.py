@@ -10,10 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
 
 from shoal.core.errors import (
     CorruptFileError,
@@ -24,7 +23,10 @@ from shoal.core.errors import (
 )
 from shoal.core.paths import FILE_MODE
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 LOCK_TIMEOUT_S = 30.0
 # A taken lock is first tried again a few times over SPIN_FOR_S (sleeps from SPIN_FIRST_S,
@@ -36,8 +38,9 @@ SPIN_FOR_S = 0.005
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:
     """Encode `obj` (pydantic models included) with orjson."""
-    if isinstance(obj, BaseModel):
-        obj = obj.model_dump(mode="json", by_alias=True)
+    dump = getattr(obj, "model_dump", None)  # (a model: pydantic need not be imported here)
+    if dump is not None:
+        obj = dump(mode="json", by_alias=True)
     option = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE if pretty else 0
     return orjson.dumps(obj, option=option)
 
@@ -155,6 +158,8 @@ def read_model(path: Path, model: type[M], what: str = "file") -> M:
         raise NotFoundError(f"{what} not found: {path}") from None
     except OSError as exc:
         raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(orjson.loads(raw))
     except orjson.JSONDecodeError as exc:

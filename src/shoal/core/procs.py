@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
-
-import psutil
 
 # psutil's create_time is a float derived from jiffies; allow for rounding between reads.
 START_TIME_TOLERANCE_S = 0.05
@@ -14,8 +13,42 @@ START_TIME_TOLERANCE_S = 0.05
 KILL_WAIT_S = 2.0
 
 
+@functools.cache
+def _proc_clock() -> tuple[float, float] | None:
+    """(boot time, clock ticks per second) from /proc, as psutil computes start times on
+    Linux; None where there is no /proc (then psutil answers)."""
+    try:
+        with open("/proc/stat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"btime"):
+                    return float(line.split()[1]), float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _proc_stat(pid: int) -> tuple[bytes, float] | None:
+    """(state letter, start time) of `pid` read from /proc/PID/stat, or None when it does not
+    exist. A reader without psutil's import (27 ms of every CLI call that asks whether a leader
+    runs); the start time is psutil's `create_time()` to the bit."""
+    clock = _proc_clock()
+    assert clock is not None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return fields[0], float(fields[19]) / clock[1] + clock[0]
+
+
 def process_start_time(pid: int) -> float | None:
     """The start time (epoch seconds) of process `pid`, or None when it does not exist."""
+    if pid > 0 and _proc_clock() is not None:
+        stat = _proc_stat(pid)
+        return None if stat is None else stat[1]
+    import psutil
+
     try:
         return float(psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
@@ -26,13 +59,21 @@ def is_alive(pid: int | None, started_at: float | None) -> bool:
     """True when `pid` runs and, if `started_at` is known, it is the same process (not reused)."""
     if pid is None or pid <= 0:
         return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
+    if _proc_clock() is not None:
+        stat = _proc_stat(pid)
+        if stat is None or stat[0] == b"Z":
             return False
-        created = proc.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
+        created = stat[1]
+    else:
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            created = proc.create_time()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+            return False
     return started_at is None or abs(created - started_at) <= START_TIME_TOLERANCE_S
 
 

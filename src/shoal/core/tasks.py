@@ -3,136 +3,94 @@
 from __future__ import annotations
 
 import functools
-import re
-import secrets
 import time
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from shoal.core.errors import ShoalError, UsageError
-
-# --------------------------------------------------------------------------- constants
-
-PANEL_GRACE_S: Final = 30.0
-"""How long a finished agent task stays visible (and in the registry) after it ends."""
-KILLED_DISPLAY_S: Final = 3.0
-"""How long a killed non-agent task stays visible after it ends."""
-MAX_TASK_OUTPUT_BYTES: Final = 5 * 1024**3
-# The kill reason of a task stopped because someone asked (`shoal stop`, a leader shutting
-# down): such an end is not news, so it sends no notification.
-STOPPED_ON_REQUEST: Final = "stopped on request"
-"""Default output cap of one task; past it the task is killed and the reason recorded."""
-OUTPUT_READ_CHUNK: Final = 8 * 1024**2
-"""The most output the poll loop reads from one task in one tick."""
-TEAMMATE_MESSAGES_UI_CAP: Final = 50
-"""Messages kept per in-process teammate for display (292 agents once reached 36.8 GB)."""
-RECENT_ACTIVITIES_CAP: Final = 5
-DREAM_TURNS_CAP: Final = 30
-MAIN_SESSION_AGENT_TYPE: Final = "main-session"
-
-JsonDict = dict[str, Any]
-
-# --------------------------------------------------------------------------- types and ids
-
-
-class TaskType(StrEnum):
-    """The kinds of background task; the value is what goes on disk (and what str() gives)."""
-
-    LOCAL_BASH = "local_bash"
-    LOCAL_AGENT = "local_agent"
-    REMOTE_AGENT = "remote_agent"
-    IN_PROCESS_TEAMMATE = "in_process_teammate"
-    LOCAL_WORKFLOW = "local_workflow"
-    MONITOR_MCP = "monitor_mcp"
-    DREAM = "dream"
-
-
-TASK_ID_PREFIXES: Final[dict[TaskType, str]] = {
-    TaskType.LOCAL_BASH: "b",
-    TaskType.LOCAL_AGENT: "a",
-    TaskType.REMOTE_AGENT: "r",
-    TaskType.IN_PROCESS_TEAMMATE: "t",
-    TaskType.LOCAL_WORKFLOW: "w",
-    TaskType.MONITOR_MCP: "m",
-    TaskType.DREAM: "d",
-}
-_TYPE_BY_PREFIX: Final = {prefix: kind for kind, prefix in TASK_ID_PREFIXES.items()}
-TASK_ID_ALPHABET: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
-TASK_ID_RANDOM_LENGTH: Final = 8
-TASK_ID_PATTERN: Final = re.compile(r"^[" + "".join(_TYPE_BY_PREFIX) + r"][0-9a-z]{8}$")
-
-AGENT_TASK_TYPES: Final = frozenset({TaskType.LOCAL_AGENT, TaskType.IN_PROCESS_TEAMMATE})
-
-
-def new_task_id(task_type: TaskType | str) -> str:
-    """A fresh task id: the type's prefix plus 8 random characters of [0-9a-z], e.g. a7k2m9x3f."""
-    prefix = TASK_ID_PREFIXES[TaskType(task_type)]
-    tail = "".join(secrets.choice(TASK_ID_ALPHABET) for _ in range(TASK_ID_RANDOM_LENGTH))
-    return prefix + tail
-
-
-def task_type_of_id(task_id: str) -> TaskType:
-    """The task type encoded in `task_id`'s prefix; a malformed id raises UsageError naming it."""
-    if not TASK_ID_PATTERN.fullmatch(task_id):
-        prefixes = ", ".join(f"{p}={t.value}" for t, p in TASK_ID_PREFIXES.items())
-        raise UsageError(
-            f"malformed task id {task_id!r}: expected a type prefix ({prefixes}) followed by "
-            f"{TASK_ID_RANDOM_LENGTH} characters of [0-9a-z], e.g. 'a7k2m9x3f'"
-        )
-    return _TYPE_BY_PREFIX[task_id[0]]
-
-
-# --------------------------------------------------------------------------- status
-
-
-class TaskStatus(StrEnum):
-    """Where a task is in its life; completed, failed and killed are terminal."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    KILLED = "killed"
-
-
-TRANSITIONS: Final[dict[TaskStatus, frozenset[TaskStatus]]] = {
-    # A task can fail to start, or be killed before it starts.
-    TaskStatus.PENDING: frozenset({TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.KILLED}),
-    TaskStatus.RUNNING: frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.KILLED}),
-    TaskStatus.COMPLETED: frozenset(),
-    TaskStatus.FAILED: frozenset(),
-    TaskStatus.KILLED: frozenset(),
-}
-TERMINAL_STATUSES: Final = frozenset(s for s, nexts in TRANSITIONS.items() if not nexts)
-
-
-def is_terminal_task_status(status: TaskStatus | str) -> bool:
-    """True for completed, failed and killed: states a task never leaves."""
-    return TaskStatus(status) in TERMINAL_STATUSES
-
-
-class IllegalTransition(ShoalError):
-    """A status change TRANSITIONS does not allow (e.g. anything out of a terminal state)."""
-
-    def __init__(self, task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
-        self.task_id = task_id
-        self.from_status = from_status
-        self.to_status = to_status
-        allowed = sorted(s.value for s in TRANSITIONS[from_status])
-        why = f"allowed: {', '.join(allowed)}" if allowed else f"{from_status.value} is terminal"
-        super().__init__(
-            f"task {task_id}: illegal status change {from_status.value} -> {to_status.value} "
-            f"({why})"
-        )
-
-
-def check_transition(task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
-    """Raise IllegalTransition unless `from_status -> to_status` is allowed (or a no-op)."""
-    if from_status != to_status and to_status not in TRANSITIONS[from_status]:
-        raise IllegalTransition(task_id, from_status, to_status)
-
+from shoal.core.errors import ShoalError
+from shoal.core.taskstatus import (
+    _TYPE_BY_PREFIX as _TYPE_BY_PREFIX,
+)
+from shoal.core.taskstatus import (
+    AGENT_TASK_TYPES as AGENT_TASK_TYPES,
+)
+from shoal.core.taskstatus import (
+    DREAM_TURNS_CAP as DREAM_TURNS_CAP,
+)
+from shoal.core.taskstatus import (
+    KILLED_DISPLAY_S as KILLED_DISPLAY_S,
+)
+from shoal.core.taskstatus import (
+    MAIN_SESSION_AGENT_TYPE as MAIN_SESSION_AGENT_TYPE,
+)
+from shoal.core.taskstatus import (
+    MAX_TASK_OUTPUT_BYTES as MAX_TASK_OUTPUT_BYTES,
+)
+from shoal.core.taskstatus import (
+    OUTPUT_READ_CHUNK as OUTPUT_READ_CHUNK,
+)
+from shoal.core.taskstatus import (
+    PANEL_GRACE_S as PANEL_GRACE_S,
+)
+from shoal.core.taskstatus import (
+    RECENT_ACTIVITIES_CAP as RECENT_ACTIVITIES_CAP,
+)
+from shoal.core.taskstatus import (
+    STOPPED_ON_REQUEST as STOPPED_ON_REQUEST,
+)
+from shoal.core.taskstatus import (
+    TASK_ID_ALPHABET as TASK_ID_ALPHABET,
+)
+from shoal.core.taskstatus import (
+    TASK_ID_PATTERN as TASK_ID_PATTERN,
+)
+from shoal.core.taskstatus import (
+    TASK_ID_PREFIXES as TASK_ID_PREFIXES,
+)
+from shoal.core.taskstatus import (
+    TASK_ID_RANDOM_LENGTH as TASK_ID_RANDOM_LENGTH,
+)
+from shoal.core.taskstatus import (
+    TEAMMATE_MESSAGES_UI_CAP as TEAMMATE_MESSAGES_UI_CAP,
+)
+from shoal.core.taskstatus import (
+    TERMINAL_STATUSES as TERMINAL_STATUSES,
+)
+from shoal.core.taskstatus import (
+    TIMED_OUT_REASON as TIMED_OUT_REASON,
+)
+from shoal.core.taskstatus import (
+    TRANSITIONS as TRANSITIONS,
+)
+from shoal.core.taskstatus import (
+    IllegalTransition as IllegalTransition,
+)
+from shoal.core.taskstatus import (
+    JsonDict as JsonDict,
+)
+from shoal.core.taskstatus import (
+    TaskStatus as TaskStatus,
+)
+from shoal.core.taskstatus import (
+    TaskType as TaskType,
+)
+from shoal.core.taskstatus import (
+    check_transition as check_transition,
+)
+from shoal.core.taskstatus import (
+    is_terminal_task_status as is_terminal_task_status,
+)
+from shoal.core.taskstatus import (
+    new_task_id as new_task_id,
+)
+from shoal.core.taskstatus import (
+    retry_due as retry_due,
+)
+from shoal.core.taskstatus import (
+    task_type_of_id as task_type_of_id,
+)
 
 # --------------------------------------------------------------------------- nested records
 
@@ -654,19 +612,3 @@ def should_evict(task: TaskStateBase, now: float) -> bool:
     if task.status == TaskStatus.KILLED:
         return now >= ended + KILLED_DISPLAY_S
     return True
-
-
-TIMED_OUT_REASON: Final = "timed out after "
-"""How the kill reason of a task stopped by its own timeout begins."""
-
-
-def retry_due(
-    status: str, retries: int, pid: int | None, notified: bool, kill_reason: str | None
-) -> bool:
-    """True when a shell task that ended so will get another attempt (it ran, it failed or
-    timed out, retries are left and its end was not yet told): the scheduler's rule, and what
-    `shoal wait` waits through."""
-    if notified or retries <= 0 or pid is None:
-        return False
-    timed_out = status == "killed" and (kill_reason or "").startswith(TIMED_OUT_REASON)
-    return status == "failed" or timed_out

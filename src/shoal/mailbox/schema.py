@@ -9,8 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shoal.core.errors import UsageError
-
-MAX_MESSAGE_BYTES = 1024 * 1024
+from shoal.mailbox.store import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 
 KINDS = (
     "text", "task_assignment", "task_notification", "idle_notification", "progress",

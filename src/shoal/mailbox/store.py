@@ -26,7 +26,9 @@ from shoal.core.errors import (
 from shoal.core.jsonio import append_line, fsync_dir, write_new_file
 from shoal.core.paths import FILE_MODE, check_path, ensure_dir
 from shoal.mailbox import wake
-from shoal.mailbox.schema import MAX_MESSAGE_BYTES
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+"""The cap of one message file (here, not with the schemas: a deliverer needs no models)."""
 
 SUBDIRS = ("tmp", "new", "cur", "bad")
 HANDLED_LOG = "handled.log"

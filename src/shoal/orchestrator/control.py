@@ -5,24 +5,19 @@ message to the lead with `reply_to` naming it, and waits for the `control_reply`
 leader running it fails at once, naming `shoal up`.
 
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
-request is validated into one model per operation (`ping, sh, stop, spawn, down, agent,
+request is validated into one model per operation (`ping, sh, stop, await, spawn, down, agent,
 agent_send, permission`, and the queue's `group_add, group_rm, group_list, parallel, pause,
 resume, restart, clean, send_input`), carried out
 through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
-code is a declared field. `stop` and `spawn` answer later (once the task has ended, once the
-teammates are ready), so the loop never waits for them.
+code is a declared field. `stop`, `await` and `spawn` answer later (once the task has ended,
+once the teammates are ready), so the loop never waits for them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
-import secrets
-import shutil
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -31,95 +26,15 @@ from shoal.core.cmdsize import command_problem, environ_bytes, spec_problem
 from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError, UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import AnyTaskState
-from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import ControlMessage
-from shoal.mailbox.store import Maildir
-from shoal.orchestrator.liveness import leader_alive
+from shoal.orchestrator.client import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from shoal.orchestrator.client import ControlError as ControlError
+from shoal.orchestrator.client import NoLeaderError as NoLeaderError
+from shoal.orchestrator.client import call as call
+from shoal.orchestrator.client import reply_inbox_path as reply_inbox_path
+from shoal.orchestrator.client import require_leader as require_leader
 from shoal.teams.models import LEAD_NAME
-
-REPLY_NAME = re.compile(r"^cli-[0-9a-f]{16}$")
-DEFAULT_TIMEOUT_S = 60.0
-
-
-class NoLeaderError(ShoalError):
-    """No leader runs for the team."""
-
-
-class ControlError(ShoalError):
-    """The leader refused a request, or did not answer."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def reply_inbox_path(layout: Layout, team: str, name: str) -> Path | None:
-    """Where the reply inbox `name` lives, or None for a name that is not a reply inbox."""
-    if not REPLY_NAME.fullmatch(name):
-        return None
-    return layout.team_dir(team) / "replies" / name
-
-
-def require_leader(layout: Layout, team: str) -> tuple[int, float]:
-    """The running leader's (pid, start time), or NoLeaderError naming `shoal up`."""
-    alive = leader_alive(layout, team)
-    if alive is None:
-        raise NoLeaderError(
-            f"no leader is running for team {team!r}; start one with `shoal up --team {team}`"
-        )
-    return alive
-
-
-def call(
-    layout: Layout,
-    team: str,
-    op: str,
-    args: dict[str, Any] | None = None,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-) -> Any:
-    """Ask the leader to carry out `op`; returns its result or raises its error."""
-    pid, started = require_leader(layout, team)
-    name = f"cli-{secrets.token_hex(8)}"
-    path = reply_inbox_path(layout, team, name)
-    assert path is not None
-    maildir = Maildir.create(path, layout.home)
-    request_id = secrets.token_hex(8)
-    try:
-        with Inbox(maildir) as inbox:
-            lead_inbox = layout.inbox_dir(team, LEAD_NAME)
-            deliver_to(
-                lead_inbox,
-                make_message(
-                    sender=LEAD_NAME,
-                    to=LEAD_NAME,
-                    kind="control",
-                    reply_to=name,
-                    data={"request_id": request_id, "op": op, "args": args or {}},
-                ),
-            )
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                delivery = inbox.receive(timeout=0.5)
-                if delivery is None:
-                    if leader_alive(layout, team) != (pid, started):
-                        raise ControlError(f"the leader of team {team!r} stopped before answering")
-                    continue
-                inbox.ack(delivery)
-                data = delivery.message.data
-                if getattr(data, "request_id", None) != request_id:
-                    continue
-                if not getattr(data, "ok", False):
-                    extra = data.model_dump()
-                    raise ControlError(
-                        str(getattr(data, "error", "refused")), int(extra.get("code", 1))
-                    )
-                return getattr(data, "result", None)
-            raise ControlError(f"the leader of team {team!r} did not answer within {timeout:g}s")
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 # -- requests and replies, one model per operation ---------------------------------------------
 
@@ -168,6 +83,14 @@ class StopRequest(_Request):
     op: Literal["stop"] = "stop"
     task_id: str
     turn: bool = False  # only an agent's turn in progress (it waits for the next message)
+
+
+class AwaitRequest(_Request):
+    """Answered once the task has ended (at once when it has), with its final record: how
+    `sh --foreground` learns the end without waiting for the next state.json."""
+
+    op: Literal["await"] = "await"
+    task_id: str
 
 
 class SpawnRequest(_Request):
@@ -326,6 +249,7 @@ ControlRequest = Annotated[
     PingRequest
     | ShRequest
     | StopRequest
+    | AwaitRequest
     | SpawnRequest
     | DownRequest
     | AgentRequest
@@ -344,6 +268,7 @@ OPERATIONS = (
     "ping",
     "sh",
     "stop",
+    "await",
     "spawn",
     "down",
     "agent",
@@ -456,6 +381,10 @@ class ControlTarget(Protocol):
         """Begin stopping a task; `on_done` gets its final state once it ended."""
         ...
 
+    def await_end(self, task_id: str, on_done: Callable[[AnyTaskState], None]) -> None:
+        """`on_done` gets the task's final state once it has ended (at once when it has)."""
+        ...
+
     def stop_turn(self, task_id: str) -> AnyTaskState:
         """Stop an agent's turn in progress; answered at once."""
         ...
@@ -540,7 +469,7 @@ class ControlServer:
         later = False
         try:
             request = parse_request(msg.data.op, msg.data.args)
-            later = isinstance(request, SpawnRequest) or (
+            later = isinstance(request, SpawnRequest | AwaitRequest) or (
                 isinstance(request, StopRequest) and not request.turn
             )
             if later:
@@ -571,6 +500,10 @@ class ControlServer:
             answer(target.stop_turn(request.task_id).model_dump(mode="json"), None)
         elif isinstance(request, StopRequest):
             target.stop(request.task_id, lambda final: answer(final.model_dump(mode="json"), None))
+        elif isinstance(request, AwaitRequest):
+            target.await_end(
+                request.task_id, lambda final: answer(final.model_dump(mode="json"), None)
+            )
         elif isinstance(request, SpawnRequest):
 
             def spawned(result: Any, error: BaseException | None) -> None:

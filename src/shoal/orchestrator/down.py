@@ -17,7 +17,7 @@ from shoal.core.tasks import (
     TaskStatus,
     transition,
 )
-from shoal.orchestrator.control import call
+from shoal.orchestrator.client import call
 from shoal.orchestrator.liveness import leader_alive
 from shoal.orchestrator.session import Session, current_session
 from shoal.teams.models import TeamFile

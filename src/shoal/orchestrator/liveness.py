@@ -7,22 +7,12 @@ import contextlib
 import os
 import resource
 
-from shoal.core.errors import ConflictError, CorruptFileError, NotFoundError, ShoalError
+from shoal.core.errors import ConflictError, CorruptFileError, ShoalError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
+from shoal.orchestrator.client import leader_alive as leader_alive
 from shoal.teams.models import LEAD_NAME, TeamFile
 from shoal.teams.store import Teams
-
-
-def leader_alive(layout: Layout, team: str) -> tuple[int, float] | None:
-    """(pid, start time) of the team's running leader, or None."""
-    try:
-        lead = Teams(layout).read(team).member(LEAD_NAME)
-    except NotFoundError:
-        return None
-    if lead is None or lead.pid is None or not is_alive(lead.pid, lead.pid_started_at):
-        return None
-    return lead.pid, lead.pid_started_at or 0.0
 
 
 def leader_ready(layout: Layout, team: str) -> int | None:

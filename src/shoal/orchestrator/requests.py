@@ -512,6 +512,30 @@ class LeaderRequests(LeaderStore, ABC):
         self._answer_waiters()
         return self.registry.get(task_id) or task
 
+    def _answer_waiters(self) -> None:
+        """Hand each ended task's final record to whoever waits for it (a `stop` or `await`
+        reply), state.json written first: who hears of the end and then reads the session
+        (`shoal ps` after `shoal stop`) finds it there."""
+        ended = [i for i in self._waiters if (t := self.registry.get(i)) is None or t.is_terminal]
+        if ended:
+            self.persist(force=True)
+        for task_id in ended:
+            final = self.registry.get(task_id)
+            waiters = self._waiters.pop(task_id)
+            if final is None:  # (evicted: its final record is in the history)
+                raw = self.session.history().get(task_id)
+                final = parse_task_state(raw) if raw is not None else None
+            if final is not None:
+                for waiter in waiters:
+                    waiter(final)
+
+    def await_end(self, task_id: str, on_done: Callable[[AnyTaskState], None]) -> None:
+        """`on_done` gets the task's final state once it has ended (at once when it has)."""
+        if self.registry.get(task_id) is None and task_id not in self.session.history():
+            raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
+        self._waiters.setdefault(task_id, []).append(on_done)
+        self._answer_waiters()
+
     def stop_task(
         self, task_id: str, reason: str = STOPPED_ON_REQUEST, *, timeout: float = 60.0
     ) -> AnyTaskState:

@@ -42,6 +42,8 @@ from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.notify import summary_for
 from shoal.core.paths import FILE_MODE, Layout
 from shoal.core.tasks import AnyTaskState, LocalShellTaskState, TaskState, TaskStatus, TaskType
+from shoal.orchestrator.session_files import HistoryReader as HistoryReader
+from shoal.orchestrator.session_files import SessionFiles, _read_jsonl, current_session_files
 from shoal.workers.kinds import TaskKind, TaskStore
 
 
@@ -80,36 +82,16 @@ class SessionState(BaseModel):
     """Task groups by name (`shoal group`): their parallelism and whether they are paused."""
 
 
-class Session:
-    """Paths and files of one session directory."""
+class Session(SessionFiles):
+    """Paths and files of one session directory: its reads (SessionFiles), the validated
+    state, and the writers."""
 
     def __init__(self, layout: Layout, session_id: str) -> None:
-        self.layout = layout
-        self.id = session_id
-        self.dir = layout.session_dir(session_id)
+        super().__init__(layout, session_id)
         self._fds: dict[Path, int] = {}
         # Events a full disk held back (in order), and the error that held them.
         self._unwritten: deque[dict[str, Any]] = deque()
         self.write_error: NoSpaceError | None = None
-
-    @property
-    def state_file(self) -> Path:
-        return self.dir / "state.json"
-
-    @property
-    def events_file(self) -> Path:
-        return self.dir / "events.jsonl"
-
-    @property
-    def history_file(self) -> Path:
-        return self.dir / "history.jsonl"
-
-    @property
-    def tasks_dir(self) -> Path:
-        return self.dir / "tasks"
-
-    def output_file(self, task_id: str) -> Path:
-        return self.tasks_dir / f"{task_id}.output"
 
     def team_name(self) -> str:
         """The team this session belongs to (from its state)."""
@@ -134,23 +116,6 @@ class Session:
         except (orjson.JSONDecodeError, ValidationError) as exc:
             reason = str(exc).splitlines()[0]
             raise CorruptFileError(self.state_file, f"invalid session state: {reason}") from None
-
-    def read_tasks_raw(self) -> dict[str, dict[str, Any]]:
-        """The tasks of state.json as the plain dicts the leader wrote, unvalidated: for
-        readers that poll (`ps`, `wait`, `logs -f`) and only show them. {} when absent."""
-        try:
-            raw = read_bytes_nofollow(self.state_file)
-        except FileNotFoundError:
-            return {}
-        try:
-            tasks = orjson.loads(raw).get("tasks")
-        except (orjson.JSONDecodeError, AttributeError):
-            tasks = None
-        if not isinstance(tasks, dict) or not all(
-            isinstance(t, dict) and "status" in t for t in tasks.values()
-        ):
-            raise CorruptFileError(self.state_file, "invalid session state: no task table")
-        return tasks
 
     def write_state(self, state: SessionState) -> None:
         """Replace state.json atomically."""
@@ -233,10 +198,6 @@ class Session:
                 os.close(fd)
         atomic_write(self.history_file, b"")
 
-    def events(self) -> Iterator[dict[str, Any]]:
-        """Every event record so far (a torn last line, from a crash mid-write, is skipped)."""
-        yield from _read_jsonl(self.events_file)
-
     def typed_events(self, *kinds: type[SystemEvent]) -> Iterator[Event]:
         """Every event so far that this build knows, as its model; with `kinds`, only events
         of those kinds (lines naming none of their subtypes are not even decoded: a resume
@@ -247,65 +208,12 @@ class Session:
             if event is not None and (not kinds or isinstance(event, kinds)):
                 yield event
 
-    def history(self) -> dict[str, dict[str, Any]]:
-        """Final records of evicted tasks by id (a poller keeps a HistoryReader instead)."""
-        return HistoryReader(self).read()
-
-
-class HistoryReader:
-    """A session's history read incrementally: each `read()` parses only what was appended
-    since the last one (a poller of a long session would otherwise re-read it all)."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.records: dict[str, dict[str, Any]] = {}
-        self._offset = 0
-
-    def read(self) -> dict[str, dict[str, Any]]:
-        """Final records of evicted tasks by id, up to the last complete line."""
-        try:
-            fd = os.open(self.session.history_file, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return self.records
-        with os.fdopen(fd, "rb") as fh:
-            fh.seek(self._offset)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-        for line in data[:end].splitlines():
-            with contextlib.suppress(orjson.JSONDecodeError):
-                record = orjson.loads(line)
-                if isinstance(record, dict) and "id" in record:
-                    self.records[record["id"]] = record
-        self._offset += end
-        return self.records
-
-
-def _read_jsonl(path: Path, marks: Iterable[bytes] = ()) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (with `marks`, only lines holding one of them)."""
-    wanted = list(marks)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return
-    with os.fdopen(fd, "rb") as fh:
-        for line in fh:
-            if wanted and not any(m in line for m in wanted):
-                continue
-            with contextlib.suppress(orjson.JSONDecodeError):
-                record = orjson.loads(line)
-                if isinstance(record, dict):
-                    yield record
-
 
 def current_session(layout: Layout, team: str) -> Session | None:
     """The team's latest session (the team file's lead_session_id), if it has one on disk."""
-    from shoal.teams.store import Teams
 
-    tf = Teams(layout).read(team)
-    if not tf.lead_session_id:
-        return None
-    session = Session(layout, tf.lead_session_id)
-    return session if layout.checked(session.dir).is_dir() else None
+    files = current_session_files(layout, team)
+    return None if files is None else Session(layout, files.id)
 
 
 def new_session_id() -> str:

@@ -19,7 +19,7 @@ from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.events import Event, Note
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, parse_task_state, should_evict
+from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, should_evict
 from shoal.mailbox.router import notify_owner
 from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import HistoryReader, Session, Snapshot, new_session_id
@@ -136,20 +136,6 @@ class LeaderStore:
         if changed:
             self.snapshot.dirty = True
         return changed
-
-    def _answer_waiters(self) -> None:
-        """Hand each ended task's final record to whoever waits for it (a `stop` reply)."""
-        for task_id in [
-            i for i in self._waiters if (t := self.registry.get(i)) is None or t.is_terminal
-        ]:
-            final = self.registry.get(task_id)
-            waiters = self._waiters.pop(task_id)
-            if final is None:  # (evicted: its final record is in the history)
-                raw = self.session.history().get(task_id)
-                final = parse_task_state(raw) if raw is not None else None
-            if final is not None:
-                for waiter in waiters:
-                    waiter(final)
 
     def set_task(self, task_id: str, **changes: Any) -> bool:
         """Change fields of a task (same values: no change, no write)."""

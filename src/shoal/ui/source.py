@@ -480,7 +480,7 @@ class FileSource:
 
     def stop_task(self, task_id: str) -> JsonDict:
         """Ask the leader to stop `task_id`; its final record."""
-        from shoal.orchestrator.control import call
+        from shoal.orchestrator.client import call
 
         result = call(self.layout, self.team, "stop", {"task_id": task_id})
         return result if isinstance(result, dict) else {"id": task_id}
