@@ -1,7 +1,7 @@
 """The one place watchdog is used: a per-process observer that wakes inbox readers.
 
 inotify drops events when its queue overflows and watchdog does not tell the handler, so every
-registered inbox is also woken by a reconcile tick (every few seconds) and right after a queue
+registered inbox is also woken by a reconcile tick (every 30 seconds) and right after a queue
 overflow (seen through watchdog's own log record). When no inotify instance can be had (Linux
 allows 128 per user by default) or `SHOAL_WATCHER=poll` is set (network filesystems), a
 polling mode is used instead and `mode`/`reason` say so; watching never fails to start. In
@@ -34,7 +34,7 @@ from shoal.mailbox.wake import Listener
 logging.getLogger("watchdog").addHandler(logging.NullHandler())
 logging.getLogger("watchdog").propagate = False
 
-RECONCILE_INTERVAL_S = 10.0
+RECONCILE_INTERVAL_S = 30.0
 OBSERVER_TIMEOUT_S = 10.0
 # Polling (no inotify instance to be had): a delivery wakes the inbox's reader through its
 # wake socket (mailbox/wake.py) at once; besides, each inbox's `new/` and each watched

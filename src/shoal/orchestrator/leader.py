@@ -360,10 +360,13 @@ class Leader(LeaderRequests):
         self.scheduler.start_pending()
 
     def persist(self, *, force: bool = False) -> None:
-        """Write state.json if anything changed (at most every PERSIST_INTERVAL_S unless forced);
-        see `Snapshot` for why the throttle is safe. First, what a full disk held back."""
+        """Write state.json if anything changed (at most every PERSIST_INTERVAL_S unless forced,
+        or once every task has ended: then nothing is gained by waiting, and `shoal wait`
+        sees the last end at once); see `Snapshot` for why the throttle is safe. First, what a
+        full disk held back."""
         self.write_held_back()
-        if not force and not self.snapshot.due(PERSIST_INTERVAL_S):
+        settled = self.snapshot.dirty and self.registry.live == 0
+        if not force and not settled and not self.snapshot.due(PERSIST_INTERVAL_S):
             return
         me, started = self._identity
         leader = (

@@ -101,6 +101,11 @@ class TaskRegistry:
                 del self._terminal[task.id]
             return gone
 
+    @property
+    def live(self) -> int:
+        """How many tasks here have not ended."""
+        return len(self._tasks) - len(self._terminal)
+
     def terminal_tasks(self) -> list[AnyTaskState]:
         """A snapshot of the terminal tasks still in the registry."""
         with self._lock:
