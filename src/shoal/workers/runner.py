@@ -124,6 +124,9 @@ class RunnerConfig:
     plan_mode: bool = False
     backend: str = "process"
     pane_id: str | None = None
+    member_pid: int | None = None
+    """The pid the team file names for this member, when not this process: the pane's stub of
+    a worker forked onto a tmux pane's terminal (teams/backends/pane_stub.py)."""
     joined: bool = False  # the spawner already joined it (in-process batches)
     claim_tasks: bool = True
     agent_type: str = "scripted"
@@ -224,7 +227,7 @@ class TeammateRunner:
             self.teams.join(
                 self.team,
                 self.name,
-                pid=os.getpid(),
+                pid=cfg.member_pid or os.getpid(),
                 agent_type=cfg.agent_type,
                 backend=cfg.backend,
                 pane_id=cfg.pane_id,

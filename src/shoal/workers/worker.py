@@ -15,6 +15,7 @@ from pathlib import Path
 from shoal.core.config import Limits
 from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
+from shoal.core.procs import is_alive
 from shoal.workers.brains import Brain, make_brain
 from shoal.workers.console import Console
 from shoal.workers.runner import RunnerConfig, TeammateRunner
@@ -103,6 +104,7 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         plan_mode=opts.plan_mode,
         backend=opts.backend,
         pane_id=os.environ.get("TMUX_PANE") if opts.backend == "tmux" else None,
+        member_pid=_pane_stub_pid() if opts.backend == "tmux" else None,
         agent_type=opts.agent,
         joined=opts.joined,
         output_cap=opts.output_cap if opts.output_cap is not None else Limits().output_cap,
@@ -111,6 +113,17 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         console=Console.off() if opts.backend == "in-process" else Console.for_stdout(),
     )
     return TeammateRunner(layout, config)
+
+
+def _pane_stub_pid() -> int | None:
+    """The pid of the pane stub this worker was forked for (`SHOAL_PANE_PID`, taken out of
+    the environment so that its commands do not inherit it), when it still runs."""
+    raw = os.environ.pop("SHOAL_PANE_PID", None)
+    try:
+        pid = int(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return pid if pid is not None and is_alive(pid, None) else None
 
 
 def run_worker(layout: Layout, opts: WorkerOptions) -> int:

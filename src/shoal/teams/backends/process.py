@@ -50,7 +50,7 @@ def fork_client() -> forkserver.ForkClient | None:
         return _client if _client.broken is None else None
 
 
-def _say_broken(why: str) -> None:
+def say_broken(why: str) -> None:
     """Say once, on stderr (the leader's log), that teammates no longer start as forks."""
     global _said_broken
     if not _said_broken:
@@ -82,7 +82,7 @@ class ProcessBackend:
                     log=str(spec.log_file) if spec.log_file is not None else None,
                 )
             except forkserver.ForkServerError as exc:
-                _say_broken(str(exc))  # (this teammate starts the usual way)
+                say_broken(str(exc))  # (this teammate starts the usual way)
             except OSError as exc:
                 raise ShoalError(f"cannot start teammate {spec.name!r}: {exc}") from None
             else:

@@ -25,17 +25,19 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, NoReturn
+from typing import ClassVar, Final, NoReturn
 
 from libtmux import exc as tmux_exc
 from libtmux.server import Server
 
+from shoal.core import forkserver
 from shoal.core.errors import NotFoundError, ShoalError, UsageError
 from shoal.core.jsonio import LockTimeoutError, lock_for
 from shoal.core.names import validate_name
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive, process_start_time, terminate
 from shoal.teams.backends.base import BackendUnavailable, Handle, SpawnSpec
+from shoal.teams.backends.process import fork_client, say_broken
 
 STOP_GRACE_S = 5.0
 SERVER_EXIT_WAIT_S = 5.0
@@ -48,6 +50,8 @@ DETACHED_SIZE = ("200", "60")
 # Our variables a worker needs to behave as it would under the process backend (the pane
 # otherwise gets the tmux server's environment). Not all of ours: tmux refuses a command line
 # over 16 KiB, and a user's environment can be that large.
+PANE_STUB: Final = Path(__file__).with_name("pane_stub.py")
+"""The script a pane runs to get its worker forked onto its terminal."""
 _FORWARDED = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL", "LC_CTYPE")
 # stderr of a tmux client whose server is not (or no longer) running, or is just exiting
 # because its last session went ("no current target" from list-panes -a).
@@ -273,6 +277,21 @@ def _pane_command(argv: list[str], env: Mapping[str, str]) -> list[str]:
     return [program, *argv[1:]]
 
 
+def _forked_command(argv: list[str]) -> list[str] | None:
+    """The pane command that has the fork server fork `argv` (a `python -m shoal worker`
+    line) onto the pane's terminal: the pane stub, started without site-packages. None when
+    the fork server is off or broken (the pane then starts `argv` itself)."""
+    client = fork_client() if forkserver.forkable(argv) else None
+    if client is None:
+        return None
+    try:
+        address = client.ensure_started()
+    except forkserver.ForkServerError as exc:
+        say_broken(str(exc))
+        return None
+    return [sys.executable, "-S", "-I", str(PANE_STUB), address, *argv]
+
+
 class TmuxBackend:
     """Panes in dedicated tmux windows; liveness from `#{pane_dead}`."""
 
@@ -375,7 +394,7 @@ class TmuxBackend:
                 "tmux does not know (use a name like 'red', 'colour33' or '#rrggbb')"
             )
         env = _forwarded_env(spec.env)
-        command = _pane_command(spec.argv, env)
+        command = _forked_command(spec.argv) or _pane_command(spec.argv, env)
         server = self._user_server() if self.inside_tmux() else self._dedicated(spec.team)
         with self._creation_lock(spec.home, spec.team):
             pane = self._create_pane(server, spec, env, command)
