@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,11 @@ def panes(sock: str) -> dict[str, dict[str, str]]:
         status, member = [*rest, "", ""][:2]
         out[pane_id] = {"pid": pid, "dead": dead, "status": status, "member": member}
     return out
+
+
+def on_screen(sock: str, pane_id: str, text: str) -> bool:
+    """Whether `text` is on the pane's screen or in its history."""
+    return text in tmux(sock, "capture-pane", "-p", "-S", "-", "-t", pane_id)
 
 
 def member(home: Path, name: str) -> dict[str, object]:
@@ -93,16 +99,13 @@ def test_a_tmux_teammate_runs_forked_on_its_panes_terminal(
         assert str(PANE_STUB) in comm_of(stub)  # the pane runs the stub...
         record = member(home, name)
         assert record["pid"] == stub and record["pane_id"] == pane_id  # ...which is the member
-        worker = wait_until(lambda n=name: worker_pid(home, n), what=f"{name}'s status file")
+        worker = wait_until(partial(worker_pid, home, name), what=f"{name}'s status file")
         assert worker != stub and is_alive(worker, None)
         assert "fork server" in comm_of(parent_of(worker))  # forked, not a new interpreter
         assert f"worker --team {TEAM} --name {name}" in comm_of(worker)  # (its own ps line)
         # The worker writes to the pane: its console line is on the pane's screen.
         wait_until(
-            lambda p=pane_id, n=name: (
-                f"ready    {n} of team {TEAM}"
-                in tmux(tmux_socket, "capture-pane", "-p", "-S", "-", "-t", p)
-            ),
+            partial(on_screen, tmux_socket, pane_id, f"ready    {name} of team {TEAM}"),
             what=f"{name}'s console on its pane",
         )
     sent = cli("send", "--team", TEAM, "ana", "hello")
