@@ -12,8 +12,8 @@ team file (the worker joins with `SHOAL_PANE_PID`), and it ends with the worker'
 Signals it gets (Ctrl-C in the pane, tmux's HUP, `shoal`'s TERM) go on to the worker's process
 group, and if this process is killed outright its connection closes and the server hangs up
 the worker. When the server is gone (the leader exited) the worker goes on, and this process
-waits for it on a pidfd. When the server cannot be reached at all, the worker is exec'd here
-as before (a new interpreter), so a pane always gets its teammate.
+waits for it on a pidfd. When the server cannot be reached at all, the worker runs as this
+process's child, a new interpreter as before, so a pane always gets its teammate.
 
 Stdlib only, and no import of shoal: this file is run by path, not as part of the package.
 """
@@ -25,6 +25,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 
 # Signals passed on to the worker's process group.
@@ -40,11 +41,48 @@ FORWARDED = (
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _direct(argv: list[str], why: str) -> None:
-    """Run the worker here, as a new interpreter (the pane keeps its teammate)."""
+def _forward_to(pid: int) -> None:
+    """Pass the signals a pane's process gets on to process group `pid` (a worker in a
+    session of its own)."""
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+
+
+def _hang_up_with_me() -> None:
+    """In the fallback's child: HUP when this stub dies (as the server would send it)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGHUP)
+
+
+def _direct(argv: list[str], why: str) -> int:
+    """Run the worker as a child of this stub, a new interpreter (the pane keeps its
+    teammate), in a session of its own as a forked one is; its exit code."""
     print(f"shoal: {why}; starting the teammate as a new interpreter", file=sys.stderr)
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    env = dict(os.environ)
+    env["SHOAL_PANE_PID"] = str(os.getpid())
+    try:
+        child = subprocess.Popen(
+            argv, env=env, start_new_session=True, preexec_fn=_hang_up_with_me
+        )
+    except OSError as exc:
+        print(f"shoal: cannot start {argv[0]}: {exc}", file=sys.stderr)
+        return 127
+    _forward_to(child.pid)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    return code if code >= 0 else 128 - code
 
 
 def _request(sock: socket.socket, argv: list[str]) -> dict[str, object]:
@@ -96,20 +134,12 @@ def main(argv: list[str]) -> int:
         reply = _request(sock, command)
     except (OSError, ValueError) as exc:
         sock.close()
-        _direct(command, f"no fork server ({exc})")
-        return 1  # (not reached)
+        return _direct(command, f"no fork server ({exc})")
     pid = reply.get("pid")
     if not isinstance(pid, int):
         sock.close()
-        _direct(command, f"the fork server refused: {reply.get('error')}")
-        return 1  # (not reached)
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signum)
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+        return _direct(command, f"the fork server refused: {reply.get('error')}")
+    _forward_to(pid)
     sock.settimeout(None)
     buf = b""
     while True:
