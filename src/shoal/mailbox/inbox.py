@@ -30,6 +30,10 @@ RETRY_BACKOFF_S = 0.05
 # Compact the handled log once it holds this many ids (only ids still in cur/ are kept).
 COMPACT_AFTER = 10_000
 JANITOR_INTERVAL_S = 60.0
+# While claimed messages are still cached, a wake-up lists new/ again only once this many times
+# the last listing's duration has passed: each arrival wakes the reader, and listing a backlog
+# of thousands for every message would cost more than handling them (see Inbox.receive).
+RELIST_AFTER_X = 8.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Inbox:
         self._cache: dict[str, tuple[int, AnyMessage]] = {}
         self._heap: list[tuple[int, str]] = []
         self._scanned = False
+        self._owed = False  # woken since the last look into new/
+        self._relist_at = 0.0  # (monotonic) a look owed is due from then on
         self._handled: set[str] | None = None
         self._handled_count = 0
         self._recovered: list[Delivery] | None = None
@@ -138,10 +144,16 @@ class Inbox:
     def _scan(self) -> None:
         """Decode what is new in new/ (decoded messages are cached), quarantining what cannot
         be decoded. Names that left new/ leave the cache; heap entries of them are skipped."""
+        started = time.monotonic()
         names = self.maildir.pending()
-        live = set(names)
-        for gone in [n for n in self._cache if n not in live]:
-            del self._cache[gone]
+        if self._cache:
+            live = set(names)
+            for gone in [n for n in self._cache if n not in live]:
+                del self._cache[gone]
+        now = time.monotonic()
+        self._relist_at = now + RELIST_AFTER_X * (now - started)
+        self._scanned = True
+        self._owed = False
         for name in names:
             if name in self._cache or name.startswith("."):
                 continue
@@ -218,12 +230,22 @@ class Inbox:
                 for i, delivery in enumerate(recovered):
                     if where is None or where(delivery.message):
                         return recovered.pop(i)
-                # Look at new/ only when woken (or on first use): a backlog drains without
-                # listing the directory for every message.
-                if woke or not self._scanned or not self._cache:
+                # Look at new/ when woken (or on first use, or with nothing cached). With a
+                # backlog cached, a wake-up's look waits until RELIST_AFTER_X times the last
+                # listing has passed: a backlog drains without listing the directory for every
+                # message, and a message that came meanwhile (a shutdown_request, say) is seen
+                # in its priority place after a bounded delay.
+                self._owed = self._owed or woke
+                if (
+                    not self._scanned
+                    or not self._cache
+                    or (self._owed and time.monotonic() >= self._relist_at)
+                ):
                     self._scan()
-                    self._scanned = True
                 got = self._claim_next(where)
+                if got is None and self._owed:  # (what `where` wants may be in the look owed)
+                    self._scan()
+                    got = self._claim_next(where)
                 if got is not None:
                     return got
                 self._maybe_janitor()
