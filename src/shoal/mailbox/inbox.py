@@ -34,6 +34,11 @@ JANITOR_INTERVAL_S = 60.0
 # the last listing's duration has passed: each arrival wakes the reader, and listing a backlog
 # of thousands for every message would cost more than handling them (see Inbox.receive).
 RELIST_AFTER_X = 8.0
+# With nothing cached and no wake-up since the last look, a receive that may wait lists new/
+# again only once this long has passed since that look (a reader keeping up with its sender
+# would otherwise list an empty new/ after every message; an arrival wakes it, and the
+# reconcile tick covers the rest).
+IDLE_RELOOK_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class Inbox:
         self._scanned = False
         self._owed = False  # woken since the last look into new/
         self._relist_at = 0.0  # (monotonic) a look owed is due from then on
+        self._looked_at = 0.0  # (monotonic) the end of the last look
         self._handled: set[str] | None = None
         self._handled_count = 0
         self._recovered: list[Delivery] | None = None
@@ -152,6 +158,7 @@ class Inbox:
                 del self._cache[gone]
         now = time.monotonic()
         self._relist_at = now + RELIST_AFTER_X * (now - started)
+        self._looked_at = now
         self._scanned = True
         self._owed = False
         for name in names:
@@ -230,17 +237,23 @@ class Inbox:
                 for i, delivery in enumerate(recovered):
                     if where is None or where(delivery.message):
                         return recovered.pop(i)
-                # Look at new/ when woken (or on first use, or with nothing cached). With a
-                # backlog cached, a wake-up's look waits until RELIST_AFTER_X times the last
-                # listing has passed: a backlog drains without listing the directory for every
-                # message, and a message that came meanwhile (a shutdown_request, say) is seen
-                # in its priority place after a bounded delay.
+                # Look at new/ when woken (or on first use, or with nothing cached for a
+                # while). With a backlog cached, a wake-up's look waits until RELIST_AFTER_X
+                # times the last listing has passed: a backlog drains without listing the
+                # directory for every message, and a message that came meanwhile (a
+                # shutdown_request, say) is seen in its priority place after a bounded delay.
                 self._owed = self._owed or woke
-                if (
-                    not self._scanned
-                    or not self._cache
-                    or (self._owed and time.monotonic() >= self._relist_at)
-                ):
+                if not self._scanned:
+                    self._scan()
+                elif not self._cache:
+                    now = time.monotonic()
+                    if (
+                        self._owed
+                        or (deadline is not None and now >= deadline)  # (it will not wait)
+                        or now - self._looked_at >= IDLE_RELOOK_S
+                    ):
+                        self._scan()
+                elif self._owed and time.monotonic() >= self._relist_at:
                     self._scan()
                 got = self._claim_next(where)
                 if got is None and self._owed:  # (what `where` wants may be in the look owed)
