@@ -120,16 +120,21 @@ def append_line(fd: int, line: bytes, path: str | os.PathLike[str]) -> None:
     written is cut off again (when no other writer appended meanwhile), so the log never holds
     a torn line that the next record would be glued to.
     """
-    start = os.fstat(fd).st_size
     written = 0
+    start = -1  # where this line begins, once a short write makes it matter
     try:
-        view = memoryview(line)
+        written = os.write(fd, line)
+        if written == len(line):  # (the usual case: one write, no fstat or lseek)
+            return
+        # O_APPEND left the offset just past the part written, so the line starts before it.
+        start = os.lseek(fd, 0, os.SEEK_CUR) - written
+        view = memoryview(line)[written:]
         while view:
             n = os.write(fd, view)
             written += n
             view = view[n:]
     except OSError as exc:
-        if written:
+        if written and start >= 0:
             with contextlib.suppress(OSError):
                 if os.fstat(fd).st_size == start + written:
                     os.ftruncate(fd, start)

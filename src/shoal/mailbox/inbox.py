@@ -32,6 +32,15 @@ COMPACT_AFTER = 10_000
 SUBSCRIPTION_WAIT_S = 60.0
 """The longest a Subscription's reader sleeps before looking again (interrupt ends it)."""
 JANITOR_INTERVAL_S = 60.0
+# While claimed messages are still cached, a wake-up lists new/ again only once this many times
+# the last listing's duration has passed: each arrival wakes the reader, and listing a backlog
+# of thousands for every message would cost more than handling them (see Inbox.receive).
+RELIST_AFTER_X = 8.0
+# With nothing cached and no wake-up since the last look, a receive that may wait lists new/
+# again only once this long has passed since that look (a reader keeping up with its sender
+# would otherwise list an empty new/ after every message; an arrival wakes it, and the
+# reconcile tick covers the rest).
+IDLE_RELOOK_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,9 @@ class Inbox:
         self._cache: dict[str, tuple[int, AnyMessage]] = {}
         self._heap: list[tuple[int, str]] = []
         self._scanned = False
+        self._owed = False  # woken since the last look into new/
+        self._relist_at = 0.0  # (monotonic) a look owed is due from then on
+        self._looked_at = 0.0  # (monotonic) the end of the last look
         self._handled: set[str] | None = None
         self._handled_count = 0
         self._recovered: list[Delivery] | None = None
@@ -140,10 +152,17 @@ class Inbox:
     def _scan(self) -> None:
         """Decode what is new in new/ (decoded messages are cached), quarantining what cannot
         be decoded. Names that left new/ leave the cache; heap entries of them are skipped."""
+        started = time.monotonic()
         names = self.maildir.pending()
-        live = set(names)
-        for gone in [n for n in self._cache if n not in live]:
-            del self._cache[gone]
+        if self._cache:
+            live = set(names)
+            for gone in [n for n in self._cache if n not in live]:
+                del self._cache[gone]
+        now = time.monotonic()
+        self._relist_at = now + RELIST_AFTER_X * (now - started)
+        self._looked_at = now
+        self._scanned = True
+        self._owed = False
         for name in names:
             if name in self._cache or name.startswith("."):
                 continue
@@ -220,12 +239,28 @@ class Inbox:
                 for i, delivery in enumerate(recovered):
                     if where is None or where(delivery.message):
                         return recovered.pop(i)
-                # Look at new/ only when woken (or on first use): a backlog drains without
-                # listing the directory for every message.
-                if woke or not self._scanned or not self._cache:
+                # Look at new/ when woken (or on first use, or with nothing cached for a
+                # while). With a backlog cached, a wake-up's look waits until RELIST_AFTER_X
+                # times the last listing has passed: a backlog drains without listing the
+                # directory for every message, and a message that came meanwhile (a
+                # shutdown_request, say) is seen in its priority place after a bounded delay.
+                self._owed = self._owed or woke
+                if not self._scanned:
                     self._scan()
-                    self._scanned = True
+                elif not self._cache:
+                    now = time.monotonic()
+                    if (
+                        self._owed
+                        or (deadline is not None and now >= deadline)  # (it will not wait)
+                        or now - self._looked_at >= IDLE_RELOOK_S
+                    ):
+                        self._scan()
+                elif self._owed and time.monotonic() >= self._relist_at:
+                    self._scan()
                 got = self._claim_next(where)
+                if got is None and self._owed:  # (what `where` wants may be in the look owed)
+                    self._scan()
+                    got = self._claim_next(where)
                 if got is not None:
                     return got
                 self._maybe_janitor()

@@ -79,6 +79,7 @@ class Maildir:
         self._new_s = os.fspath(self.new)
         self._cur_s = os.fspath(self.cur)
         self._wake: bytes | None = None  # (its wake address, found at the first delivery)
+        self._handled_s = os.fspath(path / HANDLED_LOG)
 
     @classmethod
     def create(cls, path: Path, home: Path) -> Maildir:
@@ -174,11 +175,18 @@ class Maildir:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafePathError(f"{self.path / sub / name} is not a regular file")
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
+            # Files in new/ and cur/ are whole (linked in once written): one read of the size
+            # fstat gave (+1, to see EOF) is the whole file. A file that grew meanwhile (another
+            # tool writing in place) is read on to EOF, up to just over the cap.
+            want = min(st.st_size, MAX_MESSAGE_BYTES) + 1
+            first = os.read(fd, want)
+            if len(first) < want:
+                return first
+            chunks = [first]
+            size = len(first)
+            while size <= MAX_MESSAGE_BYTES and (chunk := os.read(fd, 1 << 20)):
                 chunks.append(chunk)
-                if sum(map(len, chunks)) > MAX_MESSAGE_BYTES:
-                    break
+                size += len(chunk)
             return b"".join(chunks)
         finally:
             os.close(fd)
@@ -247,11 +255,11 @@ class Maildir:
         NoSpaceError, and the log is as it was (the message stays in `cur/`, not acked)."""
         if self._handled_fd is None:
             self._handled_fd = os.open(
-                self.handled_log,
+                self._handled_s,
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
                 FILE_MODE,
             )
-        append_line(self._handled_fd, message_id.encode() + b"\n", self.handled_log)
+        append_line(self._handled_fd, message_id.encode() + b"\n", self._handled_s)
         if durable:
             os.fsync(self._handled_fd)
 
