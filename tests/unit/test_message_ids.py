@@ -8,7 +8,7 @@ import time
 import pytest
 from ulid import ULID
 
-from shoal.mailbox import router
+from shoal.core import ids
 from shoal.mailbox.router import new_message_id
 
 
@@ -24,7 +24,7 @@ def test_the_random_part_running_over_moves_to_the_next_millisecond(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ms = time.time_ns() // 1_000_000 + 10_000
-    monkeypatch.setattr(router, "_last_id", (ms, router._RANDOM_MAX, ""))
+    monkeypatch.setattr(ids, "_last_id", (ms, ids._RANDOM_MAX, ""))
     nxt = ULID.from_str(new_message_id())
     assert int(nxt.timestamp * 1000) == ms + 1
     assert nxt.bytes[6:] == bytes(10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable
 
@@ -25,12 +26,42 @@ def resolve_task_id(known: Iterable[str], given: str, *, what: str = "task") -> 
     return matches[0]
 
 
+# ULIDs made here rather than by python-ulid's generator, whose import alone is 50 ms (most of
+# it importlib.metadata: paid by every CLI request) and whose ids cost a message more than its
+# validation does: 48 bits of milliseconds and 80 random bits, the random part counting up
+# within a millisecond (monotonic, as python-ulid's default generator makes them), written in
+# Crockford base32 two digits (10 bits) at a time.
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+_TIME_SHIFTS = (40, 30, 20, 10, 0)  # the first 10 digits: 48 bits of milliseconds
+_RANDOM_SHIFTS = (70, 60, 50, 40, 30, 20, 10, 0)  # the last 16: the 80 random bits
+_RANDOM_MAX = (1 << 80) - 1
+_id_lock = threading.Lock()
+# The last id's milliseconds, random part and the milliseconds' 10 digits.
+_last_id: tuple[int, int, str] = (0, 0, "")
 
 
 def new_ulid() -> str:
-    """A new ULID as python-ulid's `str(ULID())` spells it (48 bits of milliseconds, 80 random
-    bits, Crockford base32), for paths that must not pay that library's import (50 ms, most of
-    it importlib.metadata): the CLI's requests to a leader."""
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+    """A new ULID string, as python-ulid's `str(ULID())` spells it (time-ordered, unique)."""
+    global _last_id
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    with _id_lock:
+        last_ms, last_rand, head = _last_id
+        if ms <= last_ms:  # (same millisecond, or the clock stepped back)
+            ms, rand = last_ms, last_rand + 1
+            if rand > _RANDOM_MAX:
+                ms, rand = last_ms + 1, rand & _RANDOM_MAX
+        if ms != last_ms:
+            head = "".join([_PAIRS[(ms >> shift) & 1023] for shift in _TIME_SHIFTS])
+        _last_id = (ms, rand, head)
+    return head + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
+
+
+def _forget_last_id() -> None:
+    # A forked child counting on from its parent's last id would make the parent's next id.
+    global _last_id
+    _last_id = (0, 0, "")
+
+
+os.register_at_fork(after_in_child=_forget_last_id)

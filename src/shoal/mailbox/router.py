@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any, Protocol
 
 from shoal.core.clock import iso_now
 from shoal.core.errors import UsageError
+from shoal.core.ids import new_ulid
 from shoal.core.names import validate_name
 from shoal.mailbox.schema import AnyMessage, build, encode
 from shoal.mailbox.store import Maildir
@@ -50,44 +49,9 @@ class SendResult:
     recipients: list[str] = field(default_factory=list)
 
 
-# ULIDs made here rather than by python-ulid's generator, which costs a message more than its
-# validation does: 48 bits of milliseconds and 80 random bits, the random part counting up
-# within a millisecond (monotonic, as python-ulid's default generator makes them), written in
-# Crockford base32 two digits (10 bits) at a time.
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
-_TIME_SHIFTS = (40, 30, 20, 10, 0)  # the first 10 digits: 48 bits of milliseconds
-_RANDOM_SHIFTS = (70, 60, 50, 40, 30, 20, 10, 0)  # the last 16: the 80 random bits
-_RANDOM_MAX = (1 << 80) - 1
-_id_lock = threading.Lock()
-# The last id's milliseconds, random part and the milliseconds' 10 digits.
-_last_id: tuple[int, int, str] = (0, 0, "")
-
-
 def new_message_id() -> str:
-    """A new ULID string (time-ordered, unique)."""
-    global _last_id
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    with _id_lock:
-        last_ms, last_rand, head = _last_id
-        if ms <= last_ms:  # (same millisecond, or the clock stepped back)
-            ms, rand = last_ms, last_rand + 1
-            if rand > _RANDOM_MAX:
-                ms, rand = last_ms + 1, rand & _RANDOM_MAX
-        if ms != last_ms:
-            head = "".join([_PAIRS[(ms >> shift) & 1023] for shift in _TIME_SHIFTS])
-        _last_id = (ms, rand, head)
-    return head + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
-
-
-def _forget_last_id() -> None:
-    # A forked child counting on from its parent's last id would make the parent's next id.
-    global _last_id
-    _last_id = (0, 0, "")
-
-
-os.register_at_fork(after_in_child=_forget_last_id)
+    """A new ULID string (time-ordered, unique; see core/ids.py's `new_ulid`)."""
+    return new_ulid()
 
 
 def make_message(

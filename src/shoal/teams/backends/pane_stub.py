@@ -69,9 +69,7 @@ def _direct(argv: list[str], why: str) -> int:
     env = dict(os.environ)
     env["SHOAL_PANE_PID"] = str(os.getpid())
     try:
-        child = subprocess.Popen(
-            argv, env=env, start_new_session=True, preexec_fn=_hang_up_with_me
-        )
+        child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_hang_up_with_me)
     except OSError as exc:
         print(f"shoal: cannot start {argv[0]}: {exc}", file=sys.stderr)
         return 127
