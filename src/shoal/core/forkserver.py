@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import importlib
 import os
@@ -62,9 +63,27 @@ TTY_REQUEST_TIMEOUT_S: Final = 2.0
 MAX_TTY_REQUEST: Final = 4 * 1024 * 1024
 
 
+@functools.cache
+def _running_binary() -> str | None:
+    """The interpreter binary this process runs (None where /proc cannot say)."""
+    try:
+        return os.path.realpath(os.readlink("/proc/self/exe"))
+    except OSError:
+        return None
+
+
+def _this_interpreter(program: str) -> bool:
+    """Whether `program` is this interpreter: `sys.executable` and the binary it runs (a
+    command naming something else, such as a wrapper script, is that program's to run)."""
+    if program != sys.executable:
+        return False
+    binary = _running_binary()
+    return binary is None or os.path.realpath(program) == binary
+
+
 def forkable(argv: Sequence[str]) -> str | None:
     """The module of a `python -m MODULE ...` command line of this interpreter, else None."""
-    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m":
+    if len(argv) >= 3 and argv[1] == "-m" and _this_interpreter(argv[0]):
         return argv[2]
     return None
 
