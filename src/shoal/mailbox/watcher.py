@@ -41,7 +41,7 @@ OBSERVER_TIMEOUT_S = 10.0
 # directory is stat'ed this often, a syscall each (for files other tools drop in and for the
 # task list): a directory whose mtime changed, or changed lately (within the kernel
 # timestamp's coarse granularity), wakes its readers.
-POLL_INTERVAL_S = 0.25
+POLL_INTERVAL_S = 0.5
 # Trees (views of a whole session) are polled by watchdog's snapshotting observer, less often.
 TREE_POLL_INTERVAL_S = 1.0
 
