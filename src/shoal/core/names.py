@@ -9,6 +9,8 @@ from shoal.core.errors import InvalidNameError
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,47}$")
 MAX_NAME_LENGTH = 48
+LEAD_NAME = "team-lead"
+"""The member name of a team's leader."""
 DEFAULT_TEAM = "default"
 """The team of a command given neither --team nor $SHOAL_TEAM."""
 

@@ -302,12 +302,9 @@ class Watcher:
                 raise
             # No inotify instance or watch to be had: switch this process to polling, keeping
             # what was registered so far.
-            reason = (
-                f"inotify unavailable ({exc.strerror or exc}); polling every {POLL_INTERVAL_S}s"
-            )
             old = self._observer
             old.stop()
-            self._use_polling(reason)
+            self._use_polling(self._unavailable(exc))
             self._observer.daemon = True
             self._observer.start()
             # Inboxes and directories are stat'ed from now on (they need no schedule); the

@@ -26,13 +26,12 @@ from shoal.core.clock import iso_now
 from shoal.core.errors import NotFoundError, ShoalError
 from shoal.core.ids import new_ulid
 from shoal.core.jsonio import read_bytes_nofollow
+from shoal.core.names import LEAD_NAME
 from shoal.core.paths import Layout, check_path
 from shoal.core.procs import is_alive
 from shoal.mailbox import wake
 from shoal.mailbox.store import Maildir
 
-LEAD_NAME: Final = "team-lead"
-"""The leader's member name (teams/models.py's LEAD_NAME, which this module must not import)."""
 REPLY_PREFIX: Final = "cli-"
 DEFAULT_TIMEOUT_S: Final = 60.0
 LOOK_EVERY_S: Final = 0.25

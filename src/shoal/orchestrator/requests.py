@@ -517,7 +517,7 @@ class LeaderRequests(LeaderStore, ABC):
         reply), state.json written first: who hears of the end and then reads the session
         (`shoal ps` after `shoal stop`) finds it there."""
         ended = [i for i in self._waiters if (t := self.registry.get(i)) is None or t.is_terminal]
-        if ended:
+        if ended and self.snapshot.dirty:  # (`stop` has just written it, when the end was at once)
             self.persist(force=True)
         for task_id in ended:
             final = self.registry.get(task_id)

@@ -6,10 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shoal.core.names import LEAD_NAME as LEAD_NAME
 from shoal.core.names import NAME_PATTERN
 from shoal.core.paths import SESSION_ID
-
-LEAD_NAME = "team-lead"
 
 
 def agent_id(name: str, team: str) -> str:
