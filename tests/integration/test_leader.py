@@ -200,6 +200,28 @@ def test_wait_with_no_ids_counts_failures_from_before_it_was_called(
     assert cli("wait", "--team", "t", "bzzzz").returncode == 1
 
 
+def test_wait_says_when_the_leader_dies_under_it(cli: Cli, home: Path) -> None:
+    first = LeaderProc(home)
+    slow = sh(cli, "--", "sleep 30")
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "wait", "--team", "t", slow],
+        env={**os.environ, "SHOAL_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: task_record(cli, slow)["status"] == "running")
+        first.kill9()
+        out, err = waiter.communicate(timeout=30)
+        assert waiter.returncode == 1, out + err
+        assert "the leader of team 't' is not running" in err and "shoal up" in err
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        cli("down", "--team", "t")
+
+
 def test_env_cwd_and_jobs_limit(cli: Cli, home: Path, tmp_path: Path) -> None:
     proc = LeaderProc(home, args=("--jobs", "1"))
     try:

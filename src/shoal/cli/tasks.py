@@ -38,6 +38,10 @@ from shoal.orchestrator.session_files import HistoryReader, SessionFiles, curren
 from shoal.ui.status import type_label
 
 POLL_S = 0.05
+# `wait` reads the session's files again only when they changed (or after this long, in case a
+# change left every stat field as it was), and asks whether the leader lives this often.
+WAIT_REREAD_S: Final = 1.0
+WAIT_ALIVE_S: Final = 0.5
 # `sh --batch` sends its tasks in requests of at most this many (or this many bytes of specs):
 # each answer carries the started tasks' records, and a message is capped at 1 MiB.
 BATCH_CHUNK_TASKS = 500
@@ -445,6 +449,7 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
     team = env.team()
     session = _session(env.layout, team)
     history = HistoryReader(session)
+    seen_mark = _files_mark(session)  # (before the read: a write after it is seen)
     tasks = _tasks(session, include_history=True, history=history)
     if task_ids:
         ids = [resolve_task_id(tasks, task_id) for task_id in task_ids]
@@ -455,9 +460,9 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
         ]
     deadline = None if timeout is None else time.monotonic() + timeout
     done: dict[str, dict[str, Any]] = {}
+    next_read = next_alive = time.monotonic() + WAIT_ALIVE_S
     try:
         while True:
-            tasks = _tasks(session, include_history=True, history=history)
             for task_id in ids:
                 t = None if task_id in done else _settled(tasks, task_id)
                 if t is not None:
@@ -476,12 +481,23 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
                     f"timed out after {timeout:g}s waiting for "
                     + " ".join(i for i in ids if i not in done)
                 )
-            if leader_alive(env.layout, team) is None:
-                raise ShoalError(
-                    f"the leader of team {team!r} is not running; "
-                    "start it with `shoal up` to finish these tasks"
-                )
-            time.sleep(POLL_S)
+            # (parsing a state.json of a thousand tasks twenty times a second took a core's
+            # worth of time from the tasks waited for: read it again only once it changed)
+            while True:
+                time.sleep(POLL_S)
+                now = time.monotonic()
+                if now >= next_alive:
+                    next_alive = now + WAIT_ALIVE_S
+                    if leader_alive(env.layout, team) is None:
+                        _dead_leader(session, history, ids, done, team)
+                        break  # (its last writes settled them all)
+                mark = _files_mark(session)
+                if mark != seen_mark or now >= next_read:
+                    seen_mark, next_read = mark, now + WAIT_REREAD_S
+                    break
+                if deadline is not None and now > deadline:
+                    break
+            tasks = _tasks(session, include_history=True, history=history)
     finally:
         _mark_waited(session, done)
     if as_json:
@@ -496,6 +512,38 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
 
 WAITED_FILE: Final = "waited.json"
 """The ids a `wait` has reported ended, per session: a later `wait` with no ids skips them."""
+
+
+def _files_mark(session: SessionFiles) -> tuple[Any, ...]:
+    """What changes whenever the leader writes state.json (replaced whole) or appends to the
+    history: their inode, times and sizes."""
+    mark: list[Any] = []
+    for path in (session.state_file, session.history_file):
+        try:
+            st = os.stat(path)
+        except OSError:
+            mark.append(None)
+        else:
+            mark.append((st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
+    return tuple(mark)
+
+
+def _dead_leader(
+    session: SessionFiles,
+    history: HistoryReader,
+    ids: list[str],
+    done: dict[str, dict[str, Any]],
+    team: str,
+) -> None:
+    """The leader is gone: unless its last writes settled every task waited for (read once
+    more: it may have written them as it stopped), a ShoalError saying so."""
+    tasks = _tasks(session, include_history=True, history=history)
+    if all(i in done or _settled(tasks, i) is not None for i in ids):
+        return
+    raise ShoalError(
+        f"the leader of team {team!r} is not running; "
+        "start it with `shoal up` to finish these tasks"
+    )
 
 
 def _settled(tasks: dict[str, dict[str, Any]], task_id: str) -> dict[str, Any] | None:

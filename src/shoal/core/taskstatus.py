@@ -58,6 +58,7 @@ TASK_ID_PREFIXES: Final[dict[TaskType, str]] = {
 _TYPE_BY_PREFIX: Final = {prefix: kind for kind, prefix in TASK_ID_PREFIXES.items()}
 TASK_ID_ALPHABET: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
 TASK_ID_RANDOM_LENGTH: Final = 8
+_TASK_ID_SPACE: Final = len(TASK_ID_ALPHABET) ** TASK_ID_RANDOM_LENGTH
 TASK_ID_PATTERN: Final = re.compile(r"^[" + "".join(_TYPE_BY_PREFIX) + r"][0-9a-z]{8}$")
 
 AGENT_TASK_TYPES: Final = frozenset({TaskType.LOCAL_AGENT, TaskType.IN_PROCESS_TEAMMATE})
@@ -66,8 +67,12 @@ AGENT_TASK_TYPES: Final = frozenset({TaskType.LOCAL_AGENT, TaskType.IN_PROCESS_T
 def new_task_id(task_type: TaskType | str) -> str:
     """A fresh task id: the type's prefix plus 8 random characters of [0-9a-z], e.g. a7k2m9x3f."""
     prefix = TASK_ID_PREFIXES[TaskType(task_type)]
-    tail = "".join(secrets.choice(TASK_ID_ALPHABET) for _ in range(TASK_ID_RANDOM_LENGTH))
-    return prefix + tail
+    n = secrets.randbelow(_TASK_ID_SPACE)  # (one draw, written in base 36: uniform per digit)
+    tail = []
+    for _ in range(TASK_ID_RANDOM_LENGTH):
+        n, digit = divmod(n, 36)
+        tail.append(TASK_ID_ALPHABET[digit])
+    return prefix + "".join(tail)
 
 
 def task_type_of_id(task_id: str) -> TaskType:

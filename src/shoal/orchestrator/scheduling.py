@@ -17,6 +17,7 @@ paused is not counted.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from collections import deque
@@ -311,11 +312,15 @@ class Scheduler:
                 leader.kinds[task.type].start(task, leader)
 
     def _explain_full(self) -> None:
-        """Give each newly queued task the reason it waits (once per task)."""
+        """Give each newly queued task the reason it waits (once per task).
+
+        New tasks join the queue at its end (a retry at its front), so the walk from each end
+        stops at the first task told already: a long queue costs nothing per ended task."""
         leader = self.leader
         reason = f"waiting for a slot: group {DEFAULT_GROUP} runs {leader.jobs} at a time"
-        for task_id in leader.queue:
-            if task_id not in self._explained:
+        for ids in (iter(leader.queue), reversed(leader.queue)):
+            fresh = list(itertools.takewhile(lambda i: i not in self._explained, ids))
+            for task_id in fresh:
                 self._explained.add(task_id)
                 task = leader.registry.get(task_id)
                 if isinstance(task, LocalShellTaskState):

@@ -27,22 +27,11 @@ class SessionFiles:
         self.layout = layout
         self.id = session_id
         self.dir = layout.session_dir(session_id)
-
-    @property
-    def state_file(self) -> Path:
-        return self.dir / "state.json"
-
-    @property
-    def events_file(self) -> Path:
-        return self.dir / "events.jsonl"
-
-    @property
-    def history_file(self) -> Path:
-        return self.dir / "history.jsonl"
-
-    @property
-    def tasks_dir(self) -> Path:
-        return self.dir / "tasks"
+        # (made once: the leader appends to these for every event and every ended task)
+        self.state_file = self.dir / "state.json"
+        self.events_file = self.dir / "events.jsonl"
+        self.history_file = self.dir / "history.jsonl"
+        self.tasks_dir = self.dir / "tasks"
 
     def output_file(self, task_id: str) -> Path:
         return self.tasks_dir / f"{task_id}.output"

@@ -55,10 +55,12 @@ class Leader(SchedulerHost, Protocol):
 def queueing_options(leader: Leader, spec: ShellSpec) -> dict[str, Any]:
     """The task fields for `spec`'s queueing options, checked (a bad one is a UsageError
     naming it, and nothing starts)."""
-    known = list(leader.scheduler.known_ids())
+    known: list[str] = []  # (every id of the session: read once, and only when a spec has deps)
 
     def deps(ids: list[str], flag: str) -> tuple[str, ...]:
         out: list[str] = []
+        if ids and not known:
+            known.extend(leader.scheduler.known_ids())
         for given in ids:
             try:
                 out.append(resolve_task_id(known, given))
@@ -212,14 +214,16 @@ def _first_retry_delay(leader: Leader, task: LocalShellTaskState) -> float | Non
 
 
 def _remove_files(task: LocalShellTaskState) -> None:
-    """A finished task's output and side files (pid, exit, stdin FIFO)."""
+    """A finished task's output and side files (pid, exit, stdin FIFO). The side files go
+    first: a start finds the output file gone only once they are gone too (it does not look
+    for stale ones)."""
     paths: list[str | os.PathLike[str]] = [
-        task.output_file,
         shell.exit_file_for(task.output_file),
         shell.pid_file_for(task.output_file),
     ]
     if task.stdin_fifo:
         paths.append(task.stdin_fifo)
+    paths.append(task.output_file)
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

@@ -94,6 +94,12 @@ PROMPT_PATTERNS = re.compile(
 )
 
 
+def _side_file(output_file: str, suffix: str) -> str:
+    """`output_file` with its extension replaced by `suffix` (the plain-string form of
+    `exit_file_for`, for the start path)."""
+    return os.path.splitext(output_file)[0] + suffix
+
+
 def exit_file_for(output_file: str | Path) -> Path:
     """Where the wrapper records the exit code of the task writing `output_file`."""
     path = Path(output_file)
@@ -174,7 +180,7 @@ class ShellProcess:
 
 def start(
     argv: list[str],
-    output_file: Path,
+    output_file: str | Path,
     *,
     cwd: str | None = None,
     env: Mapping[str, str] | Mapping[bytes, bytes] | None = None,
@@ -199,22 +205,19 @@ def start(
         if writer is not None:
             os.close(writer)
         raise
-    exit_file = exit_file_for(output_file)
+    exit_file = _side_file(os.fspath(output_file), ".exit")
     stdin_action = (
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
         if stdin is None
         # (does not block: the leader holds a writer open)
         else (os.POSIX_SPAWN_OPEN, 0, os.fspath(stdin), os.O_RDONLY | os.O_NOFOLLOW, 0)
     )
+    # (no stale pid or exit file can be there: the output file was just created anew, and a
+    # restart in place removes the side files before the output file)
     try:
-        for side in (exit_file, pid_file_for(output_file)):
-            # (a restart in place reuses the id: what its last run recorded goes; the wrapper
-            # makes them anew, 0600)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(side)
         pid = os.posix_spawn(
             _SH,
-            [_SH, "-c", _WRAPPER, _NAME, os.fspath(exit_file), _UMASK, cwd or os.getcwd(), *argv],
+            [_SH, "-c", _WRAPPER, _NAME, exit_file, _UMASK, cwd or os.getcwd(), *argv],
             os.environb if env is None else env,  # bytes: no decoding and re-encoding
             file_actions=[
                 stdin_action,
@@ -433,7 +436,7 @@ class ShellKind:
         try:
             proc = start(
                 list(task.argv),
-                Path(task.output_file),
+                task.output_file,
                 cwd=task.cwd,
                 env=_environ(store.environ, task.env),
                 # (the session's tasks/ directory was checked against symlinks when it was
