@@ -43,3 +43,12 @@ def test_a_forked_child_does_not_repeat_its_parents_next_id() -> None:
     theirs = os.read(read, 64).decode()
     os.close(read)
     assert len(theirs) == 26 and theirs != mine
+
+
+def test_ids_from_bytes_are_spelled_as_python_ulid_spells_them() -> None:
+    # (a task's notification id is derived from its id: it must not change with the maker)
+    samples = [bytes(16), b"\xff" * 16, *(os.urandom(16) for _ in range(2_000))]
+    for raw in samples:
+        assert ids.ulid_from_bytes(raw) == str(ULID.from_bytes(raw))
+    with pytest.raises(ValueError, match="16 bytes"):
+        ids.ulid_from_bytes(b"short")

@@ -9,6 +9,7 @@ parse as None.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -200,7 +201,11 @@ AnyEvent = Annotated[
     | Annotated[RunResult, Tag("result")],
     Discriminator(_tag),
 ]
-_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+@functools.cache
+def _adapter() -> TypeAdapter[AnyEvent]:
+    """The events' validator, built on first use: a process that only writes events never
+    pays for building all of them."""
+    return TypeAdapter(AnyEvent)
 
 
 def parse_event(record: Any) -> Event | None:
@@ -209,7 +214,7 @@ def parse_event(record: Any) -> Event | None:
     if isinstance(record, Event):
         return record
     try:
-        return _ADAPTER.validate_python(record)
+        return _adapter().validate_python(record)
     except ValidationError:
         return None
 

@@ -58,6 +58,16 @@ def new_ulid() -> str:
     return head + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
 
 
+def ulid_from_bytes(raw: bytes) -> str:
+    """The ULID string of 16 bytes, as python-ulid's `str(ULID.from_bytes(raw))` spells it
+    (a message id derived from something stable, such as a task's id)."""
+    if len(raw) != 16:
+        raise ValueError(f"a ULID is 16 bytes, not {len(raw)}")
+    n = int.from_bytes(raw, "big")  # 128 bits: 26 digits, the first of only 3 bits
+    middle = "".join([_PAIRS[(n >> shift) & 1023] for shift in range(115, 4, -10)])
+    return _CROCKFORD[n >> 125] + middle + _CROCKFORD[n & 31]
+
+
 def _forget_last_id() -> None:
     # A forked child counting on from its parent's last id would make the parent's next id.
     global _last_id

@@ -16,6 +16,7 @@ once the teammates are ready), so the loop never waits for them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Protocol
@@ -263,7 +264,11 @@ ControlRequest = Annotated[
     | QueueRequest,
     Field(discriminator="op"),
 ]
-_REQUESTS: TypeAdapter[ControlRequest] = TypeAdapter(ControlRequest)
+@functools.cache
+def _requests() -> TypeAdapter[ControlRequest]:
+    """The requests' validator, built on first use (building it at import cost every process
+    that loads this module, a `shoal run` with no request to read included, 20 ms)."""
+    return TypeAdapter(ControlRequest)
 OPERATIONS = (
     "ping",
     "sh",
@@ -310,7 +315,7 @@ def parse_request(op: str, args: dict[str, Any]) -> ControlRequest:
     if op not in OPERATIONS:
         raise TaskError(f"unknown control operation {op!r}")
     try:
-        return _REQUESTS.validate_python({**args, "op": op})
+        return _requests().validate_python({**args, "op": op})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"][1:]) or op

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from ulid import ULID
 
 from shoal.core.errors import CorruptFileError, NoSpaceError, NotFoundError, is_no_space
 from shoal.core.events import (
@@ -38,6 +37,7 @@ from shoal.core.events import (
     task_notified,
     task_terminated,
 )
+from shoal.core.ids import new_ulid, ulid_from_bytes
 from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.notify import summary_for
 from shoal.core.paths import FILE_MODE, Layout
@@ -218,14 +218,14 @@ def current_session(layout: Layout, team: str) -> Session | None:
 
 def new_session_id() -> str:
     """A new session id (a lower-case ULID: time-ordered)."""
-    return str(ULID()).lower()
+    return new_ulid().lower()
 
 
 def notification_id(task_id: str) -> str:
     """A message id fixed by the task alone (a task ends once), so a notification re-sent after
     a crash — even with another end time — is the same message and handled once."""
     digest = hashlib.sha256(task_id.encode()).digest()
-    return str(ULID.from_bytes(digest[:16]))
+    return ulid_from_bytes(digest[:16])
 
 
 class Snapshot:

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ulid import ULID
-
 from shoal.core.errors import EXIT_OK, ShoalError
 from shoal.core.events import (
     Event,
@@ -36,6 +34,7 @@ from shoal.core.events import (
     task_started,
     task_terminated,
 )
+from shoal.core.ids import new_ulid
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -257,7 +256,7 @@ class WorkflowKind:
             store.move_task(task.id, TaskStatus.FAILED, error=str(exc))
             store.emit(task_started(store.get(task.id) or task))
             return
-        run_id = str(ULID()).lower()
+        run_id = new_ulid().lower()
         run = self._new_run(task.id, spec, run_id, carried={}, resumed_from=None)
         store.move_task(
             task.id,
@@ -454,7 +453,7 @@ class WorkflowKind:
                     self.leader.stop(step.id)
             self.leader.move_task(task_id, TaskStatus.FAILED, error=f"cannot continue: {exc}")
             return
-        run_id = task.run_id or str(ULID()).lower()
+        run_id = task.run_id or new_ulid().lower()
         previous = self.records.load(self._record_key(task_id), spec.path) or {
             "run_id": run_id,
             "tasks": [],

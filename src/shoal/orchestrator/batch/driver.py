@@ -22,8 +22,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final, Protocol
 
-from ulid import ULID
-
 from shoal.core.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -41,6 +39,7 @@ from shoal.core.events import (
     TaskStarted,
     TaskTerminated,
 )
+from shoal.core.ids import new_ulid
 from shoal.core.names import MAX_NAME_LENGTH, validate_name
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStatus
@@ -381,7 +380,7 @@ class _Driver:
         self.records = RunRecords(layout)
         self.previous = self.records.load(self.team, spec.path) if options.resume else None
         self.carried = plan_resume(spec, self.previous) if self.previous else {}
-        self.run_id = str(ULID()).lower()
+        self.run_id = new_ulid().lower()
         self.started_at = time.time()
         self.signal: int | None = None
         self.joblog: JoblogWriter | None = None
