@@ -86,10 +86,10 @@ def queue_options(fn: F) -> F:
 
 
 def _duration(value: str | None, flag: str) -> float | None:
-    from shoal.orchestrator.batch.spec import parse_duration
-
     if value is None:
         return None
+    from shoal.orchestrator.batch.spec import parse_duration  # (only when one is given)
+
     try:
         return parse_duration(value)
     except ValueError as exc:
