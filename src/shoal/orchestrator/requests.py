@@ -38,7 +38,6 @@ from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
 from shoal.orchestrator.control import MonitorRequest, QueueRequest, ShellSpec
 from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.scheduling import Scheduler
-from shoal.orchestrator.session import HistoryReader
 from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
@@ -421,9 +420,7 @@ class LeaderRequests(LeaderStore, ABC):
     def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
         """Every worker of coordinator `agent_id` in this session (live and evicted)."""
         found: dict[str, LocalAgentTaskState] = {}
-        if self.history_reader is None or self.history_reader.session is not self.session:
-            self.history_reader = HistoryReader(self.session)
-        for raw in self.history_reader.read().values():
+        for raw in self.history().values():
             if raw.get("worker_of") == agent_id:
                 task = parse_task_state(raw)
                 if isinstance(task, LocalAgentTaskState):
@@ -437,7 +434,7 @@ class LeaderRequests(LeaderStore, ABC):
         """The agent task `task_id` (live, or from the session's history)."""
         task = self.registry.get(task_id)
         if task is None:
-            raw = self.session.history().get(task_id)
+            raw = self.history().get(task_id)
             if raw is not None:
                 task = parse_task_state(raw)
         if not isinstance(task, LocalAgentTaskState):
@@ -498,7 +495,7 @@ class LeaderRequests(LeaderStore, ABC):
         """Begin stopping a task (never waits); `on_done` gets its final state once it ended."""
         task = self.registry.get(task_id)
         if task is None:
-            if task_id in self.session.history():
+            if task_id in self.history():
                 raise TaskError(f"task {task_id} already finished")
             raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
         if task.is_terminal:
@@ -523,7 +520,7 @@ class LeaderRequests(LeaderStore, ABC):
             final = self.registry.get(task_id)
             waiters = self._waiters.pop(task_id)
             if final is None:  # (evicted: its final record is in the history)
-                raw = self.session.history().get(task_id)
+                raw = self.history().get(task_id)
                 final = parse_task_state(raw) if raw is not None else None
             if final is not None:
                 for waiter in waiters:
@@ -531,7 +528,7 @@ class LeaderRequests(LeaderStore, ABC):
 
     def await_end(self, task_id: str, on_done: Callable[[AnyTaskState], None]) -> None:
         """`on_done` gets the task's final state once it has ended (at once when it has)."""
-        if self.registry.get(task_id) is None and task_id not in self.session.history():
+        if self.registry.get(task_id) is None and task_id not in self.history():
             raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
         self._waiters.setdefault(task_id, []).append(on_done)
         self._answer_waiters()

@@ -38,7 +38,7 @@ from shoal.core.tasks import (
     retry_due,
 )
 from shoal.orchestrator.registry import TaskRegistry
-from shoal.orchestrator.session import GroupState, HistoryReader, Session, Snapshot
+from shoal.orchestrator.session import GroupState, Session, Snapshot
 from shoal.workers.kinds import TaskKind, TaskStore
 from shoal.workers.shell import ShellKind
 
@@ -71,6 +71,10 @@ class SchedulerHost(TaskStore, Protocol):
     ) -> AnyTaskState: ...
 
     def set_task(self, task_id: str, **changes: Any) -> bool: ...
+
+    def history(self) -> dict[str, dict[str, Any]]:
+        """Final records of evicted tasks by id (read as the history grows)."""
+        ...
 
     def move_task(self, task_id: str, status: TaskStatus, **changes: Any) -> bool: ...
 
@@ -125,7 +129,6 @@ class Scheduler:
         self._retrying: set[str] = set()  # tasks with retries left, until they are settled
         self._delayed: set[str] = set()  # pending tasks with a start time in the future
         self._explained: set[str] = set()  # fast path: queued tasks given their reason
-        self._history: HistoryReader | None = None
         self._synced = False
 
     # -- groups ---------------------------------------------------------------------------
@@ -389,20 +392,12 @@ class Scheduler:
         task = self.leader.registry.get(task_id)
         if task is not None:
             return {"status": task.status.value, "retried_as": getattr(task, "retried_as", None)}
-        if self._history is None:
-            self._history = HistoryReader(self.leader.session)
-        return self._history.read().get(task_id)
+        return self.leader.history().get(task_id)
 
     def known_ids(self) -> Iterable[str]:
         """Every task id of the session (live and evicted), for lookups by prefix."""
-        if self._history is None:
-            self._history = HistoryReader(self.leader.session)
         yield from (t.id for t in self.leader.registry.get_all_tasks())
-        yield from self._history.read()
-
-    def forget_history(self) -> None:
-        """The history file was emptied (`shoal clean`): read it afresh next time."""
-        self._history = None
+        yield from self.leader.history()
 
     # -- the policy step --------------------------------------------------------------------
 

@@ -156,6 +156,18 @@ class LeaderStore:
         self.snapshot.dirty = self.snapshot.dirty or marked
         return marked
 
+    def history(self) -> dict[str, dict[str, Any]]:
+        """Final records of evicted tasks by id, read as the history grows: the leader is its
+        only writer, and a long session's history parsed whole on each lookup made every
+        `sh --foreground` wait 40 ms after three thousand tasks."""
+        if self.history_reader is None or self.history_reader.session is not self.session:
+            self.history_reader = HistoryReader(self.session)
+        return self.history_reader.read()
+
+    def forget_history(self) -> None:
+        """The history file was emptied (`shoal clean`): read it afresh next time."""
+        self.history_reader = None
+
     def mark_dirty(self) -> None:
         """Something in the registry changed outside `update_task` (state.json must be written)."""
         self.snapshot.dirty = True

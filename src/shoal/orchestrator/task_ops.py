@@ -51,6 +51,8 @@ class Leader(SchedulerHost, Protocol):
 
     def holds_notification(self, task_id: str) -> bool: ...
 
+    def forget_history(self) -> None: ...
+
 
 def queueing_options(leader: Leader, spec: ShellSpec) -> dict[str, Any]:
     """The task fields for `spec`'s queueing options, checked (a bad one is a UsageError
@@ -139,7 +141,7 @@ def find(leader: Leader, task_id: str) -> AnyTaskState:
     task = leader.registry.get(full)
     if task is not None:
         return task
-    raw = leader.session.history().get(full)
+    raw = leader.history().get(full)
     if raw is None:  # (listed a moment ago: cleaned since)
         raise NotFoundError(f"no task {task_id!r} in this session (see `shoal ps --all`)")
     return parse_task_state(raw)
@@ -241,7 +243,7 @@ def clean(leader: Leader) -> dict[str, Any]:
         removed.append(task.id)
         if isinstance(task, LocalShellTaskState):
             _remove_files(task)
-    history = leader.session.history()
+    history = leader.history()
     for raw in history.values():
         removed.append(raw["id"])
         if raw.get("type") == TaskType.LOCAL_BASH.value:
@@ -250,7 +252,7 @@ def clean(leader: Leader) -> dict[str, Any]:
                 assert isinstance(finished, LocalShellTaskState)
                 _remove_files(finished)
     leader.session.clear_history()
-    leader.scheduler.forget_history()
+    leader.forget_history()
     leader.mark_dirty()
     leader.persist(force=True)
     return {"removed": sorted(set(removed))}

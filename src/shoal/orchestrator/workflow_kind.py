@@ -496,7 +496,7 @@ class WorkflowKind:
         seen = {t.id for t in live if isinstance(t, LocalShellTaskState)}
         live += [
             rec
-            for tid, rec in self.leader.session.history().items()
+            for tid, rec in self.leader.history().items()
             if rec.get("workflow_id") == task_id and tid not in seen
         ]
         return live

@@ -598,7 +598,7 @@ class _Driver:
         session_tasks: list[LocalShellTaskState | dict[str, Any]] = [
             t for t in leader.registry.get_all_tasks() if isinstance(t, LocalShellTaskState)
         ]
-        session_tasks += leader.session.history().values()
+        session_tasks += leader.history().values()
         recovered = succeeded_attempts(previous, session_tasks)
         if not recovered:
             return
