@@ -672,7 +672,8 @@ def test_shoal_down_stops_a_run_like_an_interrupt(
     wait_until(lambda: (tmp_path / "started").exists())
     down = cli("down", "--team", "nightly", env=FAST)
     assert down.returncode == 0, down.stderr
-    assert proc.wait(30) == 130
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
     summary, tasks = report_of(report)
     assert summary["interrupted"] == "its leader was stopped (shoal down)"
     assert tasks["long"]["status"] == "killed"

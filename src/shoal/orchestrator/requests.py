@@ -453,6 +453,10 @@ class LeaderRequests(LeaderStore, ABC):
             self.register(task)
             self.scheduler.track(task)
             self.queue.append(task.id)
+        # On disk before any of them starts: a leader killed right after a spawn leaves a
+        # task its successor finds (pending, with the pid its wrapper recorded) and adopts,
+        # not a process nobody knows of.
+        self.persist(force=True)
         self.start_pending()
         self.persist(force=True)
         self.wake()

@@ -284,13 +284,15 @@ class BatchPolicy:
         return ended
 
     def step(self, leader: Leader, now: float) -> None:
-        ended = self.drain()
         batch, driver = self.driver.batch, self.driver
+        # The interrupt first: the ends its shutdown brought (the kills) are news of the
+        # interrupt, not a run that ended on its own with tasks killed.
         if not batch.done:
             if driver.signal is not None:
                 batch.interrupt(signal.Signals(driver.signal).name)
             elif leader.stopping:
                 batch.interrupt("its leader was stopped (shoal down)")
+        ended = self.drain()
         if batch.interrupted or batch.done:
             self.finished.set()
             return

@@ -297,11 +297,18 @@ class RunRecords:
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        # (worked out once per spec: a run journals a verdict many times a second, and the
+        # spec's real path costs a lookup per component of it)
+        self._paths: dict[tuple[str, Path], Path] = {}
 
     def path(self, team: str, spec_path: Path) -> Path:
         """Where the record of `spec_path` run for `team` lives."""
-        key = hashlib.sha256(os.fsencode(os.path.realpath(spec_path))).hexdigest()[:16]
-        return self.layout.home / "runs" / team / f"{spec_path.stem[:40]}-{key}.json"
+        found = self._paths.get((team, spec_path))
+        if found is None:
+            key = hashlib.sha256(os.fsencode(os.path.realpath(spec_path))).hexdigest()[:16]
+            found = self.layout.home / "runs" / team / f"{spec_path.stem[:40]}-{key}.json"
+            self._paths[(team, spec_path)] = found
+        return found
 
     def ends_path(self, team: str, spec_path: Path) -> Path:
         """The record's journal of verdicts given since it was last written (`.ends.jsonl`
@@ -360,13 +367,16 @@ class RunRecords:
         """Append the verdicts `tasks` (report entries) of run `run_id` to the record's
         journal: a verdict is on disk at once, whatever the size of the record."""
         path = self.ends_path(team, spec_path)
-        self.layout.ensure(path.parent)
         lines = b"".join(
             orjson.dumps({"run_id": run_id, "task": t}, option=orjson.OPT_APPEND_NEWLINE)
             for t in tasks
         )
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, FILE_MODE)
+        try:
+            fd = os.open(path, flags, FILE_MODE)
+        except FileNotFoundError:  # (no record written yet: its directory is made first)
+            self.layout.ensure(path.parent)
+            fd = os.open(path, flags, FILE_MODE)
         try:
             append_line(fd, lines, path)
         finally:
