@@ -201,6 +201,8 @@ AnyEvent = Annotated[
     | Annotated[RunResult, Tag("result")],
     Discriminator(_tag),
 ]
+
+
 @functools.cache
 def _adapter() -> TypeAdapter[AnyEvent]:
     """The events' validator, built on first use: a process that only writes events never

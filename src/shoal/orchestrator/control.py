@@ -264,11 +264,15 @@ ControlRequest = Annotated[
     | QueueRequest,
     Field(discriminator="op"),
 ]
+
+
 @functools.cache
 def _requests() -> TypeAdapter[ControlRequest]:
     """The requests' validator, built on first use (building it at import cost every process
     that loads this module, a `shoal run` with no request to read included, 20 ms)."""
     return TypeAdapter(ControlRequest)
+
+
 OPERATIONS = (
     "ping",
     "sh",
