@@ -481,8 +481,8 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
                     f"timed out after {timeout:g}s waiting for "
                     + " ".join(i for i in ids if i not in done)
                 )
-            # (parsing a state.json of a thousand tasks twenty times a second took a core's
-            # worth of time from the tasks waited for: read it again only once it changed)
+            # (the session's files are parsed again only once they changed, not twenty times
+            # a second: a long queue's state.json is big)
             while True:
                 time.sleep(POLL_S)
                 now = time.monotonic()

@@ -159,7 +159,8 @@ class LeaderStore:
     def history(self) -> dict[str, dict[str, Any]]:
         """Final records of evicted tasks by id, read as the history grows: the leader is its
         only writer, and a long session's history parsed whole on each lookup made every
-        `sh --foreground` wait 40 ms after three thousand tasks."""
+        `sh --foreground` wait 40 ms after three thousand tasks. (On the loop's thread, as
+        every read of the registry: the records are shared, not copied.)"""
         if self.history_reader is None or self.history_reader.session is not self.session:
             self.history_reader = HistoryReader(self.session)
         return self.history_reader.read()
