@@ -246,3 +246,11 @@ def test_event_records() -> None:
     remote = RemoteAgentTaskState(id="r00000000", description="cloud", output_file="/o")
     assert task_started(remote).to_record()["tool_use_id"] is None
     assert task_terminated(ended(remote, "killed"), summary="x").to_record()["summary"] == "x"
+
+
+@given(st.text())
+def test_xml_escape_is_saxutils_escape_with_both_quotes(text: str) -> None:
+    from xml.sax.saxutils import escape
+
+    assert xml_escape(text) == escape(text, {'"': "&quot;", "'": "&apos;"})
+    assert xml_escape(42) == "42"
