@@ -13,13 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
-import bracex
-from wcmatch import fnmatch, glob
-
 from shoal.core.errors import UsageError
 
-FLAGS: Final = glob.GLOBSTAR | glob.DOTGLOB | glob.BRACE
-SEGMENT_FLAGS: Final = fnmatch.DOTMATCH | fnmatch.BRACE
+# (wcmatch and bracex load on the first match: every leader imports this module for its
+# agents, and most never match a write set)
 WILDCARDS: Final = frozenset("*?[{")
 MAX_GLOBS: Final = 100
 
@@ -66,7 +63,10 @@ def relative(path: Path, cwd: Path) -> str | None:
 
 def covers(write_set: Sequence[str], rel_path: str) -> bool:
     """Whether the file `rel_path` (relative, posix) is in `write_set`."""
-    return bool(glob.globmatch(rel_path, list(write_set), flags=FLAGS))
+    from wcmatch import glob
+
+    flags = glob.GLOBSTAR | glob.DOTGLOB | glob.BRACE
+    return bool(glob.globmatch(rel_path, list(write_set), flags=flags))
 
 
 def _literal(segment: str) -> bool:
@@ -81,12 +81,14 @@ def _fixed_ends(segment: str) -> tuple[str, str]:
 
 
 def _segments_overlap(a: str, b: str) -> bool:
+    from wcmatch import fnmatch
+
     if a == b:
         return True
     if _literal(a):
-        return fnmatch.fnmatch(a, b, flags=SEGMENT_FLAGS)
+        return fnmatch.fnmatch(a, b, flags=fnmatch.DOTMATCH | fnmatch.BRACE)
     if _literal(b):
-        return fnmatch.fnmatch(b, a, flags=SEGMENT_FLAGS)
+        return fnmatch.fnmatch(b, a, flags=fnmatch.DOTMATCH | fnmatch.BRACE)
     (pa, sa), (pb, sb) = _fixed_ends(a), _fixed_ends(b)
     return (pa.startswith(pb) or pb.startswith(pa)) and (sa.endswith(sb) or sb.endswith(sa))
 
@@ -103,6 +105,8 @@ def _globs_overlap(a: list[str], b: list[str]) -> bool:
 
 def _expanded(globs: Sequence[str]) -> list[str]:
     """The globs with their braces expanded (`{src/a,b}/x.py` is two paths' worth)."""
+    import bracex
+
     out: list[str] = []
     for glob_ in globs:
         try:
