@@ -460,7 +460,10 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
         ]
     deadline = None if timeout is None else time.monotonic() + timeout
     done: dict[str, dict[str, Any]] = {}
-    next_read = next_alive = time.monotonic() + WAIT_ALIVE_S
+    # (the leader is asked at once, then twice a second: with none, `wait` says so before any
+    # --timeout runs out)
+    next_alive = time.monotonic()
+    next_read = next_alive + WAIT_REREAD_S
     try:
         while True:
             for task_id in ids:
