@@ -530,8 +530,9 @@ class TeammateRunner:
         self._turn = None
         if result is None:
             result = TurnResult(False, "turn aborted")
-        # A turn cut short because the teammate is stopping was aborted, whatever it raised.
-        aborted = aborted or (self._stopping and not result.ok)
+        # A turn cut short because the teammate is stopping was aborted, whatever it raised;
+        # so was one whose pane went away (whoever settles the member kills its commands).
+        aborted = aborted or ((self._stopping or self._orphaned()) and not result.ok)
         # (an aborted turn reports no steps, but those it took were counted as they ran)
         self._tool_uses += max(result.steps, self._turn_steps)
         self._turn_steps = 0
@@ -597,11 +598,18 @@ class TeammateRunner:
         with contextlib.suppress(ShoalError):
             if result.ok:
                 self.tasks.update(task_id, status="completed")
-            elif self._stopping:  # cut short by a shutdown or abort: not the task's failure
+            elif self._stopping or self._orphaned():  # (cut short: not the task's failure)
                 self.tasks.settle_claim(task_id, self.name, completed=False)
             else:  # (only while it is still this teammate's: a failure is counted once)
                 error = result.result[-LAST_ERROR_CHARS:]
                 self.tasks.settle_claim(task_id, self.name, completed=False, error=error)
+
+    def _orphaned(self) -> bool:
+        """Whether the pane this teammate runs on has gone: its member pid (the pane's stub)
+        died. The leader then settles the member and KILLs its commands, which this
+        process, not yet hung up, would otherwise count as the task's failure."""
+        pid = self.config.member_pid
+        return pid is not None and pid != os.getpid() and not is_alive(pid, None)
 
     def _track_command(self, record: CommandRecord) -> None:
         """List a command of this turn in the status file before it may run (raises when the
