@@ -87,7 +87,9 @@ def spawn(home: Path, name: str, backend: str) -> subprocess.Popen[str]:
 def test_every_task_completes_exactly_once_through_kills_of_process_and_tmux_teammates(
     cli: Cli, home: Path, tmp_path: Path, tmux_socket: str
 ) -> None:
-    rng = random.Random(os.environ.get("SHOAL_CHAOS_SEED") or None)
+    seed = os.environ.get("SHOAL_CHAOS_SEED") or str(random.randrange(2**32))
+    print(f"SHOAL_CHAOS_SEED={seed} replays this run's kills")  # (shown when it fails)
+    rng = random.Random(seed)
     layout = Layout(home)
     teams = Teams(layout)
     work = tmp_path / "work"
