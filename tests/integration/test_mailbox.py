@@ -35,14 +35,6 @@ from tests.polling import wait_until
 
 
 @pytest.fixture
-def team(teams: Teams) -> str:
-    teams.create("crew")
-    teams.join("crew", "bob", pid=os.getpid())
-    teams.join("crew", "carol", pid=os.getpid())
-    return "crew"
-
-
-@pytest.fixture
 def watcher() -> Iterator[Watcher]:
     w = Watcher(reconcile_interval=0.5)
     yield w

@@ -10,20 +10,12 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
-from shoal.mailbox.router import send
+from shoal.mailbox.router import Directory, send
 from shoal.mailbox.store import Maildir
 from shoal.mailbox.watcher import Watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from tests.polling import wait_until
-
-
-@pytest.fixture
-def team(teams: Teams) -> str:
-    teams.create("crew")
-    teams.join("crew", "bob", pid=os.getpid())
-    teams.join("crew", "carol", pid=os.getpid())
-    return "crew"
 
 
 @pytest.fixture
@@ -33,17 +25,26 @@ def watcher() -> Iterator[Watcher]:
     w.stop()
 
 
-def test_shutdown_request_overtakes_a_cached_backlog(
-    teams: Teams, layout: Layout, team: str, watcher: Watcher
-) -> None:
+def behind(
+    teams: Teams, layout: Layout, team: str, watcher: Watcher, n: int
+) -> tuple[Directory, Inbox]:
+    """Bob's started inbox with `n` messages from carol sent, the first handled: a reader
+    behind its sender, holding a cached listing of the rest."""
     d = teams.directory(team)
     box = Inbox(Maildir.open(layout.inbox_dir(team, "bob")), lead=LEAD_NAME, watcher=watcher)
     box.start()
-    for i in range(30):
+    for i in range(n):
         send(d, to="bob", sender="carol", text=str(i))
     first = box.receive(timeout=10)
     assert first is not None and first.message.text == "0"
     box.ack(first)
+    return d, box
+
+
+def test_shutdown_request_overtakes_a_cached_backlog(
+    teams: Teams, layout: Layout, team: str, watcher: Watcher
+) -> None:
+    d, box = behind(teams, layout, team, watcher, 30)
     send(d, to="bob", sender="carol", kind="shutdown_request", data={"request_id": "r1"})
     wait_until(box._event.is_set, what="the shutdown request's wake-up")
     wait_until(lambda: time.monotonic() >= box._relist_at, what="the look owed to be due")
@@ -61,14 +62,7 @@ def test_shutdown_request_overtakes_a_cached_backlog(
 def test_a_look_owed_is_taken_before_waiting_for_what_where_wants(
     teams: Teams, layout: Layout, team: str, watcher: Watcher
 ) -> None:
-    d = teams.directory(team)
-    box = Inbox(Maildir.open(layout.inbox_dir(team, "bob")), lead=LEAD_NAME, watcher=watcher)
-    box.start()
-    for i in range(5):
-        send(d, to="bob", sender="carol", text=str(i))
-    first = box.receive(timeout=10)
-    assert first is not None
-    box.ack(first)
+    d, box = behind(teams, layout, team, watcher, 5)
     send(d, to="bob", sender="carol", text="wanted")
     delivery = box.receive(timeout=10, where=lambda m: m.text == "wanted")
     assert delivery is not None and delivery.message.text == "wanted"

@@ -94,16 +94,15 @@ PROMPT_PATTERNS = re.compile(
 )
 
 
-def _side_file(output_file: str, suffix: str) -> str:
-    """`output_file` with its extension replaced by `suffix` (the plain-string form of
-    `exit_file_for`, for the start path)."""
-    return os.path.splitext(output_file)[0] + suffix
+def _side_file(output_file: str | os.PathLike[str], suffix: str) -> str:
+    """`output_file` with its extension replaced by `suffix` (a string: the start path makes
+    no Path)."""
+    return os.path.splitext(os.fspath(output_file))[0] + suffix
 
 
 def exit_file_for(output_file: str | Path) -> Path:
     """Where the wrapper records the exit code of the task writing `output_file`."""
-    path = Path(output_file)
-    return path.with_name(path.stem + ".exit")
+    return Path(_side_file(output_file, ".exit"))
 
 
 def argv_for(command: list[str]) -> tuple[str, list[str]]:
@@ -205,7 +204,7 @@ def start(
         if writer is not None:
             os.close(writer)
         raise
-    exit_file = _side_file(os.fspath(output_file), ".exit")
+    exit_file = _side_file(output_file, ".exit")
     stdin_action = (
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
         if stdin is None
@@ -282,8 +281,7 @@ def wrapped_argv(
 
 def pid_file_for(output_file: str | Path) -> Path:
     """Where the wrapper records its pid (the task's process group id)."""
-    path = Path(output_file)
-    return path.with_name(path.stem + ".pid")
+    return Path(_side_file(output_file, ".pid"))
 
 
 def recorded_pid(output_file: str | Path) -> int | None:
