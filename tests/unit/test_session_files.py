@@ -40,3 +40,29 @@ def test_raw_tasks_come_from_state_json_and_bad_tables_are_refused(session: Sess
         with pytest.raises(CorruptFileError) as err:
             session.read_tasks_raw()
         assert str(session.state_file) in str(err.value)
+
+
+def test_a_pollers_view_parses_state_json_again_only_once_it_changed(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wait`'s view: the history's appends are read as they come, state.json (overriding
+    the history, as `_tasks` has it) is parsed again only when its own stat changed."""
+    from shoal.cli.tasks import _SessionView
+
+    parses = []
+    real = type(session).read_tasks_raw
+    monkeypatch.setattr(
+        type(session), "read_tasks_raw", lambda self: parses.append(1) or real(self)
+    )
+    session.write_state_bytes(orjson.dumps({"tasks": {"b1": {"id": "b1", "status": "running"}}}))
+    view = _SessionView(session)
+    assert view.tasks()["b1"]["status"] == "running" and len(parses) == 1
+    with open(session.history_file, "ab") as fh:
+        fh.write(b'{"id": "b0", "status": "completed"}\n{"id": "b1", "status": "completed"}\n')
+    tasks = view.tasks()
+    assert tasks["b0"]["status"] == "completed"
+    assert tasks["b1"]["status"] == "running"  # (state.json's, as before: it is the newer)
+    assert len(parses) == 1
+    session.write_state_bytes(orjson.dumps({"tasks": {}}))  # (b1 evicted: replaced whole)
+    assert view.tasks()["b1"]["status"] == "completed" and len(parses) == 2
+    assert view.tasks(fresh=True) == view.tasks() and len(parses) == 3  # (fresh: once more)

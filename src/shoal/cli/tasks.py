@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 import click
@@ -59,14 +60,12 @@ def _session(layout: Layout, team: str) -> SessionFiles:
     return session
 
 
-def _tasks(
-    session: SessionFiles, *, include_history: bool, history: HistoryReader | None = None
-) -> dict[str, dict[str, Any]]:
-    """Tasks by id: the registry snapshot, plus evicted ones when asked (from `history`, read
-    incrementally, when the caller polls)."""
+def _tasks(session: SessionFiles, *, include_history: bool) -> dict[str, dict[str, Any]]:
+    """Tasks by id: the registry snapshot, plus evicted ones when asked (a poller keeps a
+    `_SessionView` instead)."""
     out: dict[str, dict[str, Any]] = {}
     if include_history:
-        out.update(history.read() if history is not None else session.history())
+        out.update(session.history())
     out.update(session.read_tasks_raw())
     return out
 
@@ -448,9 +447,9 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
     env = get_env(click.get_current_context())
     team = env.team()
     session = _session(env.layout, team)
-    history = HistoryReader(session)
-    seen_mark = _files_mark(session)  # (before the read: a write after it is seen)
-    tasks = _tasks(session, include_history=True, history=history)
+    view = _SessionView(session)
+    seen_mark = view.marks()  # (before the read: a write after it is seen)
+    tasks = view.tasks()
     if task_ids:
         ids = [resolve_task_id(tasks, task_id) for task_id in task_ids]
     else:
@@ -492,15 +491,15 @@ def wait(task_ids: tuple[str, ...], timeout: float | None, as_json: bool) -> Non
                 if now >= next_alive:
                     next_alive = now + WAIT_ALIVE_S
                     if leader_alive(env.layout, team) is None:
-                        _dead_leader(session, history, ids, done, team)
+                        _dead_leader(view, ids, done, team)
                         break  # (its last writes settled them all)
-                mark = _files_mark(session)
+                mark = view.marks()
                 if mark != seen_mark or now >= next_read:
                     seen_mark, next_read = mark, now + WAIT_REREAD_S
                     break
                 if deadline is not None and now > deadline:
                     break
-            tasks = _tasks(session, include_history=True, history=history)
+            tasks = view.tasks()
     finally:
         _mark_waited(session, done)
     if as_json:
@@ -517,30 +516,49 @@ WAITED_FILE: Final = "waited.json"
 """The ids a `wait` has reported ended, per session: a later `wait` with no ids skips them."""
 
 
-def _files_mark(session: SessionFiles) -> tuple[Any, ...]:
-    """What changes whenever the leader writes state.json (replaced whole) or appends to the
-    history: their inode, times and sizes."""
-    mark: list[Any] = []
-    for path in (session.state_file, session.history_file):
-        try:
-            st = os.stat(path)
-        except OSError:
-            mark.append(None)
-        else:
-            mark.append((st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
-    return tuple(mark)
+def _stat_mark(path: Path) -> tuple[int, int, int, int] | None:
+    """What changes whenever the leader writes `path` (state.json is replaced whole, the
+    history appended to): its inode, times and size; None while it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+class _SessionView:
+    """The session's tasks as a poller (`wait`) sees them: state.json parsed again only once
+    its own stat changed, the history read as it grows. (A long queue's state.json is big, and
+    the history grows with every ended task: re-parsing state.json on each of those appends
+    was most of a `wait`'s CPU.)"""
+
+    def __init__(self, session: SessionFiles) -> None:
+        self.session = session
+        self.history = HistoryReader(session)
+        self._state: dict[str, dict[str, Any]] = {}
+        self._state_mark: tuple[int, int, int, int] | None = None
+
+    def marks(self) -> tuple[Any, ...]:
+        return _stat_mark(self.session.state_file), _stat_mark(self.session.history_file)
+
+    def tasks(self, *, fresh: bool = False) -> dict[str, dict[str, Any]]:
+        """Tasks by id, the history's overridden by state.json's (as `_tasks` has them).
+        `fresh`: parse state.json again whatever its stat says."""
+        mark = _stat_mark(self.session.state_file)  # (before the read: a later write is seen)
+        if fresh or mark is None or mark != self._state_mark:
+            self._state = self.session.read_tasks_raw()
+            self._state_mark = mark
+        out = dict(self.history.read())
+        out.update(self._state)
+        return out
 
 
 def _dead_leader(
-    session: SessionFiles,
-    history: HistoryReader,
-    ids: list[str],
-    done: dict[str, dict[str, Any]],
-    team: str,
+    view: _SessionView, ids: list[str], done: dict[str, dict[str, Any]], team: str
 ) -> None:
     """The leader is gone: unless its last writes settled every task waited for (read once
     more: it may have written them as it stopped), a ShoalError saying so."""
-    tasks = _tasks(session, include_history=True, history=history)
+    tasks = view.tasks(fresh=True)
     if all(i in done or _settled(tasks, i) is not None for i in ids):
         return
     raise ShoalError(
