@@ -66,3 +66,21 @@ def test_a_pollers_view_parses_state_json_again_only_once_it_changed(
     session.write_state_bytes(orjson.dumps({"tasks": {}}))  # (b1 evicted: replaced whole)
     assert view.tasks()["b1"]["status"] == "completed" and len(parses) == 2
     assert view.tasks(fresh=True) == view.tasks() and len(parses) == 3  # (fresh: once more)
+
+
+def test_a_resume_takes_ends_and_notifications_from_whole_records_only(session: Session) -> None:
+    """What a resumed leader takes from the stream as announced and as notified: whole
+    system records of the two subtypes with a task id; torn or foreign lines are skipped."""
+    from shoal.orchestrator.session import _ended_in_stream
+
+    lines = [
+        b'{"type":"system","subtype":"task_started","task_id":"b0"}',
+        b'{"type":"system","subtype":"task_terminated","task_id":"b1","status":"completed"}',
+        b'{"type":"system","subtype":"task_notification","task_id":"b1","status":"completed"}',
+        b'{"type":"system","subtype":"task_terminated","task_id":"b2","status":"failed"}',
+        b'{"type":"user","subtype":"task_notification","task_id":"b3"}',  # not ours
+        b'{"type":"system","subtype":"task_notification","task_id":7}',  # no id
+        b'{"type":"system","subtype":"task_notification","task_id":"b4","sta',  # torn
+    ]
+    session.events_file.write_bytes(b"\n".join(lines))
+    assert _ended_in_stream(session) == ({"b1", "b2"}, {"b1"})

@@ -20,7 +20,7 @@ import hashlib
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -320,7 +320,7 @@ def resume(host: SessionHost, session_id: str | None) -> bool:
         host.new_session()
         host.note(f"{exc}; moved it to {aside} and started a new session")
         return False
-    announced, notified = _ended_in_stream(session.typed_events(TaskTerminated, TaskNotified))
+    announced, notified = _ended_in_stream(session)
     host.snapshot.announced = announced
     host.created_at = state.created_at
     for task in state.tasks.values():
@@ -342,15 +342,21 @@ def resume(host: SessionHost, session_id: str | None) -> bool:
     return True
 
 
-def _ended_in_stream(events: Iterable[Event]) -> tuple[set[str], set[str]]:
-    """(tasks whose end was announced, tasks whose notification was sent) per the stream."""
-    announced: set[str] = set()
-    notified: set[str] = set()
-    for event in events:
-        if isinstance(event, TaskTerminated):
-            announced.add(event.task_id)
-        elif isinstance(event, TaskNotified):
-            notified.add(event.task_id)
+def _ended_in_stream(session: Session) -> tuple[set[str], set[str]]:
+    """(tasks whose end was announced, tasks whose notification was sent) per the stream.
+
+    Read as plain records, not as event models: a resume reads every end of a long session
+    (validating them was 40 % of reading a stream of 90,000 tasks' events)."""
+    subtypes = {
+        TaskTerminated.model_fields["subtype"].default: (announced := set[str]()),
+        TaskNotified.model_fields["subtype"].default: (notified := set[str]()),
+    }
+    marks = [f'"{subtype}"'.encode() for subtype in subtypes]
+    for record in _read_jsonl(session.events_file, marks):
+        ids = subtypes.get(record.get("subtype"))
+        task_id = record.get("task_id")
+        if ids is not None and record.get("type") == "system" and isinstance(task_id, str):
+            ids.add(task_id)
     return announced, notified
 
 
