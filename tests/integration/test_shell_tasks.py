@@ -100,8 +100,7 @@ def test_locate_adopts_only_the_same_process(tmp_path: Path) -> None:
         assert started and found is not None and found.pid == proc.pid
         other = tmp_path / "b.output"
         other.write_text("")
-        with open(tmp_path / shell.WRAPPER_LOG, "a") as log:
-            log.write(f"b p {proc.pid}\n")  # someone else's pid
+        (tmp_path / "b.pid").write_text(f"{proc.pid}\n")  # someone else's pid
         started, found = shell.locate(None, None, other)
         assert started and found is None
         assert shell.locate(None, None, tmp_path / "never.output") == (False, None)
@@ -273,7 +272,7 @@ def test_a_group_that_outlives_sigterm_gets_it_once_more_before_sigkill(tmp_path
 
 
 def test_side_files_are_private_and_the_command_keeps_the_umask(tmp_path: Path) -> None:
-    """The wrapper makes its log of pids and exit codes 0600 itself; the command runs with this
+    """The wrapper makes its pid and exit files 0600 itself; the command runs with this
     process's umask (what it creates is not made private behind its back)."""
     out = tmp_path / "u.output"
     mask = os.umask(0o022)
@@ -282,5 +281,6 @@ def test_side_files_are_private_and_the_command_keeps_the_umask(tmp_path: Path) 
     wait_until(lambda: shell.recorded_exit(out) == 0)
     assert int(out.read_text().strip(), 8) == mask
     assert (tmp_path / "made.txt").stat().st_mode & 0o777 == 0o666 & ~mask
-    assert (tmp_path / shell.WRAPPER_LOG).stat().st_mode & 0o777 == 0o600
+    for side in (shell.exit_file_for(out), shell.pid_file_for(out)):
+        assert side.stat().st_mode & 0o777 == 0o600, side
     assert shell.recorded_pid(out) == proc.pid

@@ -232,7 +232,7 @@ class Snapshot:
     """Writes the registry to state.json: only when something changed, at most every so often.
 
     The throttle is safe because what a crash must not lose is on disk per task anyway (output
-    file, the wrapper's log of pids and exit codes). Each task's JSON is kept between writes and
+    file, the wrapper's pid and exit files). Each task's JSON is kept between writes and
     re-encoded only when the (immutable) task object changed. `announced` holds the tasks
     whose end is in the event stream (so a resumed leader does not announce them again).
     """

@@ -216,11 +216,13 @@ def _first_retry_delay(leader: Leader, task: LocalShellTaskState) -> float | Non
 
 
 def _remove_files(task: LocalShellTaskState) -> None:
-    """A finished task's output file and stdin FIFO, its wrapper's records voided first: a
-    start finds the output file gone only once no earlier record of the task counts (it does
-    not look for stale ones)."""
-    shell.void_records(task.output_file)
-    paths: list[str | os.PathLike[str]] = []
+    """A finished task's output and side files (pid, exit, stdin FIFO). The side files go
+    first: a start finds the output file gone only once they are gone too (it does not look
+    for stale ones)."""
+    paths: list[str | os.PathLike[str]] = [
+        shell.exit_file_for(task.output_file),
+        shell.pid_file_for(task.output_file),
+    ]
     if task.stdin_fifo:
         paths.append(task.stdin_fifo)
     paths.append(task.output_file)

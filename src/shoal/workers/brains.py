@@ -178,11 +178,11 @@ async def run_command(
     """Run a command in the teammate's cwd with output appended to its output file.
 
     It runs in a process group of its own under the shell wrapper (which records its pid and
-    exit code in a log of its own), and only once `ctx.track` has been told of it. Returns (exit
-    code, the tail of what it printed). Cancelling the turn kills the command's process group;
-    so does output past `ctx.output_cap` (OutputCapExceeded). `final`: it is the last step of
-    its turn; `allow_fail`: its failure does not fail the turn (both say what its exit code
-    means for the task if the teammate dies before settling it). `echo`: what it prints is shown
+    exit code in side files), and only once `ctx.track` has been told of it. Returns (exit code,
+    the tail of what it printed). Cancelling the turn kills the command's process group; so
+    does output past `ctx.output_cap` (OutputCapExceeded). `final`: it is the last step of its
+    turn; `allow_fail`: its failure does not fail the turn (both say what its exit code means
+    for the task if the teammate dies before settling it). `echo`: what it prints is shown
     on the teammate's console as it is written (not for a raw stream the caller shows itself).
     """
     fd = os.open(ctx.output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)

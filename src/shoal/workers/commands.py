@@ -1,13 +1,13 @@
 """A teammate's commands, as its status file lists them while they matter.
 
 A teammate runs each command in a process group of its own (new session), under the shell
-wrapper of `workers/shell.py`, which records the command's pid and exit code in a log of its
-own. The teammate lists every command of its current turn in its status file (`"commands"`: pid,
-process group, process start time, list task, that log) until it has settled the turn's task.
-When the teammate dies, whoever notices (its leader, a new leader adopting its session, `shoal
-down`) reads that list: a live group is killed — pid and start time checked, so a reused pid is
-never hit — before the task goes back to the list, and a task whose last command had finished
-gets the outcome its recorded exit code says, instead of running a second time.
+wrapper of `workers/shell.py`, which records the command's pid and exit code in side files. The
+teammate lists every command of its current turn in its status file (`"commands"`: pid, process
+group, process start time, list task, side files) until it has settled the turn's task. When the
+teammate dies, whoever notices (its leader, a new leader adopting its session, `shoal down`)
+reads that list: a live group is killed — pid and start time checked, so a reused pid is never
+hit — before the task goes back to the list, and a task whose last command had finished gets the
+outcome its recorded exit code says, instead of running a second time.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class CommandRecord(BaseModel):
     pgid: int
     started_at: float | None  # the wrapper's process start time (see core/procs)
     task_id: int | None  # the list task of the turn (None: a turn on a message)
-    exit_file: str  # the command's own wrapper log: its pid and exit code (see workers/shell)
+    exit_file: str  # where the wrapper records the exit code (its pid: the `.pid` sibling)
     output_file: str
     output_offset: int = 0  # the output file's size when the command started
     final: bool = True  # the last step of its turn: its success is the turn's
@@ -83,7 +83,7 @@ class CommandRecord(BaseModel):
 
     def recorded_exit(self) -> int | None:
         """The exit code the wrapper recorded, or None (still running, or killed)."""
-        return shell.recorded_command_exit(self.exit_file)
+        return shell.recorded_exit(self.exit_file)
 
     def group_alive(self) -> bool:
         """Whether the command's wrapper (its group's leader) still runs, the same process."""
@@ -102,16 +102,14 @@ class CommandRecord(BaseModel):
         return True
 
     def remove_side_files(self) -> None:
-        """Remove the command's wrapper log (the command's task is settled), and the `.pid`
-        file an earlier version's wrapper wrote beside it."""
-        for path in (Path(self.exit_file), Path(self.exit_file).with_suffix(".pid")):
+        """Remove the wrapper's side files (the command's task is settled)."""
+        for path in (Path(self.exit_file), shell.pid_file_for(self.exit_file)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
 
 def side_file(output_file: Path, token: str) -> Path:
-    """The wrapper log (pid and exit code) of one command of the teammate writing
-    `output_file`."""
+    """The exit file of one command of the teammate writing `output_file`."""
     return output_file.with_name(f"{output_file.stem}.cmd-{token}.exit")
 
 

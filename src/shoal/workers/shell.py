@@ -1,16 +1,10 @@
 """Background shell tasks: a process group per task, output straight into its file.
 
-The command runs under a tiny `sh` wrapper that records its pid and exit code as lines appended
-to the wrapper log next to the output file (`wrapper.log`, one per session's tasks directory).
-A leader that restarts after a crash no longer is the parent of the tasks it adopts, so the
-code must outlive it on disk. The wrapper traps TERM/INT/HUP with a no-op (which children do
-not inherit) so that, when the group is signalled, it outlives the command long enough to
-record how the command ended.
-
-One shared log, not a file per record: each file a task creates costs an inode allocation
-under its directory's lock, which the leader's creation of the next output file then waits
-for (on ext4 without a journal, an allocation also steps over every inode deleted in the last
-minutes). An append to an existing file costs neither.
+The command runs under a tiny `sh` wrapper that records its exit code in `{task}.exit` next to
+the output file. A leader that restarts after a crash no longer is the parent of the tasks it
+adopts, so the code must outlive it on disk. The wrapper traps TERM/INT/HUP with a no-op (which
+children do not inherit) so that, when the group is signalled, it outlives the command long
+enough to record how the command ended.
 """
 
 from __future__ import annotations
@@ -21,9 +15,7 @@ import re
 import shlex
 import signal
 import stat
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,21 +37,21 @@ from shoal.core.tasks import (
 )
 from shoal.workers.kinds import Poll, TaskStore
 
-# The wrapper: $1 the log, $2 the key of the task in it, $3 the leader's umask, $4 the cwd,
-# then the command: a command line to eval (mode "-c") or an argv to run; "$0" names it in
-# error messages. It records its pid first (so a leader that dies right after spawning can
-# still find the task), and its exit status from an EXIT trap; a TERM, INT or HUP makes it
-# exit 128+N through that trap too (after a foreground child has ended). All of it is
-# builtins, so the wrapper costs no extra process: a command line runs in it directly. Each
-# record is one line appended in one write (printf is a builtin writing its line at once, and
-# O_APPEND places every write whole at the end), made 0600 under umask 077 if the log is new;
-# the command runs with the leader's umask.
+# The wrapper: "$1" is the exit file, "$2" the working directory, then either a command line
+# to eval (mode "-c") or an argv to run; "$0" names it in error messages. It records its pid
+# first (so a leader that dies right after spawning can still find the task), and its exit
+# status from an EXIT trap; a TERM, INT or HUP makes it exit 128+N through that trap too
+# (after a foreground child has ended). All of it is builtins, so the wrapper costs no extra
+# process: a command line runs in it directly.
+# The wrapper: $1 the exit file, $2 the leader's umask, $3 the cwd, then the command. It
+# writes its pid and, at the end, the exit code into side files it creates 0600 itself (umask
+# 077 for those two writes only: the command runs with the leader's umask), so the leader
+# creates no file per task but the output.
 _WRAPPER = (
-    '__shoal_log=$1 __shoal_key=$2; umask 077; printf "%s p %s\\n" "$2" "$$" >> "$1"; '
-    'trap \'__shoal_rc=$?; umask 077; printf "%s x %s\\n" "$__shoal_key" "$__shoal_rc" '
-    '>> "$__shoal_log"\' EXIT; '
+    '__shoal_exit=$1; umask 077; printf "%s\\n" "$$" > "${1%.exit}.pid"; '
+    'trap \'__shoal_rc=$?; umask 077; printf "%s\\n" "$__shoal_rc" > "$__shoal_exit"\' EXIT; '
     "trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP; "
-    'umask "$3"; cd -- "$4" || exit 126; shift 4; '
+    'umask "$2"; cd -- "$3" || exit 126; shift 3; '
     'if [ "$1" = -c ]; then eval "$2"; else "$@"; fi'
 )
 _NAME = "shoal"
@@ -102,123 +94,15 @@ PROMPT_PATTERNS = re.compile(
 )
 
 
-# The wrapper log of a directory of output files, a line per record: `{key} p {pid}` when a
-# task's wrapper starts, `{key} x {code}` when it ends, `{key} r 0` when the leader restarts
-# the task in place (what came before is void). The key is the output file's name without its
-# extension: the task id.
-WRAPPER_LOG = "wrapper.log"
-# The key in a log that records one command only (a teammate's command: see commands.py).
-COMMAND_KEY = "cmd"
-# Logs whose reading is kept, most recently read last (one per session, one per command).
-_LOG_READERS_KEPT = 64
-
-
-@dataclass(frozen=True)
-class WrapperRecord:
-    """What a task's wrapper recorded: its pid once it started, its exit code once it ended."""
-
-    pid: int | None = None
-    code: int | None = None
-
-
-def wrapper_log(output_file: str | os.PathLike[str]) -> tuple[str, str]:
-    """(the log, the key in it) where the wrapper of the task writing `output_file` records
-    its pid and exit code: `wrapper.log` beside it, under the file's name without extension."""
-    head, name = os.path.split(os.fspath(output_file))
-    return os.path.join(head, WRAPPER_LOG), os.path.splitext(name)[0]
-
-
-class _LogReader:
-    """One wrapper log, read incrementally: a leader resuming a long session asks it once per
-    task, and each read parses only what was appended since the last."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.ino: int | None = None
-        self.offset = 0
-        self.records: dict[str, WrapperRecord] = {}
-
-    def read(self) -> dict[str, WrapperRecord]:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            self.ino, self.offset, self.records = None, 0, {}
-            return self.records
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_ino != self.ino or st.st_size < self.offset:  # (a new file: start over)
-                self.ino, self.offset, self.records = st.st_ino, 0, {}
-            fh.seek(self.offset)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # (a line still being written waits for the next read)
-        for line in data[:end].decode("utf-8", "replace").splitlines():
-            self._apply(line)
-        self.offset += end
-        return self.records
-
-    def _apply(self, line: str) -> None:
-        parts = line.rsplit(" ", 2)  # (from the right: the key is whatever comes first)
-        if len(parts) != 3:
-            return
-        key, op, value = parts
-        try:
-            number = int(value)
-        except ValueError:
-            return
-        if op == "p":
-            self.records[key] = WrapperRecord(pid=number)
-        elif op == "x":
-            self.records[key] = WrapperRecord(self.records.get(key, WrapperRecord()).pid, number)
-        elif op == "r":
-            self.records.pop(key, None)
-
-
-_log_readers: OrderedDict[str, _LogReader] = OrderedDict()
-_log_readers_lock = threading.Lock()
-
-
-def read_wrapper_log(log: str | os.PathLike[str], key: str) -> WrapperRecord:
-    """What the wrapper log `log` holds for `key` (nothing recorded: both None)."""
-    path = os.fspath(log)
-    with _log_readers_lock:
-        reader = _log_readers.pop(path, None) or _LogReader(path)
-        _log_readers[path] = reader
-        if len(_log_readers) > _LOG_READERS_KEPT:
-            _log_readers.popitem(last=False)
-        return reader.read().get(key) or WrapperRecord()
-
-
-def void_records(output_file: str | Path) -> None:
-    """Before the task writing `output_file` starts again under the same id (a restart in
-    place): what its earlier run recorded no longer counts."""
-    log, key = wrapper_log(output_file)
-    try:
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        pass
-    else:
-        try:
-            os.write(fd, f"{key} r 0\n".encode())
-        finally:
-            os.close(fd)
-    for suffix in (".exit", ".pid"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_legacy_side_file(output_file, suffix))
-
-
-def _legacy_side_file(output_file: str | os.PathLike[str], suffix: str) -> str:
-    """Where an earlier version's wrapper recorded its pid (`.pid`) or exit code (`.exit`): a
-    file of its own beside the output file. Still read, for a session resumed across an
-    upgrade."""
+def _side_file(output_file: str | os.PathLike[str], suffix: str) -> str:
+    """`output_file` with its extension replaced by `suffix` (a string: the start path makes
+    no Path)."""
     return os.path.splitext(os.fspath(output_file))[0] + suffix
 
 
-def _legacy_number(output_file: str | os.PathLike[str], suffix: str) -> int | None:
-    try:
-        with open(_legacy_side_file(output_file, suffix), "rb") as fh:
-            return int(fh.read().strip())
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        return None
+def exit_file_for(output_file: str | Path) -> Path:
+    """Where the wrapper records the exit code of the task writing `output_file`."""
+    return Path(_side_file(output_file, ".exit"))
 
 
 def argv_for(command: list[str]) -> tuple[str, list[str]]:
@@ -313,8 +197,6 @@ def start(
     that cannot be executed still starts: the wrapper's shell reports the error into the output
     and records exit code 127 or 126.
     """
-    if "\n" in os.fspath(output_file):
-        raise TaskError(f"output file name {os.fspath(output_file)!r} has a newline")
     writer = open_stdin_fifo(stdin, create=True) if stdin is not None else None
     try:
         fd = create_output_file(output_file, root)
@@ -322,19 +204,19 @@ def start(
         if writer is not None:
             os.close(writer)
         raise
-    log, key = wrapper_log(output_file)
+    exit_file = _side_file(output_file, ".exit")
     stdin_action = (
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
         if stdin is None
         # (does not block: the leader holds a writer open)
         else (os.POSIX_SPAWN_OPEN, 0, os.fspath(stdin), os.O_RDONLY | os.O_NOFOLLOW, 0)
     )
-    # (no stale record of the key can count: the output file was just created anew, and a
-    # restart in place voids the records before it removes the output file)
+    # (no stale pid or exit file can be there: the output file was just created anew, and a
+    # restart in place removes the side files before the output file)
     try:
         pid = os.posix_spawn(
             _SH,
-            [_SH, "-c", _WRAPPER, _NAME, log, key, _UMASK, cwd or os.getcwd(), *argv],
+            [_SH, "-c", _WRAPPER, _NAME, exit_file, _UMASK, cwd or os.getcwd(), *argv],
             os.environb if env is None else env,  # bytes: no decoding and re-encoding
             file_actions=[
                 stdin_action,
@@ -381,46 +263,50 @@ _GATE = "IFS= read -r __shoal_go || exit 125; exec </dev/null; "
 
 
 def wrapped_argv(
-    argv: Sequence[str], log: Path, cwd: str | None = None, *, gated: bool = False
+    argv: Sequence[str], exit_file: Path, cwd: str | None = None, *, gated: bool = False
 ) -> list[str]:
     """The `sh` argv that runs `argv` (as `argv_for` makes it) under the wrapper, which records
-    its pid and exit code in `log`, a wrapper log of its own (under COMMAND_KEY; made 0600, an
-    old one removed here).
+    its pid and exit code in `exit_file` and its `.pid` sibling (0600; old ones removed here).
 
     For a caller that spawns the process itself, into an output file of its own (a teammate's
     commands). `gated`: the process waits for one line on its stdin before it runs anything, so
     the caller can record the pid first (a caller killed before that runs nothing).
     """
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(log)
+    for side in (exit_file, pid_file_for(exit_file)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(side)
     script = (_GATE if gated else "") + _WRAPPER
-    where = cwd or os.getcwd()
-    return [_SH, "-c", script, _NAME, os.fspath(log), COMMAND_KEY, _UMASK, where, *argv]
+    return [_SH, "-c", script, _NAME, os.fspath(exit_file), _UMASK, cwd or os.getcwd(), *argv]
+
+
+def pid_file_for(output_file: str | Path) -> Path:
+    """Where the wrapper records its pid (the task's process group id)."""
+    return Path(_side_file(output_file, ".pid"))
 
 
 def recorded_pid(output_file: str | Path) -> int | None:
-    """The pid the wrapper of the task writing `output_file` recorded at its start, or None."""
-    pid = read_wrapper_log(*wrapper_log(output_file)).pid
-    return pid if pid is not None else _legacy_number(output_file, ".pid")
+    """The pid the wrapper recorded at start, or None."""
+    try:
+        return int(pid_file_for(output_file).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def adopt(pid: int, started_at: float | None, output_file: str | Path) -> ShellProcess | None:
     """A handle on a task process left running by a previous leader, if it is still the same.
 
-    Without a recorded start time, the process must carry this task's wrapper log and key in
-    its command line, so a reused pid is never adopted.
+    Without a recorded start time, the process must carry this task's exit-file path in its
+    command line, so a reused pid is never adopted.
     """
     if not is_alive(pid, started_at):
         return None
     if started_at is None:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().split(b"\0")
+                cmdline = fh.read()
         except OSError:
             return None
-        log, key = (os.fsencode(p) for p in wrapper_log(output_file))
-        ours = any(a == log and args[i + 1 : i + 2] == [key] for i, a in enumerate(args))
-        if not ours and os.fsencode(_legacy_side_file(output_file, ".exit")) not in args:
+        if os.fsencode(exit_file_for(output_file)) not in cmdline.split(b"\0"):
             return None
         started_at = process_start_time(pid)
     return ShellProcess(pid, started_at, child=False)
@@ -443,22 +329,16 @@ def locate(
     return True, adopt(pid, started_at, output_file)
 
 
-def recorded_command_exit(log: str | Path) -> int | None:
-    """The exit code the wrapper of a command started with `wrapped_argv(..., log)` recorded,
-    or None (still running, or killed)."""
-    record = read_wrapper_log(log, COMMAND_KEY)
-    if record.pid is not None:
-        return record.code
-    return _legacy_number(log, ".exit")  # (an earlier version wrote only the code there)
-
-
 def recorded_exit(output_file: str | Path) -> int | None:
-    """The exit code the wrapper of the task writing `output_file` recorded, or None if it
-    recorded none (killed, or running)."""
-    record = read_wrapper_log(*wrapper_log(output_file))
-    if record.pid is not None:
-        return record.code
-    return _legacy_number(output_file, ".exit")
+    """The exit code the wrapper recorded, or None if it recorded none (killed, or running)."""
+    try:
+        raw = exit_file_for(output_file).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 def kill_leftover_group(pgid: int | None) -> bool:

@@ -4,7 +4,7 @@ The run record is saved as the run moves, but a leader killed between a task's e
 next save leaves that task "running" or "queued" there, and tasks still running at the kill
 go on to end with no one watching. The session knows better: every shell task a run starts
 carries the run's id and its spec task in its environment, the resumed leader has settled
-each one from what its wrapper recorded on disk (the wrapper log), and evicted ones are in
+each one from what its wrapper recorded on disk (the `.exit` file), and evicted ones are in
 the session's history. A task whose attempt of that run completed with exit code 0 succeeded,
 whatever the record says.
 """
