@@ -32,7 +32,7 @@ from shoal.core.errors import ShoalError, TaskError
 from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import STOPPED_ON_REQUEST, TaskStatus, TaskType
+from shoal.core.tasks import STOPPED_ON_REQUEST, AnyTaskState, TaskStatus, TaskType
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
@@ -302,7 +302,14 @@ class Leader(LeaderRequests):
 
     def cleanup_orphans(self) -> None:
         """Each kind ends its tasks whose owning agent has exited or left the team."""
-        live = [t for t in self.registry.get_all_tasks() if not t.is_terminal]
+        # (one pass sorts the unfinished tasks by kind: a full tick runs this over every task)
+        mine: dict[TaskKind, list[AnyTaskState]] = {}
+        kinds = self.kinds
+        for task in self.registry.get_all_tasks():
+            if not task.is_terminal:
+                kind = kinds.get(task.type)
+                if kind is not None:
+                    mine.setdefault(kind, []).append(task)
         states: dict[str, MemberState] | None = None
 
         def departed(name: str) -> bool:
@@ -315,9 +322,8 @@ class Leader(LeaderRequests):
             return states.get(name) in (MemberState.DEAD, MemberState.LEFT, None)
 
         for kind in self._kinds():
-            mine = [t for t in live if t.type in kind.types]
-            if mine:
-                kind.orphans(mine, self, departed)
+            if kind in mine:
+                kind.orphans(mine[kind], self, departed)
 
     def release_orphaned_tasks(self, now: float) -> None:
         """Every few seconds: list tasks owned by members that died or left go back to pending
