@@ -171,3 +171,20 @@ def test_stop_of_a_pending_task_ends_it_at_once(home: Path) -> None:
         leader.stop_task(first.id)
     finally:
         leader.shutdown()
+
+
+def test_what_a_control_request_did_is_on_disk_when_its_client_hears_the_answer(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shoal ps` right after `shoal spawn` (or `sh`) lists what it started: the leader
+    writes state.json before it answers, not at its next throttled write (here never)."""
+    monkeypatch.setattr("shoal.orchestrator.leader.PERSIST_INTERVAL_S", 1e9)
+    layout = Layout(home)
+    with running(Leader(layout, "w")) as leader:
+        wait_until(lambda: not leader.snapshot.dirty)  # (the start's own writes are done)
+        spec = {"name": "ana", "backend": "in-process", "cwd": str(home)}
+        member = call(layout, "w", "spawn", spec, timeout=60)
+        listed = leader.session.read_tasks_raw()
+        assert member["task_id"] in listed, (member, sorted(listed))
+        started = call(layout, "w", "sh", {"command": ["sleep 30"]})
+        assert started["id"] in leader.session.read_tasks_raw()

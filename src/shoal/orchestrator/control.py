@@ -446,6 +446,10 @@ class ControlTarget(Protocol):
 
     def note(self, text: str) -> None: ...
 
+    def flush_state(self) -> None:
+        """Write state.json now if anything in the registry changed since the last write."""
+        ...
+
 
 class ControlServer:
     """Answers control requests in the lead's inbox (on the loop's thread, never waiting)."""
@@ -473,6 +477,9 @@ class ControlServer:
                 if error is not None
                 else ControlReply.success(request_id, result)
             )
+            # (a client that hears its answer reads the files next: `ps` right after `spawn`
+            # must find there what the request did, not wait for the next throttled write)
+            self.target.flush_state()
             self.send(msg, reply)
 
         later = False

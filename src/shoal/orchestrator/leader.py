@@ -382,6 +382,12 @@ class Leader(LeaderRequests):
         )
         self.write_snapshot(leader, groups=self.scheduler.dump())
 
+    def flush_state(self) -> None:
+        """Write state.json now if anything changed (before a control reply: what a request
+        did is on disk by the time its client hears of it)."""
+        if self.snapshot.dirty and self._loop_thread in (None, threading.current_thread()):
+            self.persist(force=True)
+
     # -- inbox -----------------------------------------------------------------------------------
 
     def _on_message(self, msg: AnyMessage) -> None:
