@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -49,11 +50,14 @@ def test_a_pollers_view_parses_state_json_again_only_once_it_changed(
     the history, as `_tasks` has it) is parsed again only when its own stat changed."""
     from shoal.cli.tasks import _SessionView
 
-    parses = []
+    parses: list[int] = []
     real = type(session).read_tasks_raw
-    monkeypatch.setattr(
-        type(session), "read_tasks_raw", lambda self: parses.append(1) or real(self)
-    )
+
+    def counted(self: Session) -> dict[str, dict[str, Any]]:
+        parses.append(1)
+        return real(self)
+
+    monkeypatch.setattr(type(session), "read_tasks_raw", counted)
     session.write_state_bytes(orjson.dumps({"tasks": {"b1": {"id": "b1", "status": "running"}}}))
     view = _SessionView(session)
     assert view.tasks()["b1"]["status"] == "running" and len(parses) == 1
