@@ -455,10 +455,10 @@ class LeaderRequests(LeaderStore, ABC):
             self.queue.append(task.id)
         # On disk before any of them starts: a leader killed right after a spawn leaves a
         # task its successor finds (pending, with the pid its wrapper recorded) and adopts,
-        # not a process nobody knows of.
+        # not a process nobody knows of. (What the start changed is written before a control
+        # reply, or by the loop's next write: a batch run submits many times a second.)
         self.persist(force=True)
         self.start_pending()
-        self.persist(force=True)
         self.wake()
         current = [self.registry.get(t.id) for t in tasks]
         return [t for t in current if isinstance(t, LocalShellTaskState)]
@@ -515,11 +515,9 @@ class LeaderRequests(LeaderStore, ABC):
 
     def _answer_waiters(self) -> None:
         """Hand each ended task's final record to whoever waits for it (a `stop` or `await`
-        reply), state.json written first: who hears of the end and then reads the session
-        (`shoal ps` after `shoal stop`) finds it there."""
+        reply; the control server writes state.json before it sends one, so who then reads
+        the session, `shoal ps` after `shoal stop`, finds the end there)."""
         ended = [i for i in self._waiters if (t := self.registry.get(i)) is None or t.is_terminal]
-        if ended and self.snapshot.dirty:  # (`stop` has just written it, when the end was at once)
-            self.persist(force=True)
         for task_id in ended:
             final = self.registry.get(task_id)
             waiters = self._waiters.pop(task_id)

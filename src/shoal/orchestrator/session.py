@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shoal.core.errors import CorruptFileError, NoSpaceError, NotFoundError, is_no_space
 from shoal.core.events import (
     Event,
-    SystemEvent,
     TaskNotified,
     TaskTerminated,
     parse_event,
@@ -198,14 +197,11 @@ class Session(SessionFiles):
                 os.close(fd)
         atomic_write(self.history_file, b"")
 
-    def typed_events(self, *kinds: type[SystemEvent]) -> Iterator[Event]:
-        """Every event so far that this build knows, as its model; with `kinds`, only events
-        of those kinds (lines naming none of their subtypes are not even decoded: a resume
-        reads a long session's stream in a fraction of the time)."""
-        marks = [f'"{k.model_fields["subtype"].default}"'.encode() for k in kinds]
-        for record in _read_jsonl(self.events_file, marks):
+    def typed_events(self) -> Iterator[Event]:
+        """Every event so far that this build knows, as its model."""
+        for record in self.events():
             event = parse_event(record)
-            if event is not None and (not kinds or isinstance(event, kinds)):
+            if event is not None:
                 yield event
 
 
@@ -347,13 +343,15 @@ def _ended_in_stream(session: Session) -> tuple[set[str], set[str]]:
 
     Read as plain records, not as event models: a resume reads every end of a long session
     (validating them was 40 % of reading a stream of 90,000 tasks' events)."""
-    subtypes = {
-        TaskTerminated.model_fields["subtype"].default: (announced := set[str]()),
-        TaskNotified.model_fields["subtype"].default: (notified := set[str]()),
+    announced: set[str] = set()
+    notified: set[str] = set()
+    ids_of = {
+        TaskTerminated.model_fields["subtype"].default: announced,
+        TaskNotified.model_fields["subtype"].default: notified,
     }
-    marks = [f'"{subtype}"'.encode() for subtype in subtypes]
+    marks = [f'"{subtype}"'.encode() for subtype in ids_of]
     for record in _read_jsonl(session.events_file, marks):
-        ids = subtypes.get(record.get("subtype"))
+        ids = ids_of.get(record.get("subtype"))
         task_id = record.get("task_id")
         if ids is not None and record.get("type") == "system" and isinstance(task_id, str):
             ids.add(task_id)
