@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,20 +27,16 @@ from tests.polling import poll
 # `ray` is installed beside the interpreter (a version manager's shims may not know it).
 RAY = str(Path(sys.executable).parent / "ray")
 START_TIMEOUT_S = 120.0
+START_ATTEMPTS = 3
 RAY_REQUIRED = "Ray is required: pip install -e '.[test]' installs ray[default]"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux's default: 32768)."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _range_free(base: int, width: int) -> bool:
@@ -58,12 +55,17 @@ def _range_free(base: int, width: int) -> bool:
 
 
 def _free_range(width: int) -> int:
-    """The first of `width` consecutive ports that are free now (for Ray's worker ports)."""
-    for _ in range(200):
-        (base,) = _free_ports(1)
-        if base + width < 65000 and _range_free(base, width):
+    """The first of `width` consecutive ports free now, below the ephemeral range.
+
+    Ports from `bind(0)` are ephemeral ones: between picking such a port and the head binding
+    it, any process's outgoing connection may take it as its local port (the suite runs many
+    at once). Below the ephemeral range only another listener can."""
+    top = min(_ephemeral_low(), 65000) - width
+    for _ in range(500):
+        base = random.randrange(10000, top)
+        if _range_free(base, width):
             return base
-    raise RuntimeError("no free port range for Ray's workers")
+    raise RuntimeError("no free port range below the ephemeral ports for a Ray head")
 
 
 class RayHead:
@@ -72,13 +74,37 @@ class RayHead:
     def __init__(self, num_cpus: int = 4) -> None:
         if not Path(RAY).exists():
             raise RuntimeError(RAY_REQUIRED)
+        self.num_cpus = num_cpus
         self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-        (gcs, dash, client, agent_http, agent_grpc, metrics, node, objects, runtime_env) = (
-            _free_ports(9)
-        )
-        workers = _free_range(40)
-        self.address = f"http://127.0.0.1:{dash}"
         self.log = self.temp / "head.log"
+        self.address = ""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self._start()
+            if not poll(self._answers, START_TIMEOUT_S, interval=0.2):
+                tail = self.log.read_text(errors="replace")[-3000:]
+                self.stop()
+                raise RuntimeError(f"the Ray head did not answer at {self.address}:\n{tail}")
+            if self.alive():
+                return
+            # It died before answering: most likely another listener took one of its ports.
+            tail = self.log.read_text(errors="replace")[-3000:]
+            self.kill()
+            if attempt == START_ATTEMPTS:
+                shutil.rmtree(self.temp, ignore_errors=True)
+                raise RuntimeError(
+                    f"the Ray head exited before answering, {START_ATTEMPTS} times "
+                    f"(exit code {self.proc.returncode}); its log's end:\n{tail}"
+                )
+            shutil.rmtree(self.temp / "t", ignore_errors=True)
+
+    def _start(self) -> None:
+        """`ray start --head --block` on fresh ports, its output to `self.log`."""
+        base = _free_range(9 + 40)
+        (gcs, dash, client, agent_http, agent_grpc, metrics, node, objects, runtime_env) = range(
+            base, base + 9
+        )
+        workers = base + 9
+        self.address = f"http://127.0.0.1:{dash}"
         env = {
             **os.environ,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -98,16 +124,12 @@ class RayHead:
             "--object-manager-port", str(objects), "--runtime-env-agent-port", str(runtime_env),
             "--min-worker-port", str(workers), "--max-worker-port", str(workers + 39),
             "--temp-dir", str(self.temp / "t"), "--object-store-memory", "100000000",
-            "--num-cpus", str(num_cpus),
+            "--num-cpus", str(self.num_cpus),
         ]  # fmt: skip
-        with open(self.log, "wb") as out:
+        with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        if not poll(self._answers, START_TIMEOUT_S, interval=0.2):
-            tail = self.log.read_text(errors="replace")[-3000:]
-            self.stop()
-            raise RuntimeError(f"the Ray head did not answer at {self.address}:\n{tail}")
 
     def _answers(self) -> bool:
         if self.proc.poll() is not None:
