@@ -28,6 +28,13 @@ from shoal.teams.store import Teams
 # process or in a child): without it, the error would only be a note in the event stream.
 os.environ["SHOAL_STRICT_STEPS"] = "1"
 
+# A suite started in the background of a script (`cmd &` without job control) inherits SIGINT
+# ignored, and an ignored signal stays ignored across exec: every child would then ignore the
+# Ctrl-C that the tests of `--follow`, `--listen` and `--watch` send. The tests' children get
+# the default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # The machine is shared and noisy: timing is never part of a property.
 settings.register_profile("shoal", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shoal")
