@@ -117,7 +117,12 @@ def test_ps_watch_prints_plain_blocks_when_piped(layout: Layout) -> None:
         assert b"\xe2\x9c\x94 bshell001  shell     completed" in seen.split(b"\n\n")[-1]
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # (a failed test leaves nothing running)
+            proc.communicate()
+            raise
     assert proc.returncode == 130, err
 
 
@@ -161,9 +166,14 @@ def _interrupt_and_drain(proc: subprocess.Popen[bytes], master: int) -> None:
                 os.read(master, 65536)
         return False
 
-    poll(exited, 30, interval=0)  # proc.wait below fails if it is still running
-    proc.wait(timeout=5)
-    os.close(master)
+    try:
+        poll(exited, 30, interval=0)  # proc.wait below fails if it is still running
+        proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # (a failed test leaves nothing running)
+            proc.wait()
+        os.close(master)
 
 
 def test_ps_watch_on_a_terminal(layout: Layout) -> None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +24,13 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
+from shoal.orchestrator.leader import RELEASE_INTERVAL_S, Leader
 from shoal.orchestrator.session import current_session
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskItem, TaskList
 from shoal.workers.commands import CommandRecord, records_of
 from tests.conftest import Cli, group_gone
+from tests.integration.test_loop import running
 from tests.polling import wait_until
 
 TEAM = "o"
@@ -199,3 +205,106 @@ def test_a_command_that_failed_before_its_teammate_died_counts_one_failure(
     assert item.metadata["failures"] == 1
     assert str(item.metadata["last_error"]).startswith("command failed with exit code 3")
     assert side.read_text() == "x\n"
+
+
+def _worker_by_hand(home: Path, name: str, output: Path) -> subprocess.Popen[bytes]:
+    """`shoal worker` started by the test, not by the leader: a member that joined on its own,
+    whose end the leader learns of only from the team file."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "shoal", "worker", "--name", name, "--team", TEAM,
+         "--output", str(output)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "SHOAL_HOME": str(home)},
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def test_a_member_the_leader_does_not_run_is_settled_from_its_exit_code_when_it_dies(
+    leader: Cli, layout: Layout, marker: str, tmp_path: Path
+) -> None:
+    """The leader's periodic release of a dead member's tasks settles them as the swarm does:
+    a command that had finished completes its task, which is not run a second time."""
+    side = tmp_path / "side"
+    task_id = add_task(leader, "once", _stop_then_finish(side, marker, 0))
+    worker = _worker_by_hand(layout.home, "w9", tmp_path / "w9.out")
+    try:
+        command = listed_command(layout, "w9")
+        wait_until(lambda: _exit_recorded(command.exit_file), what="the command's recorded exit")
+        assert task(layout, task_id).status == "in_progress"  # its teammate is frozen
+        worker.kill()
+        worker.wait(10)
+        wait_until(
+            lambda: task(layout, task_id).status == "completed",
+            timeout=30,
+            what=lambda: f"the task completed (it is {task(layout, task_id).status})",
+        )
+        assert side.read_text() == "x\n"
+        assert task(layout, task_id).metadata.get("failures") is None
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+
+def test_a_member_the_leader_does_not_run_has_its_command_killed_before_its_task_goes_back(
+    leader: Cli, layout: Layout, marker: str, tmp_path: Path
+) -> None:
+    """A member that joined on its own, killed mid-command: its command's group is killed
+    before its task goes back to the list, so no copy of it runs on beside a new one."""
+    task_id = add_task(leader, "long", f"sleep 30; echo done # {marker}")
+    worker = _worker_by_hand(layout.home, "w9", tmp_path / "w9.out")
+    try:
+        command = listed_command(layout, "w9")
+        assert marker_pids(marker), "the command runs"
+        worker.kill()
+        worker.wait(10)
+        wait_until(
+            lambda: task(layout, task_id).status == "pending",
+            timeout=30,
+            what="the task back to pending",
+        )
+        wait_until(lambda: group_gone(command.pgid), timeout=5, what="the command's group to end")
+        assert marker_pids(marker) == []
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+
+def test_the_periodic_release_leaves_a_teammate_the_leader_runs_to_its_own_settling(
+    layout: Layout, tmp_path: Path, marker: str
+) -> None:
+    """A teammate this leader runs dies, and the leader's periodic release of departed members'
+    tasks comes before the swarm has noticed: it must leave that task alone. The swarm then
+    settles it from the exit code its finished command recorded. Before, the release sent the
+    finished task back to the list, to run a second time.
+
+    The kill and the release run as one call on the leader's own thread, so no tick of the
+    loop can come between them."""
+    side = tmp_path / "side"
+    with running(Leader(layout, TEAM)) as lead:
+        tasks = TaskList(Teams(layout), TEAM)
+        task_id = tasks.add("once", metadata={"run": _stop_then_finish(side, marker, 0)}).id
+        answers: list[Any] = []
+        spec = {"name": "w1", "backend": "process", "cwd": str(tmp_path)}
+        lead.call(partial(lead.spawn, [spec], lambda result, error: answers.append(error)))
+        wait_until(lambda: answers, timeout=60, what="w1 to start")
+        assert answers == [None]
+        command = listed_command(layout, "w1")
+        wait_until(lambda: _exit_recorded(command.exit_file), what="the command's recorded exit")
+        member = Teams(layout).read(TEAM).member("w1")
+        assert member is not None and member.pid is not None
+        pid, started = member.pid, member.pid_started_at
+
+        def kill_then_release() -> TaskItem:
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not is_alive(pid, started), what="w1 to die")
+            lead.release_orphaned_tasks(time.monotonic() + RELEASE_INTERVAL_S + 1)
+            return task(layout, task_id)
+
+        seen = lead.call(kill_then_release).result(60)
+        assert (seen.status, seen.owner) == ("in_progress", "w1"), seen
+        wait_until(lambda: task(layout, task_id).status == "completed", what="the task completed")
+    assert side.read_text() == "x\n"
+    assert task(layout, task_id).metadata.get("failures") is None

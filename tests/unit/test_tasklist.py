@@ -550,6 +550,20 @@ def test_release_orphaned_frees_departed_and_dead_owners(tl: TaskList, teams: Te
     assert tl.release_orphaned() == []
 
 
+def test_orphaned_owners_leaves_out_the_members_it_is_told_to_skip(
+    tl: TaskList, teams: Teams
+) -> None:
+    """A leader skips the teammates it runs: their ends are settled where it notices them."""
+    teams.join(TEAM, "dave", pid=os.getpid(), pid_started_at=1.0)  # dead (a reused pid)
+    for name in ("bob", "dave"):
+        tl.claim(tl.add(f"for {name}").id, name)
+    teams.leave(TEAM, "bob")
+    assert tl.orphaned_owners() == ["bob", "dave"]
+    assert tl.orphaned_owners(skip={"dave"}) == ["bob"]
+    assert [t.id for t in tl.release_orphaned(skip=["bob"])] == [2]
+    assert tl.get(1).owner == "bob" and tl.get(1).status == "in_progress"
+
+
 # -- owner notices ---------------------------------------------------------------------------
 
 

@@ -49,6 +49,7 @@ from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind
+from shoal.workers.commands import settle_member
 from shoal.workers.dream.kind import DreamKind, DreamSpec
 from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
 from shoal.workers.kinds import Poll, TaskKind
@@ -326,16 +327,36 @@ class Leader(LeaderRequests):
                 kind.orphans(mine[kind], self, departed)
 
     def release_orphaned_tasks(self, now: float) -> None:
-        """Every few seconds: list tasks owned by members that died or left go back to pending
-        (teammates this leader runs are settled at once when they end)."""
+        """Every few seconds: list tasks owned by members that died or left go back to pending.
+
+        The teammates this leader runs are left out: the swarm settles each when it notices its
+        end, and a death it has not noticed yet must not be settled here first. Of the others
+        (a dead leader's teammates, members that joined on their own), the commands their status
+        files list are killed before their tasks go back, and a task whose last command had
+        finished takes the outcome of its exit code instead of running a second time."""
         if now - self._last_release < RELEASE_INTERVAL_S:
             return
         self._last_release = now
+        tasks = TaskList(self.teams, self.team)
         try:
-            released = TaskList(self.teams, self.team).release_orphaned()
+            gone = tasks.orphaned_owners(skip=self.swarm.members.keys())
         except ShoalError as exc:
             self.note_failure("task list", f"could not check the task list: {exc}", exc)
             return
+        released: list[Any] = []
+        for name in gone:
+            try:
+                settled = settle_member(self.teams, self.team, name)
+                released += tasks.release_member(name)
+            except ShoalError as exc:
+                self.note_failure("task list", f"could not settle the tasks of {name}: {exc}", exc)
+                continue
+            except OSError as exc:  # (a status file or output it could not read: next time)
+                self.note(f"could not settle the tasks of {name}: {exc}")
+                continue
+            done = settled.describe(name)
+            if done:
+                self.note(f"departed member {name}: {done}")
         if released:
             self.note(
                 "tasks of departed members went back to pending: "

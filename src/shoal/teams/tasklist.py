@@ -16,7 +16,7 @@ import errno
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -714,10 +714,12 @@ class TaskList:
                     released.append(new)
         return released
 
-    def release_orphaned(self) -> builtins.list[TaskItem]:
-        """Release the unfinished tasks of owners that are gone: not in the team file, departed,
-        or dead (a recorded process that no longer runs). For the leader's periodic tick."""
-        owners = {i.owner for i in self.list() if i.owner is not None and not i.resolved}
+    def orphaned_owners(self, skip: Collection[str] = ()) -> builtins.list[str]:
+        """The owners of unfinished tasks that are gone: not in the team file, departed, or
+        dead (a recorded process that no longer runs), leaving out those in `skip`."""
+        owners = {i.owner for i in self.list() if i.owner is not None and not i.resolved} - set(
+            skip
+        )
         if not owners:  # (an idle team: no member's liveness to look up)
             return []
         views = {v.member.name: v for v in self.teams.members(self.team)}
@@ -730,8 +732,12 @@ class TaskList:
                 or (view.state is MemberState.DEAD and view.member.pid is not None)
             ):
                 gone.add(owner)
+        return sorted(gone)
+
+    def release_orphaned(self, skip: Collection[str] = ()) -> builtins.list[TaskItem]:
+        """Release the unfinished tasks of the owners `orphaned_owners` names."""
         released: builtins.list[TaskItem] = []
-        for name in sorted(gone):
+        for name in self.orphaned_owners(skip):
             released.extend(self.release_member(name))
         return released
 

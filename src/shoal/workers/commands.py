@@ -201,17 +201,27 @@ def settle_member(
             last[record.task_id] = record
     tasks = TaskList(teams, team)
     for task_id, record in last.items():
-        verdict, code = outcome(record)
-        if verdict is Outcome.INTERRUPTED:
-            continue
-        error = failure_text(record, code or 0) if verdict is Outcome.FAILED else None
         with contextlib.suppress(ShoalError):
-            item = tasks.settle_claim(
-                task_id, name, completed=verdict is Outcome.COMPLETED, error=error
-            )
-            if item is not None:
-                (done.completed if verdict is Outcome.COMPLETED else done.failed).append(task_id)
+            verdict = settle_from(tasks, task_id, name, record)
+            if verdict is Outcome.COMPLETED:
+                done.completed.append(task_id)
+            elif verdict is Outcome.FAILED:
+                done.failed.append(task_id)
     return done
+
+
+def settle_from(tasks: TaskList, task_id: int, name: str, record: CommandRecord) -> Outcome | None:
+    """Settle `name`'s claim on task `task_id` from `record`, the last command of its turn
+    (its group killed or gone): completed when it exited 0 as the turn's last step, back to
+    pending with a failure counted when it failed. An interrupted one is left to the caller.
+    The outcome, or None when nothing was written (interrupted, or the claim no longer
+    `name`'s)."""
+    verdict, code = outcome(record)
+    if verdict is Outcome.INTERRUPTED:
+        return None
+    error = failure_text(record, code or 0) if verdict is Outcome.FAILED else None
+    item = tasks.settle_claim(task_id, name, completed=verdict is Outcome.COMPLETED, error=error)
+    return verdict if item is not None else None
 
 
 def kill_left_commands(teams: Teams, team: str) -> list[str]:

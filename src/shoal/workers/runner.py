@@ -43,7 +43,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
-from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_member
+from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_from, settle_member
 from shoal.workers.console import Console
 
 # Kinds read even while a turn runs.
@@ -599,10 +599,24 @@ class TeammateRunner:
             if result.ok:
                 self.tasks.update(task_id, status="completed")
             elif self._stopping or self._orphaned():  # (cut short: not the task's failure)
-                self.tasks.settle_claim(task_id, self.name, completed=False)
+                self._settle_cut_short(task_id)
             else:  # (only while it is still this teammate's: a failure is counted once)
                 error = result.result[-LAST_ERROR_CHARS:]
                 self.tasks.settle_claim(task_id, self.name, completed=False, error=error)
+
+    def _settle_cut_short(self, task_id: int) -> None:
+        """The task of a turn cut short (the teammate stopping, its pane gone). If its last
+        command had already ended on its own, the task takes that command's outcome, as when
+        the leader settles a dead teammate: a finished task must not go back to the list and
+        run a second time. Otherwise it goes back to pending, no failure counted."""
+        last = next((r for r in reversed(self._commands) if r.task_id == task_id), None)
+        settled = (
+            last is not None
+            and not last.group_alive()  # (killed with the turn, or it had ended)
+            and settle_from(self.tasks, task_id, self.name, last) is not None
+        )
+        if not settled:
+            self.tasks.settle_claim(task_id, self.name, completed=False)
 
     def _orphaned(self) -> bool:
         """Whether the pane this teammate runs on has gone: its member pid (the pane's stub)
