@@ -157,7 +157,9 @@ def test_every_task_completes_exactly_once_through_kills_of_process_and_tmux_tea
     lines = read_lines(work / "log")
     ends = [line.split()[1] for line in lines if line.startswith("end ")]
     starts = [line.split()[1] for line in lines if line.startswith("start ")]
-    assert sorted(ends, key=int) == [str(i) for i in range(1, TASKS + 1)], "each ends once"
+    twice = sorted({e for e in ends if ends.count(e) > 1}, key=int)
+    never = [str(i) for i in range(1, TASKS + 1) if str(i) not in ends]
+    assert (twice, never) == ([], []), f"each ends once: ended twice {twice}, never {never}"
     assert len(starts) > len(ends), "some tasks were interrupted and started again"
     assert not (work / "overlap").exists(), (work / "overlap").read_text()
     assert all(t.metadata.get("failures") is None for t in TaskList(teams, TEAM).list())
