@@ -21,8 +21,10 @@ from shoal.core.events import TaskNotified, TeammateReady
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
+from shoal.mailbox.router import send
 from shoal.orchestrator.control import call
 from shoal.orchestrator.leader import Leader
+from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from tests.polling import wait_until
 
@@ -188,3 +190,34 @@ def test_what_a_control_request_did_is_on_disk_when_its_client_hears_the_answer(
         assert member["task_id"] in listed, (member, sorted(listed))
         started = call(layout, "w", "sh", {"command": ["sleep 30"]})
         assert started["id"] in leader.session.read_tasks_raw()
+
+
+def test_mail_that_reaches_the_lead_after_its_loop_ends_is_recorded_at_shutdown(
+    home: Path,
+) -> None:
+    """A teammate's last message (its shutdown answer, its result) can reach the lead's inbox
+    after the loop's last pass. The inbox has taken it by then (handled and acknowledged), so
+    the shutdown records it: an event, like any other, not a message lost with the queue."""
+    layout = Layout(home)
+    leader = Leader(layout, "m")
+    leader.start()
+    stop = threading.Event()
+    loop = threading.Thread(target=leader.run, args=(stop,), name="loop-m")
+    loop.start()
+    try:
+        Teams(layout).join("m", "ana", pid=os.getpid())
+        stop.set()
+        leader.wake()
+        loop.join(30)
+        assert not loop.is_alive()
+        sent = send(Teams(layout).directory("m"), to=LEAD_NAME, sender="ana", text="last words")
+        handled = layout.home / "teams" / "m" / "inboxes" / LEAD_NAME / "handled.log"
+        wait_until(
+            lambda: handled.exists() and sent.message.id in handled.read_text(),
+            what="the lead's inbox to take the message",
+        )
+    finally:
+        leader.shutdown()
+    session = leader.session
+    texts = [e["message"].get("text") for e in session.events() if e.get("type") == "message"]
+    assert texts == ["last words"], texts

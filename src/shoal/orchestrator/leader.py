@@ -464,6 +464,9 @@ class Leader(LeaderRequests):
             self.reap()
         if self._subscription is not None:
             self._subscription.stop()
+        # Mail the inbox took (and acknowledged) after the loop's last pass: an event each,
+        # like the rest, or it would be lost with the queue (a teammate's last words).
+        self.deliver_mail()
         self.answer_control()  # (requests that came meanwhile hear that it stopped)
         self.notify()
         self.persist(force=True)
