@@ -9,9 +9,9 @@ twice.
 
 One window is left open by design: a kill that lands after a command's last statement and
 before its shell has recorded the exit code looks like a kill before that statement (the
-README says so), and the task runs again. It is a few microseconds wide; under four copies of
-this test at once on two cores it showed once in 40 runs, against 3 in 32 before a finished
-command's exit code was read on every path.
+README says so), and the task runs again. It lasts from that statement to the write of the
+shell's exit trap; under four copies of this test at once on two cores it showed once in 40
+runs, against 3 in 32 before a finished command's exit code was read on every path.
 """
 
 from __future__ import annotations
