@@ -537,17 +537,21 @@ def test_release_member_returns_unfinished_tasks_to_pending(tl: TaskList) -> Non
     assert tl.release_member("alice") == []
 
 
-def test_release_orphaned_frees_departed_and_dead_owners(tl: TaskList, teams: Teams) -> None:
+def _release_orphaned(tl: TaskList, skip: tuple[str, ...] = ()) -> list[TaskItem]:
+    return [t for name in tl.orphaned_owners(skip) for t in tl.release_member(name)]
+
+
+def test_orphaned_owners_are_departed_and_dead_owners(tl: TaskList, teams: Teams) -> None:
     # dave's recorded process start time does not match this pid's: a dead (reused-pid) member.
     teams.join(TEAM, "dave", pid=os.getpid(), pid_started_at=1.0)
     for name in ("alice", "bob", "carol", "dave"):
         tl.claim(tl.add(f"for {name}").id, name)
     teams.leave(TEAM, "bob")
-    released = tl.release_orphaned()
+    released = _release_orphaned(tl)
     assert sorted((t.id, t.owner) for t in released) == [(2, None), (4, None)]
     # alice and carol never recorded a process: not known to be dead, so they keep theirs.
     assert tl.get(1).owner == "alice" and tl.get(3).owner == "carol"
-    assert tl.release_orphaned() == []
+    assert _release_orphaned(tl) == []
 
 
 def test_orphaned_owners_leaves_out_the_members_it_is_told_to_skip(
@@ -560,7 +564,7 @@ def test_orphaned_owners_leaves_out_the_members_it_is_told_to_skip(
     teams.leave(TEAM, "bob")
     assert tl.orphaned_owners() == ["bob", "dave"]
     assert tl.orphaned_owners(skip={"dave"}) == ["bob"]
-    assert [t.id for t in tl.release_orphaned(skip=["bob"])] == [2]
+    assert [t.id for t in _release_orphaned(tl, skip=("bob",))] == [2]
     assert tl.get(1).owner == "bob" and tl.get(1).status == "in_progress"
 
 

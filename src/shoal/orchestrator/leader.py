@@ -49,7 +49,7 @@ from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind
-from shoal.workers.commands import settle_member
+from shoal.workers.commands import settle_and_release
 from shoal.workers.dream.kind import DreamKind, DreamSpec
 from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
 from shoal.workers.kinds import Poll, TaskKind
@@ -346,14 +346,11 @@ class Leader(LeaderRequests):
         released: list[Any] = []
         for name in gone:
             try:
-                settled = settle_member(self.teams, self.team, name)
-                released += tasks.release_member(name)
+                settled, back = settle_and_release(self.teams, self.team, name)
             except ShoalError as exc:
                 self.note_failure("task list", f"could not settle the tasks of {name}: {exc}", exc)
                 continue
-            except OSError as exc:  # (a status file or output it could not read: next time)
-                self.note(f"could not settle the tasks of {name}: {exc}")
-                continue
+            released += back
             done = settled.describe(name)
             if done:
                 self.note(f"departed member {name}: {done}")

@@ -29,8 +29,7 @@ from shoal.core.tasks import (
 )
 from shoal.teams.backends.base import Backend, Handle
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import TaskList
-from shoal.workers.commands import Settled, settle_member
+from shoal.workers.commands import Settled, settle_and_release
 from shoal.workers.kinds import TaskStore
 from shoal.workers.worker import WorkerOptions
 
@@ -254,18 +253,13 @@ class MemberRecords:
         return False
 
     def _settle_tasks(self, name: str) -> tuple[Settled, list[Any]]:
-        """The list tasks of a teammate that is gone: first the process groups of the commands
-        its status file lists are killed (so nothing of it runs on once its tasks are handed
-        back), and tasks whose last command had ended take the outcome of its recorded exit
-        code; the rest go back to pending."""
-        leader = self.leader
-        settled = Settled()
-        released: list[Any] = []
-        with contextlib.suppress(ShoalError, OSError):
-            settled = settle_member(leader.teams, leader.team, name)
-        with contextlib.suppress(ShoalError):
-            released = TaskList(leader.teams, leader.team).release_member(name)
-        return settled, released
+        """The list tasks of a teammate that is gone (`settle_and_release`: nothing of it runs on
+        once its tasks are handed back, and a finished task keeps its outcome). A task list it
+        cannot write now is left to the leader's periodic release."""
+        try:
+            return settle_and_release(self.leader.teams, self.leader.team, name)
+        except ShoalError:
+            return Settled(), []
 
     def _update_teammate(self, run: MemberRun, **changes: Any) -> None:
         with contextlib.suppress(ShoalError, TypeError):

@@ -734,13 +734,6 @@ class TaskList:
                 gone.add(owner)
         return sorted(gone)
 
-    def release_orphaned(self, skip: Collection[str] = ()) -> builtins.list[TaskItem]:
-        """Release the unfinished tasks of the owners `orphaned_owners` names."""
-        released: builtins.list[TaskItem] = []
-        for name in self.orphaned_owners(skip):
-            released.extend(self.release_member(name))
-        return released
-
     # -- notifying ---------------------------------------------------------------------------
 
     def _notify(self, item: TaskItem, assigned_by: str | None) -> None:

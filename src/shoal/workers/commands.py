@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from shoal.core.errors import ShoalError
 from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import TaskList
+from shoal.teams.tasklist import TaskItem, TaskList
 from shoal.workers import shell
 
 # The key of a status file that lists the teammate's commands.
@@ -208,6 +208,18 @@ def settle_member(
             elif verdict is Outcome.FAILED:
                 done.failed.append(task_id)
     return done
+
+
+def settle_and_release(
+    teams: Teams, team: str, name: str, status: Mapping[str, Any] | None = None
+) -> tuple[Settled, list[TaskItem]]:
+    """The list tasks of member `name`, known to be gone: `settle_member` first (its commands'
+    groups killed, finished tasks settled from their exit codes; a status file it cannot read
+    settles nothing), then its other unfinished tasks back to pending. What each did."""
+    settled = Settled()
+    with contextlib.suppress(ShoalError, OSError):
+        settled = settle_member(teams, team, name, status)
+    return settled, TaskList(teams, team).release_member(name)
 
 
 def settle_from(tasks: TaskList, task_id: int, name: str, record: CommandRecord) -> Outcome | None:

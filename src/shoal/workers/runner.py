@@ -43,7 +43,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
-from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_from, settle_member
+from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_and_release, settle_from
 from shoal.workers.console import Console
 
 # Kinds read even while a turn runs.
@@ -287,8 +287,8 @@ class TeammateRunner:
             if not (previous or {}).get(STATUS_KEY) or not isinstance(pid, int):
                 return
             if pid != os.getpid() and not is_alive(pid, None):
-                settle_member(self.teams, self.team, self.name, previous)
-                self.tasks.release_member(self.name)  # (else they would block its claims)
+                # (its unfinished tasks go back too: else they would block this run's claims)
+                settle_and_release(self.teams, self.team, self.name, previous)
 
     async def _serve(self) -> None:
         assert self._inbox is not None and self._wake is not None
