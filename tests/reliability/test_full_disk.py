@@ -8,12 +8,9 @@ Mounting needs root (CAP_SYS_ADMIN); where it is not permitted the tests are ski
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,58 +20,9 @@ from shoal.core.paths import Layout
 from shoal.teams.store import Teams
 from tests.conftest import Cli
 from tests.polling import wait_until
+from tests.reliability.conftest import Disk
 
 TEAM = "t"
-DISK_BYTES = 8 * 1024 * 1024
-
-
-class Disk:
-    """A tmpfs mounted at `root`, which `fill` uses up and `free` gives back."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.filler = root / "filler"
-
-    def fill(self) -> None:
-        """Write until the filesystem says ENOSPC (then nothing more fits, not even a file)."""
-        chunk = b"\0" * 65536
-        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            for size in (65536, 4096, 1):
-                with contextlib.suppress(OSError):
-                    while True:
-                        os.write(fd, chunk[:size])
-        finally:
-            os.close(fd)
-        # Inodes too: a tmpfs may still create empty files when its blocks are gone.
-        for i in range(100_000):
-            try:
-                (self.root / f"inode{i}").touch()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-
-    def free(self) -> None:
-        self.filler.unlink(missing_ok=True)
-        for extra in self.root.glob("inode*"):
-            extra.unlink()
-
-
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Disk]:
-    root = tmp_path / "disk"
-    root.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},nr_inodes=4096", "tmpfs", str(root)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
-    try:
-        yield Disk(root)
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 @pytest.fixture

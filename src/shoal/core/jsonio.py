@@ -112,7 +112,7 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
         fsync_dir(path.parent)
 
 
-def append_line(fd: int, line: bytes, path: str | os.PathLike[str]) -> None:
+def append_line(fd: int, line: bytes, path: str | os.PathLike[str], *, what: str = "") -> None:
     """Append all of `line` to the O_APPEND file open at `fd` (the one loop behind every
     append-only log: events, history, handled ids).
 
@@ -139,7 +139,7 @@ def append_line(fd: int, line: bytes, path: str | os.PathLike[str]) -> None:
                 if os.fstat(fd).st_size == start + written:
                     os.ftruncate(fd, start)
         if is_no_space(exc):
-            raise NoSpaceError.from_os_error(exc, path) from None
+            raise NoSpaceError.from_os_error(exc, path, what=what) from None
         raise
 
 

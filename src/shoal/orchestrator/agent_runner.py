@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.core.errors import ShoalError
+from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import Layout
 from shoal.orchestrator import control
 from shoal.orchestrator.session import current_session
-from shoal.workers.agent.job import AgentJob, JobOutcome
+from shoal.workers.agent.job import EXIT_NO_SPACE, AgentJob, JobOutcome
 from shoal.workers.agent.runner import (
     KILLED_ERROR,
     TURN_SIGNAL,
@@ -72,7 +72,11 @@ async def _main_async(job: AgentJob) -> int:
     except asyncio.CancelledError:  # (a signal before the run began)
         outcome = JobOutcome(status="killed", error=KILLED_ERROR)
     stop.set()
-    status.done(outcome, list(feed.late))
+    try:
+        status.done(outcome, list(feed.late))
+    except NoSpaceError as exc:  # (the leader names the cause from the exit code)
+        print(f"shoal: error: {exc}", file=sys.stderr)
+        return EXIT_NO_SPACE
     return 0 if outcome.status == "completed" else 1
 
 

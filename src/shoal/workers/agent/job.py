@@ -11,13 +11,19 @@ them, and a resume continues the conversation from the transcript.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shoal.core.errors import CorruptFileError, NotFoundError
 from shoal.core.jsonio import atomic_write
+
+# A process runner's exit code when it could not write its outcome because the disk is full
+# (EX_IOERR of sysexits.h): the leader names the cause instead of "without an outcome".
+EXIT_NO_SPACE: Final = 74
+NO_SPACE_REASON: Final = "could not write its outcome: no space left on device under SHOAL_HOME"
+
 
 AGENTS_DIR = "agents"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.config import worker_stall_s
-from shoal.core.errors import ShoalError
+from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.events import TaskProgress, task_started, task_terminated
 from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
@@ -40,7 +40,16 @@ from shoal.core.tasks import (
     ToolActivity,
 )
 from shoal.mailbox.router import deliver_to, make_message
-from shoal.workers.agent.job import AGENTS_DIR, AgentJob, AgentStatus, JobLimits, job_paths
+from shoal.workers.agent.job import (
+    AGENTS_DIR,
+    EXIT_NO_SPACE,
+    NO_SPACE_REASON,
+    AgentJob,
+    AgentStatus,
+    JobLimits,
+    JobOutcome,
+    job_paths,
+)
 from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
@@ -82,6 +91,8 @@ class _Live:
     handle: Any = None  # the tmux pane's backend handle
     done: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # An in-process run whose outcome the full disk kept out of its status file.
+    unsaved: JobOutcome | None = None
 
 
 class _InProcessHost:
@@ -447,7 +458,10 @@ class AgentKind:
 
         async def main() -> None:
             outcome = await run_job(job, env, feed, status, self.leader)
-            status.done(outcome, list(feed.late))
+            try:
+                status.done(outcome, list(feed.late))
+            except NoSpaceError:  # (settled from memory, and the cause said)
+                live.unsaved = outcome
 
         live.future = asyncio.run_coroutine_threadsafe(main(), self._host.loop())
         live.future.add_done_callback(lambda _f: store.wake())
@@ -528,6 +542,9 @@ class AgentKind:
                     os.killpg(pgid, signal.SIGKILL)
                 store.note(f"killed the command agent {task.id} left running (group {pgid})")
         outcome = status.outcome if status is not None else None
+        if outcome is None and live.unsaved is not None:
+            outcome = live.unsaved
+            store.note(f"agent {task.id}: {NO_SPACE_REASON}; its outcome is kept from memory")
         late = list(status.undrained) if status is not None else []
         late += _unread(live.inbox)
         if status is not None and status.note:
@@ -596,6 +613,8 @@ class AgentKind:
             how = (
                 "ended while no leader was running, without an outcome"
                 if unattended
+                else NO_SPACE_REASON
+                if code == EXIT_NO_SPACE
                 else f"exited with code {code} without an outcome"
                 if code is not None
                 else "ended without an outcome (killed?)"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from shoal.core.errors import ShoalError
+from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import FILE_MODE
 from shoal.workers.agent.tools import (
     TOOL_SPECS,
@@ -360,7 +360,10 @@ class AgentLoop:
             self._run = None
             if run is not None:
                 self.history = list(run.all_messages())
-                self._record()
+                try:
+                    self._record()
+                except NoSpaceError as exc:  # (the run ends failed, naming the file)
+                    error = error or str(exc)
             self._pending[:0] = self._undelivered(since)
             self._into_run = []
         usage = run.usage if run is not None else None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from shoal.core.errors import ShoalError
+from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.notify import END_NOTIFICATION
 from shoal.core.paths import Layout
 from shoal.mailbox.inbox import Inbox
@@ -89,6 +89,8 @@ class StatusWriter:
         self._save(AgentStatus(pid=self.pid, progress=self._progress))
 
     def done(self, outcome: JobOutcome, undrained: list[str]) -> None:
+        """Write the outcome; on a full disk NoSpaceError (the one write that must not be
+        dropped: the caller names the cause)."""
         self._save(
             AgentStatus(
                 state="done",
@@ -96,10 +98,11 @@ class StatusWriter:
                 progress=self._progress,
                 outcome=outcome,
                 undrained=tuple(undrained),
-            )
+            ),
+            final=True,
         )
 
-    def _save(self, status: AgentStatus) -> None:
+    def _save(self, status: AgentStatus, *, final: bool = False) -> None:
         update = {
             "note": self.note,
             "waiting": self.waiting,
@@ -108,8 +111,11 @@ class StatusWriter:
             "updated_at": time.time(),
         }
         status = status.model_copy(update=update)
-        with contextlib.suppress(ShoalError, OSError):  # (a full disk: the next write retries)
+        try:
             status.save(self.path)
+        except (ShoalError, OSError) as exc:  # (progress on a full disk: the next write retries)
+            if final and isinstance(exc, NoSpaceError):
+                raise
 
 
 class Feed:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from shoal.core.jsonio import atomic_write
+from shoal.core.errors import NoSpaceError, is_no_space
+from shoal.core.jsonio import append_line, atomic_write
 from shoal.core.paths import FILE_MODE
 
 if TYPE_CHECKING:
@@ -82,10 +83,18 @@ class Transcript:
         lines = [orjson.dumps({"v": 1, "truncate": same})] if same < len(self._kept) else []
         lines += [orjson.dumps({"v": 1, "message": r}) for r in records]
         data = b"".join(line + b"\n" for line in lines)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, _FLAGS, FILE_MODE)
         try:
-            os.write(fd, data)  # one write: a line is torn only by a crash inside it
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, _FLAGS, FILE_MODE)
+        except OSError as exc:
+            if is_no_space(exc):
+                raise NoSpaceError.from_os_error(exc, self.path, what="transcript") from None
+            raise
+        try:
+            # Whole lines or none: a short write is carried on, and what a full disk cut off
+            # is taken back (NoSpaceError), so no record is ever glued to a torn one. What
+            # failed stays unwritten here and goes with the next append.
+            append_line(fd, data, self.path, what="transcript")
         finally:
             os.close(fd)
         self._kept = list(messages)
