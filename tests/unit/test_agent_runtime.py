@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -407,3 +408,54 @@ def test_a_queued_text_inside_the_runs_own_prompt_is_not_taken_as_delivered(
     loop._into_run = ["test"]
     loop.history = [ModelRequest(parts=[UserPromptPart("fix the tests")])]
     assert loop._undelivered(0) == ["test"]
+
+
+def test_a_finished_tool_round_is_on_disk_before_the_next_request_goes_out(
+    tmp_path: Path,
+) -> None:
+    """The model's second request finds the first round's tool result already in the
+    transcript, and a run resumed from that file (as after a kill -9 while the request was out)
+    sends the request again without running the tool a second time."""
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    path = tmp_path / "t.jsonl"
+    seen_on_disk: list[list[str]] = []
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            command = "echo R0 >> f"
+            return ModelResponse(parts=[ToolCallPart("Bash", {"command": command}, "c1")])
+        on_disk = Transcript.load(path).messages
+        seen_on_disk.append(
+            [p.part_kind for m in on_disk if isinstance(m, ModelRequest) for p in m.parts]
+        )
+        return ModelResponse(parts=[TextPart("done")])
+
+    def loop(history: list[Any] | None = None) -> AgentLoop:
+        return AgentLoop(
+            FunctionModel(model),
+            instructions="x",
+            tools=make_tools(Workspace(tmp_path, mode="bypassPermissions")),
+            transcript=Transcript(path),
+            history=history or (),
+        )
+
+    assert _run(loop(), "go").status == "completed"
+    assert seen_on_disk == [["user-prompt", "tool-return"]]
+    assert (tmp_path / "f").read_text() == "R0\n"
+    # Killed while the second request was out: the file ends with that request.
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join(lines[:-1]) + b"\n")
+    loaded = Transcript.load(path)
+    assert loaded.problem is None
+    assert isinstance(loaded.messages[-1], ModelRequest)
+    assert isinstance(loaded.messages[-1].parts[0], ToolReturnPart)
+    assert _run(loop(loaded.messages), None).result == "done"
+    assert (tmp_path / "f").read_text() == "R0\n"  # the tool ran once

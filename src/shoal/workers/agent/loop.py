@@ -391,7 +391,13 @@ class AgentLoop:
         from pydantic_ai.messages import RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
 
         self.history = list(run.all_messages())
-        self._record()
+        if Agent.is_model_request_node(node) and not any(m is node.request for m in self.history):
+            # The next request, not yet sent, holds the results of the tools that just ran:
+            # on disk now, so a runner killed while the request is out keeps the round it
+            # finished (its resume sends that request again and never reruns the tools).
+            self._record([*self.history, node.request])
+        else:
+            self._record()
         if Agent.is_call_tools_node(node):
             for part in node.model_response.parts:
                 if isinstance(part, TextPart) and part.content.strip():
@@ -414,9 +420,9 @@ class AgentLoop:
         if self.on_progress is not None:
             self.on_progress(self.progress)
 
-    def _record(self) -> None:
+    def _record(self, messages: list[Any] | None = None) -> None:
         if self.transcript is not None:
-            self.transcript.append(self.history)
+            self.transcript.append(self.history if messages is None else messages)
         self._fire_acks()
 
 
