@@ -14,6 +14,7 @@ import pytest
 from shoal.core.cmdsize import COMMAND_MAX_BYTES, SPEC_MAX_JSON_BYTES
 from shoal.core.errors import EXIT_USAGE
 from shoal.core.paths import Layout
+from shoal.core.tasks import RESULT_CAP_CHARS
 from shoal.mailbox.schema import MAX_MESSAGE_BYTES
 from shoal.orchestrator.control import ControlError, call
 from shoal.orchestrator.session import current_session
@@ -145,3 +146,38 @@ def test_send_refuses_a_message_over_the_cap(cli: Cli, leader: Layout) -> None:
     assert f"over the {MAX_MESSAGE_BYTES} byte cap" in out.stderr
     inbox = leader.inbox_dir(TEAM, "bob")
     assert all(os.listdir(inbox / sub) == [] for sub in ("tmp", "new", "cur"))
+
+
+def test_a_two_megabyte_answer_is_capped_in_the_record_and_whole_in_the_output(
+    cli: Cli, leader: Layout, tmp_path: Path
+) -> None:
+    """A 2 MB final answer: the record, `ps --json`, the notification and events.jsonl carry
+    its first RESULT_CAP_CHARS characters and a mark naming the rest; the output file (what
+    `shoal logs` shows) keeps all of it."""
+    answer = "A" * 2_000_000
+    path = tmp_path / "big.toml"
+    path.write_text(f'[[turn]]\ntext = "{answer}"\n')
+    out = cli(
+        "agent", "--team", TEAM, "--model", f"scripted:{path}", "--backend", "in-process",
+        "--cwd", str(tmp_path), "--json", "answer at length",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    task_id = json.loads(out.stdout)["id"]
+    waited = cli("wait", "--team", TEAM, task_id, "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    listed = cli("ps", "--team", TEAM, "--all", "--json")
+    (task,) = [t for t in json.loads(listed.stdout) if t["id"] == task_id]
+    rest = 2_000_000 - RESULT_CAP_CHARS
+    mark = f"\n[result cut: {rest:,} more characters in `shoal logs {task_id}`]"
+    assert task["result"] == "A" * RESULT_CAP_CHARS + mark
+    session = current_session(leader, TEAM)
+    assert session is not None
+    notes = [
+        line
+        for line in (session.dir / "events.jsonl").read_text().splitlines()
+        if task_id in line and "task_notification" in line
+    ]
+    assert len(notes) == 1 and len(notes[0]) < RESULT_CAP_CHARS + 10_000
+    assert "[result cut: " in notes[0]
+    assert answer in Path(task["output_file"]).read_text()
+    assert len(session.state_file.read_bytes()) < RESULT_CAP_CHARS + 50_000

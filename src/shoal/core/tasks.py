@@ -523,6 +523,21 @@ T = TypeVar("T", bound=TaskStateBase)
 _IMMUTABLE_FIELDS: Final = frozenset({"id", "type"})
 
 
+# A task's `result` as its record, state.json, events, notifications and `ps --json` carry it;
+# the whole text stays in the task's output file (`shoal logs ID`).
+RESULT_CAP_CHARS: Final = 100_000
+
+
+def capped_result(text: str, task_id: str) -> str:
+    """`text` cut to RESULT_CAP_CHARS characters, with a mark saying how much was left out
+    and where the whole of it is."""
+    if len(text) <= RESULT_CAP_CHARS:
+        return text
+    rest = len(text) - RESULT_CAP_CHARS
+    mark = f"[result cut: {rest:,} more characters in `shoal logs {task_id}`]"
+    return f"{text[:RESULT_CAP_CHARS]}\n{mark}"
+
+
 def _checked_changes(task: TaskStateBase, changes: dict[str, Any]) -> dict[str, Any] | None:
     """The changes to apply (end_time filled in on a terminal move), or None for no change."""
     fields = type(task).model_fields
@@ -531,6 +546,9 @@ def _checked_changes(task: TaskStateBase, changes: dict[str, Any]) -> dict[str, 
             raise TypeError(f"{type(task).__name__} has no field {name!r}")
         if name in _IMMUTABLE_FIELDS:
             raise TypeError(f"task {task.id}: field {name!r} cannot change")
+    result = changes.get("result")
+    if isinstance(result, str) and len(result) > RESULT_CAP_CHARS:
+        changes = {**changes, "result": capped_result(result, task.id)}
     if all(getattr(task, name) == value for name, value in changes.items()):
         return None
     if "phase" in changes and isinstance(task, DreamTaskState):
