@@ -276,6 +276,12 @@ def test_sessions_since_and_the_auto_gate(tmp_path: Path) -> None:
     assert auto_dream_due(many, memory, root, now=now) is None
     soon = DreamConfig(auto=True, min_sessions=1, min_hours=2)
     assert auto_dream_due(soon, memory, root, now=now) is None
+    # Released already: a second release (a settle seen again) changes nothing.
+    assert lock.release("d00000001", None) is False
+    assert auto_dream_due(on, memory, root, now=now) == (
+        "3 sessions and 1 hours since the last consolidation"
+    )
+    lock.acquire(me())
     lock.release("d00000001", None)  # (rolled back to never: any number of hours)
     assert auto_dream_due(on, memory, root, now=now) == ("4 sessions and no consolidation yet")
 

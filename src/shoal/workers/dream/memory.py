@@ -206,12 +206,13 @@ class ConsolidationLock:
     def release(self, task_id: str, mtime: float | None) -> bool:
         """Free the lock held by `task_id`, its mtime set to `mtime` (a completed dream: its
         end; otherwise the prior mtime, None meaning never). False when it does not hold it
-        (nothing is changed then: another dream took it)."""
+        (nothing is changed then: another dream took it, or it was released before — a
+        second release must not roll back a stamp a later dream left)."""
         if check_path(self.path, "file") is None:
             return False
         with self._locked() as fd:
             current = self._holder(fd)
-            if current is not None and current.task_id != task_id:
+            if current is None or current.task_id != task_id:
                 return False
             self._write(fd, b"", NEVER if mtime is None else mtime)
         return True
