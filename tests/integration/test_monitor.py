@@ -7,6 +7,7 @@ itself on its third call) and whose `broken` tool fails on every call.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -271,6 +272,25 @@ def test_a_server_that_crashes_mid_stream_fails_the_task_with_its_stderr(
     assert kinds.count("tool-result") == 2 and kinds[-1] == "server-exited"
     waited = leader("wait", task_id)
     assert waited.returncode == 1
+
+
+def test_a_server_that_hangs_fails_the_task_as_hung_not_exited(leader: Cli, project: Path) -> None:
+    """A server that is alive but silent (stopped with SIGSTOP once connected) misses a ping:
+    the task fails saying the server hung, not that it exited."""
+    task_id = _monitor(leader, project, "notifier")
+    wait_until(lambda: "connected" in _kinds(leader, task_id), timeout=60)
+    task = _task(leader, task_id)
+    (server,) = psutil.Process(task["pid"]).children(recursive=True)
+    server.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: _task(leader, task_id)["status"] == "failed", timeout=60)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            server.send_signal(signal.SIGCONT)
+    error = _task(leader, task_id)["error"]
+    assert error.startswith("MCP server notifier hung: the server hung (no answer to a ping"), error
+    last = _lines(_task(leader, task_id))[-1]
+    assert last["kind"] == "server-exited" and last["hung"] is True
 
 
 def test_a_tool_that_fails_on_every_call_is_recorded_and_the_monitor_goes_on(

@@ -49,6 +49,8 @@ from shoal.workers.shell import spawn_logged
 
 PING_EVERY_S: Final = 2.0
 PING_TIMEOUT_S: Final = 10.0
+# How a hung server (alive, but silent) is told from one that went away.
+HUNG: Final = "the server hung"
 START_TIMEOUT_S: Final = 30.0
 STDERR_TAIL: Final = 600
 EXIT_SERVER_GONE: Final = 1
@@ -156,6 +158,7 @@ async def _monitor(args: argparse.Namespace) -> int:
                 server=args.server,
                 error=broken[0],
                 stderr=_tail(errlog),
+                hung=broken[0].startswith(HUNG),
             )
             return EXIT_SERVER_GONE
     _line("closed", server=args.server)
@@ -229,6 +232,9 @@ async def _watch(
             try:
                 async with asyncio.timeout(PING_TIMEOUT_S):
                     await session.send_ping()
+            except TimeoutError:
+                broken.append(f"{HUNG} (no answer to a ping in {PING_TIMEOUT_S:g}s)")
+                return
             except Exception as exc:
                 broken.append(f"the server stopped answering: {type(exc).__name__}: {exc}")
                 return
@@ -494,7 +500,8 @@ class MonitorKind:
             self._quietly(task.id, store, task.kill_reason)
             return
         if last.get("kind") == "server-exited":
-            why = f"MCP server {task.server_name} exited: {last.get('error')}"
+            how = "hung" if last.get("hung") else "exited"
+            why = f"MCP server {task.server_name} {how}: {last.get('error')}"
             if last.get("stderr"):
                 why += f" (its stderr: {last['stderr']})"
             store.move_task(task.id, TaskStatus.FAILED, error=why)
