@@ -76,9 +76,13 @@ def trust(directory: str | None, listing: bool, revoke: str | None, as_json: boo
 
     Records DIR's real path and a digest of those files in SHOAL_HOME/trust.json and prints
     the files it covered. A file changed, added or removed afterwards makes DIR untrusted
-    again (run this again). Symlinks among them are never followed, trusted or not. Until
-    then an agent in DIR runs without them and says so. Definitions in SHOAL_HOME/agents/
-    and a `--mcp-config FILE` given on the command line need no trust.
+    again (run this again). Symlinks among them are never followed, trusted or not.
+
+    An agent in an untrusted DIR runs without them and says so once, with this command.
+    On a terminal, `shoal agent`, `shoal chat` and `shoal monitor` ask first; elsewhere
+    nothing asks, and `--trust` on those commands trusts DIR for one run without recording
+    it (for CI). Definitions in SHOAL_HOME/agents/ and a `--mcp-config FILE` (or monitor's
+    `--config FILE`) given on the command line need no trust.
     """
     from shoal.core import trust as store
 
