@@ -315,6 +315,7 @@ def test_agents_lists_definitions_and_type_uses_one(
         f"---\nname: reviewer\ndescription: Reviews\ntools: Read\nmodel: {model}\n---\nBe strict.\n"
     )
     (agents_dir / "bad.md").write_text("---\nname: bad\n---\n")
+    assert leader("trust", str(tmp_path)).returncode == 0  # (a project's own need trust)
     listed = leader("agents", "--cwd", str(tmp_path), "--json")
     assert listed.returncode == 0, listed.stderr
     names = {d["name"]: d for d in json.loads(listed.stdout)}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.core import trust
 from shoal.core.errors import UsageError
 from shoal.workers.agent.definitions import load_catalog, parse_definition
 
@@ -57,6 +58,8 @@ def test_the_catalog_reads_every_place_and_skips_the_broken(tmp_path: Path) -> N
     ):
         where.parent.mkdir(parents=True, exist_ok=True)
         where.write_text(body)
+    assert sorted(load_catalog(home, project).agents) == ["fork", "general-purpose", "reviewer"]
+    trust.record(home, trust.scan(project))  # (a project's own are used once it is trusted)
     catalog = load_catalog(home, project)
     assert sorted(catalog.agents) == ["fork", "general-purpose", "helper", "reviewer"]
     reviewer = catalog.get("reviewer")

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, ShoalError, UsageError
 
 
@@ -102,6 +103,7 @@ def _tool_list(text: str | None) -> list[str] | None:
     help='MCP servers ({"mcpServers": ...}; default: the project\'s .shoal/mcp.json).',
 )
 @click.option("--resume", default=None, metavar="ID", help="Continue agent task ID's conversation.")
+@trust_option
 @click.option(
     "--foreground",
     "-f",
@@ -133,6 +135,7 @@ def agent(
     budget_seconds: float | None,
     mcp_config: str | None,
     resume: str | None,
+    trust_run: bool,
     foreground: bool,
     as_json: bool,
 ) -> None:
@@ -141,6 +144,9 @@ def agent(
     The agent calls its model with tools (Bash, Read, Write, Edit, Glob, Grep) until the
     model answers without a tool call. PROMPT `-` reads standard input. Without --model it
     runs on $SHOAL_MODEL, `model` in SHOAL_HOME/config.toml, or the embedded scripted model.
+
+    The project's .shoal/mcp.json and agent definitions are used only in a trusted directory
+    (`shoal trust`, or --trust for this run); on a terminal an untrusted one is asked about.
     """
     from shoal.orchestrator.client import call
     from shoal.orchestrator.coordinator import env_mode
@@ -163,6 +169,8 @@ def agent(
         raise UsageError("no prompt given (usage: shoal agent PROMPT, or - for standard input)")
     if model is not None:
         ModelSpec.parse(model)  # an unknown provider is a usage error (exit 2), here and now
+    if trust_run and resume is not None:
+        raise UsageError("--trust goes with a new agent (a resumed one keeps its own trust)")
     team = env.team()
     spec: dict[str, Any] = {
         "model": model,
@@ -203,6 +211,12 @@ def agent(
         spec["replay"] = replay
         if cwd is None:
             spec["cwd"] = None  # (the recorded run's)
+    if resume is None:
+        from shoal.core.trust import AGENT_SOURCES, DEFINITION_SOURCES
+
+        sources = AGENT_SOURCES if mcp_config is None else DEFINITION_SOURCES
+        if settle(env.layout.home, Path(spec["cwd"] or os.getcwd()), sources, trust_run):
+            spec["trust"] = True
     if resume is not None:
         text = (prompt or "").strip() or "Continue."
         from shoal.cli.tasks import full_task_id
@@ -219,6 +233,8 @@ def agent(
     else:
         task = call(env.layout, team, "agent", {"spec": {**spec, "prompt": prompt}})
         task_id = task["id"]
+        if task.get("project_note") and not foreground:  # (in the foreground: its output)
+            click.echo(f"shoal: {task['project_note']}", err=True)
         if as_json and not foreground:
             print_json(task)
         elif not foreground:
@@ -303,13 +319,15 @@ def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
 def agents(cwd: str | None, as_json: bool) -> None:
     """List the agent definitions (built-in, SHOAL_HOME/agents/, the project's .claude/agents/
     and .shoal/agents/), with the file each comes from. A malformed one is reported (file:line)
-    on standard error and skipped."""
+    on standard error and skipped; so are an untrusted project's (see `shoal trust`)."""
     from shoal.workers.agent.definitions import load_catalog
 
     env = get_env(click.get_current_context())
     catalog = load_catalog(env.layout.home, Path(cwd or os.getcwd()))
     for problem in catalog.problems:
         click.echo(f"shoal: warning: {problem}", err=True)
+    if catalog.note:
+        click.echo(f"shoal: {catalog.note}", err=True)
     found = sorted(catalog.agents.values(), key=lambda d: d.name)
     if as_json:
         print_json([d.to_json() for d in found])

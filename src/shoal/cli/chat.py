@@ -23,6 +23,7 @@ from typing import Any, Final
 import click
 
 from shoal.cli.common import common_options, get_env
+from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import ShoalError, UsageError
 
 DOUBLE_PRESS_S: Final = 1.0
@@ -303,6 +304,7 @@ async def _repl(chat: Chat) -> None:
     metavar="ID",
     help="Continue the conversation of agent task ID (it keeps its stored mode).",
 )
+@trust_option
 @common_options
 def chat(
     model: str | None,
@@ -311,6 +313,7 @@ def chat(
     backend: str,
     cwd: str | None,
     resume: str | None,
+    trust_run: bool,
 ) -> None:
     """An interactive session with an agent (or, with --coordinator, a coordinator).
 
@@ -336,6 +339,10 @@ def chat(
         "coordinator": coordinator if coordinator is not None else env_mode(os.environ),
         "main_session": True,
     }
+    from shoal.core.trust import AGENT_SOURCES
+
+    if settle(env.layout.home, Path(spec["cwd"]), AGENT_SOURCES, trust_run):
+        spec["trust"] = True
     session = Chat(env, env.team(), spec)
     if resume is not None:
         from shoal.orchestrator.coordinator import mode_message

@@ -29,7 +29,7 @@ COMMANDS: dict[str, str] = {
     "restart": "control_cmds:restart", "clean": "control_cmds:clean",
     "send-input": "control_cmds:send_input", "remote": "remote:remote",
     "dream": "dream:dream",
-    "monitor": "monitor:monitor",
+    "monitor": "monitor:monitor", "trust": "trust:trust",
     "workflow": "workflow:workflow",
 }  # fmt: skip
 

@@ -2,6 +2,8 @@
 
 The server is one of an MCP config (`.mcp.json` format); checked here and by the leader
 before the task exists: the config loads, it names SERVER, `--every` goes with `--tool`.
+A project's own config (found here, not named with --config) runs its command as the user,
+so it is used only in a trusted directory (`shoal trust`, or --trust for this run).
 """
 
 from __future__ import annotations
@@ -12,18 +14,35 @@ from pathlib import Path
 import click
 
 from shoal.cli.common import common_options, get_env, json_option, parse_json_arg, print_json
+from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import UsageError
 
 CONFIG_NAMES = (".mcp.json", os.path.join(".shoal", "mcp.json"))
 
 
-def _config(explicit: str | None) -> Path:
-    """--config FILE, else ./.mcp.json, else ./.shoal/mcp.json."""
+def _config(explicit: str | None, home: Path, trust_run: bool) -> Path:
+    """--config FILE (the user's choice), else ./.mcp.json, else ./.shoal/mcp.json when this
+    directory is trusted (a UsageError naming the file and the fixes when it is not)."""
     if explicit:
         return Path(os.path.abspath(explicit))
+    from shoal.core import trust
+
+    here = Path(os.getcwd())
+    granted = settle(home, here, trust.MONITOR_SOURCES, trust_run)
+    view = trust.grant(home, here) if granted else trust.view(home, here)
     for name in CONFIG_NAMES:
-        if Path(name).is_file():
-            return Path(os.path.abspath(name))
+        found = view.project.select((Path(name).as_posix(),))
+        if not found:
+            continue
+        if found[0].data is None:
+            raise UsageError(f"{found[0].path} is {found[0].refused}: pass --config FILE")
+        if not view.trusted:
+            raise UsageError(
+                f"{name} is this project's and its servers run as you, but {view.root} is not "
+                f"trusted: {trust.trust_command(view.root)}, or --trust for this run, or "
+                "--config FILE"
+            )
+        return Path(os.path.abspath(name))
     raise UsageError(
         "no MCP config here (.mcp.json or .shoal/mcp.json): pass --config FILE "
         '({"mcpServers": {"NAME": {"command": ..., "args": [...]}}})'
@@ -36,8 +55,9 @@ def _config(explicit: str | None) -> Path:
     "--config",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The MCP config (default: ./.mcp.json, else ./.shoal/mcp.json).",
+    help="The MCP config (default: ./.mcp.json, else ./.shoal/mcp.json, when trusted).",
 )
+@trust_option
 @click.option("--tool", default=None, help="Also call this tool of the server every --every s.")
 @click.option("--every", type=float, default=None, help="Seconds between calls of --tool (60).")
 @click.option("--args", "tool_args", default=None, metavar="JSON", help="The tool's arguments.")
@@ -49,6 +69,7 @@ def monitor(
     tool: str | None,
     every: float | None,
     tool_args: str | None,
+    trust_run: bool,
     as_json: bool,
 ) -> None:
     """Watch MCP server SERVER: every notification and resource update it sends (and, with
@@ -59,7 +80,7 @@ def monitor(
     from shoal.workers.monitor import check_monitor
 
     env = get_env(click.get_current_context())
-    path = _config(config)
+    path = _config(config, env.layout.home, trust_run)
     parsed = parse_json_arg(tool_args, "--args") if tool_args is not None else {}
     if not isinstance(parsed, dict):
         raise UsageError("--args must be a JSON object (the tool's arguments)")

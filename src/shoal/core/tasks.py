@@ -299,6 +299,12 @@ class LocalAgentTaskState(TaskStateBase):
     """The agent task this fork copies (tools, model, history)."""
     mcp_servers: dict[str, JsonDict] | None = None
     """Stdio MCP servers by name ({command, args, env}), from its MCP config."""
+    trusted: str | None = None
+    """The digest of its project's files (core/trust.py) when it may use them; the agents
+    it starts carry that trust on while those files stay as they were."""
+    project_note: str | None = None
+    """The project files it runs without (its project untrusted) and the command that
+    trusts them; said once, at the top of its output."""
     limits: JsonDict | None = None
     transcript: str | None = None
     kill_reason: str | None = None

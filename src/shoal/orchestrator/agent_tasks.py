@@ -12,6 +12,7 @@ from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shoal.core import trust
 from shoal.core.config import config_value
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.paths import Layout
@@ -26,7 +27,7 @@ from shoal.core.writeset import check_write_set
 from shoal.orchestrator import coordinator
 from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
-from shoal.workers.agent.definitions import PERMISSION_MODES, load_catalog
+from shoal.workers.agent.definitions import PERMISSION_MODES, catalog_of, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.mcp_tools import McpServer, find_config
 from shoal.workers.agent.models import check_model, choose_model
@@ -92,12 +93,26 @@ class AgentSpec(BaseModel):
     worker_for: str | None = None  # the coordinator task whose Agent tool asked
     replay: str | None = None  # re-drive this recorded coordinator run (zero model calls)
     main_session: bool = False  # `shoal chat`'s conversation (agent_type main-session)
+    trust: bool = False  # `--trust`: its project's files are trusted for this run (unrecorded)
 
 
 def _environ(host: AgentHost, extra: dict[str, str] | None) -> dict[str, str]:
     env = {os.fsdecode(k): os.fsdecode(v) for k, v in host.environ.items()}
     env.update(extra or {})
     return env
+
+
+def _project(
+    host: AgentHost, spec: AgentSpec, cwd: Path, parent: LocalAgentTaskState | None
+) -> trust.ProjectView:
+    """The project's files as this agent may use them: trusted in SHOAL_HOME/trust.json, for
+    this run (`--trust`), or as the agent it continues or that started it had them (while
+    they are as they were then)."""
+    home = host.layout.home
+    if spec.trust:
+        return trust.grant(home, cwd)
+    starter = parent or (host.find_agent(spec.parent_agent) if spec.parent_agent else None)
+    return trust.view(home, cwd, starter.trusted if starter is not None else None)
 
 
 def _backend(name: str, env: dict[str, str]) -> str:
@@ -220,7 +235,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         agent_type = COORDINATOR_TYPE
     elif spec.main_session:
         agent_type = MAIN_SESSION_AGENT_TYPE
-    definition = load_catalog(host.layout.home, cwd).get(
+    project = _project(host, spec, cwd, parent)
+    definition = catalog_of(host.layout.home, project).get(
         DEFAULT_AGENT_TYPE
         if agent_type in (COORDINATOR_TYPE, MAIN_SESSION_AGENT_TYPE)
         else agent_type
@@ -229,7 +245,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     model = choose_model(asked, definition.model or spec.inherit_model, env, host.layout.home)
     check_model(model, env, cwd)
     tools = _tools(spec)
-    servers = find_config(cwd, spec.mcp_config)
+    servers = find_config(project, spec.mcp_config)
+    sources = trust.DEFINITION_SOURCES if spec.mcp_config else trust.AGENT_SOURCES
     if parent is not None and not servers:
         servers = {k: McpServer.model_validate(v) for k, v in (parent.mcp_servers or {}).items()}
     if tools is None and definition.tools is not None:
@@ -279,6 +296,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         subagent=spec.subagent or (parent.subagent if parent is not None else False),
         parent_agent=spec.parent_agent,
         mcp_servers={k: v.model_dump() for k, v in servers.items()} or None,
+        trusted=project.granted,
+        project_note=trust.left_out_note(project, sources),
         instructions=instructions,
         limits=limits or None,
         transcript=transcript,
@@ -346,7 +365,7 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         tools = tuple(t for t in tools if t not in ("Write", "Edit"))
     if spec.agent_type is not None and spec.agent_type != DEFAULT_AGENT_TYPE:
         cwd = Path(boss.cwd or os.getcwd())
-        definition = load_catalog(host.layout.home, cwd).get(spec.agent_type)
+        definition = load_catalog(host.layout.home, cwd, boss.trusted).get(spec.agent_type)
         instructions = definition.prompt or None
         if definition.tools is not None:
             tools = tuple(t for t in tools if t in definition.tools)
@@ -379,6 +398,7 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         subagent=True,
         parent_agent=boss.id,
         mcp_servers=boss.mcp_servers,
+        trusted=boss.trusted,
         instructions=instructions,
         limits=limits or None,
         transcript=str(transcript_path(host.session.dir, task_id)),

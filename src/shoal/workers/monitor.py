@@ -100,7 +100,7 @@ async def _monitor(args: argparse.Namespace) -> int:
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    from shoal.workers.agent.mcp_tools import load_config
+    from shoal.workers.agent.mcp_tools import load_config, server_environment
 
     servers = load_config(Path(args.config))
     server = servers.get(args.server)
@@ -132,7 +132,7 @@ async def _monitor(args: argparse.Namespace) -> int:
     params = StdioServerParameters(
         command=server.command,
         args=server.args,
-        env={**os.environ, **server.env},
+        env=server_environment(os.environ, server.env),
         cwd=args.cwd or os.getcwd(),
     )
     with tempfile.TemporaryFile("w+", errors="replace") as errlog:

@@ -11,7 +11,9 @@
 
 They are read from `SHOAL_HOME/agents/`, then a project's `.claude/agents/`, then its
 `.shoal/agents/` (a later one of the same name wins), beside the built-ins `general-purpose`
-and `fork`. A malformed file is reported with file:line and skipped, never half loaded.
+and `fork`. A project's are used only when the project is trusted (core/trust.py): else
+they are left out, and `Catalog.note` says so. A malformed file is reported with file:line
+and skipped, never half loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.core import trust
 from shoal.core.errors import UsageError
+from shoal.core.trust import DEFINITION_DIRS, ProjectView
 from shoal.workers.agent.models import ModelSpec
 
 BUILT_IN: Final = "built-in"
@@ -74,34 +78,60 @@ class Catalog:
 
     agents: dict[str, AgentDefinition] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    note: str | None = None  # the project's definitions left out (untrusted), and the fix
 
     def get(self, name: str) -> AgentDefinition:
         found = self.agents.get(name)
         if found is None:
             known = ", ".join(sorted(self.agents))
-            raise UsageError(f"unknown agent type {name!r} (known: {known}; see `shoal agents`)")
+            why = f"; {self.note}" if self.note else ""
+            raise UsageError(
+                f"unknown agent type {name!r} (known: {known}; see `shoal agents`){why}"
+            )
         return found
 
 
 def directories(home: Path, project: Path) -> list[Path]:
     """Where definitions are read from, lowest precedence first."""
-    return [home / "agents", project / ".claude" / "agents", project / ".shoal" / "agents"]
+    return [home / "agents", *(project / d for d in DEFINITION_DIRS)]
 
 
-def load_catalog(home: Path, project: Path) -> Catalog:
+def load_catalog(home: Path, project: Path, granted: str | None = None) -> Catalog:
+    """The definitions for an agent in `project` (its own only when it is trusted, or its
+    files are those of `granted`, a digest trusted for this run)."""
+    return catalog_of(home, trust.view(home, project, granted))
+
+
+def catalog_of(home: Path, project: ProjectView) -> Catalog:
+    """The built-ins, SHOAL_HOME's definitions (the user's own: always), then the project's
+    that `project` lets this run use, parsed from the bytes its trust was decided on."""
     catalog = Catalog({d.name: d for d in BUILT_INS})
-    for directory in directories(home, project):
+    try:
+        own = sorted((home / "agents").glob("*.md"))
+    except OSError:
+        own = []
+    found: list[tuple[str, bytes | None]] = []
+    for path in own:
         try:
-            files = sorted(directory.glob("*.md"))
-        except OSError:
+            found.append((str(path), path.read_bytes()))
+        except OSError as exc:
+            catalog.problems.append(f"{path}: cannot read ({exc.strerror}); skipped")
+    for directory in trust.DEFINITION_SOURCES:
+        for f in project.usable(directory):
+            if f.path.endswith(".md"):
+                found.append((str(project.directory / f.path), f.data))
+    for source, data in found:
+        try:
+            text = (data or b"").decode("utf-8")
+            definition = parse_definition(text, source)
+        except UnicodeDecodeError:
+            catalog.problems.append(f"{source}:1: not UTF-8 text; skipped")
             continue
-        for path in files:
-            try:
-                definition = parse_definition(path.read_text(encoding="utf-8"), str(path))
-            except (UsageError, OSError, UnicodeDecodeError) as exc:
-                catalog.problems.append(f"{exc}; skipped")
-                continue
-            catalog.agents[definition.name] = definition
+        except UsageError as exc:
+            catalog.problems.append(f"{exc}; skipped")
+            continue
+        catalog.agents[definition.name] = definition
+    catalog.note = trust.left_out_note(project, trust.DEFINITION_SOURCES)
     return catalog
 
 

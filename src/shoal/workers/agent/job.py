@@ -67,6 +67,7 @@ class AgentJob(BaseModel):
     status_file: str
     inbox: str | None = None
     mcp_servers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # said once at the top of its output (files left out)
     resume: bool = False
     echo: bool = False  # also print the readable transcript on stdout (a tmux pane)
     coordinator: bool = False  # coordinator mode: its tools are Agent, SendMessage, TaskStop

@@ -372,6 +372,7 @@ class AgentKind:
             fork=task.fork,
             subagent=task.subagent,
             mcp_servers=dict(task.mcp_servers or {}),
+            notes=(task.project_note,) if task.project_note else (),
             permission_mode=task.permission_mode,
             limits=JobLimits(
                 **{k: v for k, v in (task.limits or {}).items() if k in JobLimits.model_fields}

@@ -3,6 +3,9 @@ directory) or `--mcp-config FILE`, in the format Claude Code users have:
 
     {"mcpServers": {"time": {"command": "mcp-server-time", "args": [], "env": {}}}}
 
+The project's file is used only when the project is trusted (core/trust.py); `--mcp-config`
+is the user's own choice. A server gets a scrubbed environment (the mcp SDK's allow-list,
+the locale, time zone and temp dir, and what its config names), never the agent's API keys.
 Each server's tools are offered to the model as `mcp__{server}__{tool}` through the mcp SDK's
 stdio client. A server that cannot start is noted in the agent's output and its tools are left
 out; one that fails or exits during a call gives that call a tool error. Either way the note
@@ -15,13 +18,14 @@ import contextlib
 import json
 import re
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shoal.core.errors import UsageError
+from shoal.core.trust import ProjectView
 
 if TYPE_CHECKING:
     from pydantic_ai import Tool
@@ -49,10 +53,19 @@ class McpServer(BaseModel):
 def load_config(path: Path) -> dict[str, McpServer]:
     """The servers of an MCP config file; a UsageError naming the file and what is wrong."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"MCP config {path} not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise UsageError(f"MCP config {path}: {exc}") from None
+    return parse_config(data, path)
+
+
+def parse_config(data: bytes, path: Path) -> dict[str, McpServer]:
+    """The servers of the MCP config `data` (read from `path`, which errors name)."""
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"MCP config {path}: {exc}") from None
     servers = raw.get("mcpServers") if isinstance(raw, dict) else None
     if not isinstance(servers, dict):
@@ -70,12 +83,30 @@ def load_config(path: Path) -> dict[str, McpServer]:
     return found
 
 
-def find_config(cwd: Path, explicit: str | None) -> dict[str, McpServer]:
-    """`--mcp-config FILE` if given, else the project's `.shoal/mcp.json` if there is one."""
+def find_config(project: ProjectView, explicit: str | None) -> dict[str, McpServer]:
+    """`--mcp-config FILE` if given (the user's choice), else the project's `.shoal/mcp.json`
+    when `project` lets this run use it (trusted), as it was when its trust was decided."""
     if explicit:
         return load_config(Path(explicit))
-    project = cwd / PROJECT_CONFIG
-    return load_config(project) if project.is_file() else {}
+    data = project.data(PROJECT_CONFIG.as_posix())
+    return parse_config(data, project.directory / PROJECT_CONFIG) if data is not None else {}
+
+
+PASSED_ENV: Final = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+"""Passed to a server beside the mcp SDK's allow-list: locale, time zone, temp dir."""
+
+
+def server_environment(env: Mapping[str, str], named: Mapping[str, str]) -> dict[str, str]:
+    """A server's environment: from `env`, only the mcp SDK's default allow-list (PATH, HOME,
+    USER, ...) and PASSED_ENV, then what its config names; never the rest (API keys)."""
+    from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
+
+    chosen = {
+        k: env[k]
+        for k in (*DEFAULT_INHERITED_ENV_VARS, *PASSED_ENV)
+        if k in env and not env[k].startswith("()")  # (as the SDK: no shell functions)
+    }
+    return {**chosen, **named}
 
 
 def _text_of(result: Any) -> str:
@@ -92,7 +123,7 @@ def _text_of(result: Any) -> str:
 async def open_servers(
     servers: dict[str, McpServer],
     stack: contextlib.AsyncExitStack,
-    env: dict[str, str],
+    env: Mapping[str, str],
     cwd: Path,
     note: Callable[[str], None],
     guard: Guard | None = None,
@@ -111,7 +142,7 @@ async def open_servers(
     tools: list[Tool[Any]] = []
     for name, spec in servers.items():
         params = StdioServerParameters(
-            command=spec.command, args=spec.args, env={**env, **spec.env}, cwd=cwd
+            command=spec.command, args=spec.args, env=server_environment(env, spec.env), cwd=cwd
         )
         inner = contextlib.AsyncExitStack()
         # (closed with the server's stack: the stderr it wrote, for the notes of its failures)

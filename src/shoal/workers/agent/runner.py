@@ -480,7 +480,7 @@ async def run_job(
             if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):
                 status.note = None  # (a fork is copied mid-round: the round in flight is its own)
         async with contextlib.AsyncExitStack() as stack:
-            notes: list[str] = []
+            notes: list[str] = list(job.notes)
             mcp = await open_servers(
                 {k: McpServer.model_validate(v) for k, v in job.mcp_servers.items()},
                 stack,
