@@ -401,9 +401,9 @@ def test_env_values_and_the_token_are_never_written_under_shoal_home(
         )  # fmt: skip
         final = ended(home, task_id)
         assert final["status"] == "completed", final
+        assert not files_holding(home, value) and not files_holding(home, token)
         assert final["remote_task_metadata"]["env_names"] == ["K"]
         assert digest in Path(final["output_file"]).read_text()
-        assert not files_holding(home, value) and not files_holding(home, token)
     assert not files_holding(home, value) and not files_holding(home, token)
 
 
@@ -494,3 +494,61 @@ def test_a_pane_command_of_one_argument_gets_its_spec_secrets(
         assert command_lines_holding("PLAIN=p")  # (a plain variable still goes with -e)
     finally:
         backend.close("alpha")
+
+
+# The ultraplan's scripted model: it asks which database first, and plans once it was told.
+PLAN_SCRIPT = '''
+[[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { description = "decide", command = """
+if grep -q 'The user answered: postgres' <<'END_OF_PROMPT'
+{prompt}
+END_OF_PROMPT
+then echo 'PLAN: 1. create the tables in postgres'; else echo 'QUESTION: which database?'; fi""" }
+
+[[turn]]
+text = "{last}"
+'''
+
+
+@pytest.mark.ray_head
+@pytest.mark.xdist_group("ray")
+def test_a_restarted_leader_has_no_env_value_and_names_the_env_a_new_job_needs(
+    cli: Cli, home: Path, ray: RayHead, tmp_path: Path
+) -> None:
+    """An ultraplan submitted with `--env K=VALUE` asks a question; its leader is killed
+    (kill -9) and started again: the value was in the old leader's memory only, so answering
+    (which submits a new job) is refused with one line naming `--env K`, and the task still
+    waits for its answer, unchanged."""
+    from shoal.core.paths import Layout
+    from shoal.orchestrator.liveness import leader_alive
+
+    value = marker()
+    repo = git_repo(tmp_path / "repo", {"plan.toml": PLAN_SCRIPT})
+    with leader(cli, {}):
+        task_id = submit(
+            cli, repo, "--env", f"K={value}", "--type", "ultraplan",
+            "--model", "scripted:plan.toml", "db?",
+        )  # fmt: skip
+
+        def asking() -> dict[str, Any] | None:
+            task = tasks(home).get(task_id)
+            return task if task and task.get("ultraplan_phase") == "needs_input" else None
+
+        wait_until(asking, timeout=JOB_S, interval=0.1, what="the question")
+        alive = leader_alive(Layout(home), "default")
+        assert alive is not None
+        os.kill(alive[0], 9)
+        wait_until(lambda: leader_alive(Layout(home), "default") is None, what="the leader's end")
+        restarted = cli("up", "-d", "-q", env=FAST)
+        assert restarted.returncode == 0, restarted.stderr
+        out = cli("approve", task_id, "--feedback", "postgres")
+        assert out.returncode != 0, out
+        line = out.stderr.strip()
+        assert "\n" not in line and "needs --env K," in line and "--env K" in line, line
+        assert "restarted" in line and value not in line, line
+        task = tasks(home)[task_id]
+        assert task["status"] == "running" and task["ultraplan_phase"] == "needs_input"
+        assert task["session_id"] == task_id  # (no continuation job was made)
+    assert not files_holding(home, value)
