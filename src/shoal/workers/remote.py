@@ -79,14 +79,8 @@ SHOAL_COMMAND_ENV: Final = "SHOAL_RAY_SHOAL"
 """How a cluster node runs shoal for a remote agent (default `shoal`, on the node's PATH)."""
 LOG_KEEP: Final = 20  # status changes kept in a record's `log`
 # What a job's environment gets of the leader's, for an agent type: the model providers'
-# settings (their keys only when named with --env: `is_secret` keeps them out).
-MODEL_ENV: Final = (
-    "SHOAL_MODEL",
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-)
+# settings, never their keys (a key reaches a job only when named with --env).
+MODEL_ENV: Final = ("SHOAL_MODEL", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL")
 MARKER: Final = re.compile(r"^::shoal-([a-z-]+)::[ \t]?(.*)$")
 # Ray's own lines in a job's log, before its entrypoint runs.
 RAY_LINE: Final = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\t[A-Z]+ job_manager\.py:\d+ -- ")
@@ -1041,9 +1035,9 @@ class RemoteKind:
         if missing:
             flags = " ".join(f"--env {n}" for n in missing)
             raise RemoteError(
-                f"the job of {task.id} needs {flags}, whose value is kept in the leader's "
-                "memory only and was lost when it restarted: submit the task again with "
-                f"{flags}"
+                f"the job of {task.id} needs {flags}, whose value was kept in the leader's "
+                "memory only (never on disk) and went when it restarted: submit a new task "
+                f"with shoal remote submit {flags}"
             )
         return dict(values)
 
