@@ -10,6 +10,7 @@ submits the job. `shoal remote job` is what a remote agent runs on the cluster's
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import orjson
 from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import UsageError
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TYPES = ("remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-pr", "shell")
 
 
@@ -55,7 +57,19 @@ def remote() -> None:
     help="The working directory packed for the job (default: here); it must be in a git "
     "repository with a commit.",
 )
-@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Job environment.")
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY[=VALUE]",
+    help="A variable of the job's environment (KEY alone: its value here). Nothing else of "
+    "this environment reaches the job, API keys included. Values are never written to disk.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine.",
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -74,6 +88,7 @@ def submit(
     address: str | None,
     cwd: str | None,
     env_pairs: tuple[str, ...],
+    insecure: bool,
     timeout: float | None,
     long_running: bool,
     title: str | None,
@@ -83,7 +98,7 @@ def submit(
 ) -> None:
     """Submit PROMPT (an agent; `-` reads standard input) or, with --type shell, the command
     after `--` as a Ray job; prints the task's id."""
-    from shoal.cli.agent import _env_pairs
+    from shoal.core.secretenv import is_secret
     from shoal.orchestrator.client import call
     from shoal.workers.ray_jobs import RayJobs, resolve_address
     from shoal.workers.remote import check_model_key, pack_workdir
@@ -91,7 +106,7 @@ def submit(
 
     env = get_env(click.get_current_context())
     team = env.team()
-    job_env = _env_pairs(env_pairs)  # (a bad pair is refused before the cluster is asked)
+    job_env = job_env_of(env_pairs)  # (a bad pair is refused before the cluster is asked)
     spec: dict[str, Any] = {"remote_type": remote_type}
     if remote_type == "shell":
         spec["command"] = argv_for(list(args))[0]
@@ -111,15 +126,23 @@ def submit(
             spec["model"] = model
     where = Path(os.path.abspath(cwd or os.getcwd()))
     url = resolve_address(address)
-    with RayJobs(url) as client:
+    with RayJobs(url, insecure=insecure) as client:  # (a token over http: refused here)
         client.version()  # the address answers (else: one line naming it)
         package = pack_workdir(where)
-        # (a key passed with --env is the job's too)
-        keys = {**os.environ, **job_env}
+        # The job's environment: what --env names (a key only there), and the model's
+        # settings, which the leader passes on.
+        keys = {**{k: v for k, v in os.environ.items() if not is_secret(k)}, **job_env}
         check_model_key(remote_type, model, keys, env.layout.home, where, package)
         spec["package"] = client.upload_package(package.name, package.data)
+    if job_env:
+        click.echo(
+            f"note: Ray shows a job's environment (--env {', '.join(sorted(job_env))}) to "
+            f"whoever reaches the dashboard at {url}",
+            err=True,
+        )
     spec.update(
         address=url,
+        insecure=insecure,
         cwd=os.path.relpath(where.resolve(), package.root.resolve()),
         env=job_env,
         timeout=timeout,
@@ -132,6 +155,24 @@ def submit(
         print_json(task)
     else:
         click.echo(task["id"])
+
+
+def job_env_of(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`--env KEY=VALUE` and `--env KEY` (the value of $KEY here) as the job's variables."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not _ENV_NAME.fullmatch(key):
+            raise UsageError(f"--env takes KEY or KEY=VALUE, not {pair!r}")
+        if not sep:
+            if key not in os.environ:
+                raise UsageError(
+                    f"--env {key}: ${key} is not set in this environment "
+                    f"(set it, or pass --env {key}=VALUE)"
+                )
+            value = os.environ[key]
+        out[key] = value
+    return out
 
 
 @remote.command()

@@ -384,6 +384,11 @@ def _detail(event: dict[str, Any]) -> str:
     help="With --backend ray: the cluster's dashboard (default: $SHOAL_RAY_ADDRESS).",
 )
 @click.option(
+    "--insecure",
+    is_flag=True,
+    help="With --backend ray: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine.",
+)
+@click.option(
     "--halt",
     default=None,
     metavar="POLICY",
@@ -464,6 +469,7 @@ def run(
     jobs: int | None,
     backend: str | None,
     ray_address: str | None,
+    insecure: bool,
     halt: str | None,
     junit: str | None,
     report: str | None,
@@ -535,6 +541,7 @@ def run(
         keep_team=keep_team,
         results=Path(results) if results else None,
         ray=ray_address,
+        ray_insecure=insecure,
     )
     # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.
     err = Droppable(sys.stderr)

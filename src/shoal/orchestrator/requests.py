@@ -147,12 +147,14 @@ class LeaderRequests(LeaderStore, ABC):
 
     def start_remote(self, spec: RemoteSpec) -> RemoteAgentTaskState:
         """Check and register a `remote_agent` task and start it (a Ray job; remote.py). An
-        agent type needs its model's key in the leader's environment, which the job gets."""
+        agent type needs its model's key in the job's environment: named with --env (the
+        values stay in the remote kind's memory; the task's record has their names)."""
         if not self._owns():
             return self.call(lambda: self.start_remote(spec)).result()
-        env = {**self.remote.environ, **spec.env}  # (a key given with --env counts)
+        env = {**self.remote.inherited_env(spec.remote_type), **spec.env}
         check_model_key(spec.remote_type, spec.model, env, self.layout.home, Path.cwd())
         task = new_remote_task(spec, self.session.output_file)
+        self.remote.remember_env(task.id, spec.env)
         self.layout.ensure(self.session.tasks_dir)
         self.register(task)
         self.queue.append(task.id)

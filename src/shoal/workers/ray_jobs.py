@@ -10,6 +10,7 @@ text names the address and what was asked, never a traceback from the dashboard.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -122,6 +123,31 @@ def resolve_address(option: str | None, environ: Mapping[str, str] | None = None
     return f"{url.scheme}://{netloc}{url.path}".rstrip("/")
 
 
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and the loopback addresses (127.0.0.0/8, ::1): traffic to them
+    never leaves the machine. A name is not resolved (that would ask the network)."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_token_transport(address: str, token: str | None, *, insecure: bool = False) -> None:
+    """Refuse to send a bearer token in clear (http) to a host off this machine, unless the
+    user said `--insecure`: anyone on the path would read it and drive the cluster."""
+    if not token or insecure:
+        return
+    url = urlsplit(address)
+    if url.scheme == "http" and not is_loopback(url.hostname or ""):
+        raise RayError(
+            f"refusing to send ${TOKEN_ENV} in clear over http to {address} (not this "
+            "machine): use the cluster's https:// address, or pass --insecure to send it anyway"
+        )
+
+
 class RayJobs:
     """A client of one cluster's Jobs API (thread-safe: httpx2's client is)."""
 
@@ -131,12 +157,16 @@ class RayJobs:
         token: str | None = None,
         *,
         timeout: float = REQUEST_TIMEOUT_S,
+        insecure: bool = False,
     ) -> None:
+        """A client of the cluster at `address`; a token (else $SHOAL_RAY_TOKEN) is sent
+        only over https or to loopback, unless `insecure` (checked before any connection)."""
+        self.address = address.rstrip("/")
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        check_token_transport(self.address, token, insecure=insecure)
         import httpx2  # (imported with the first client: a leader without one never pays)
 
         self._httpx = httpx2
-        self.address = address.rstrip("/")
-        token = token if token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http: httpx2.Client = httpx2.Client(
             base_url=self.address,

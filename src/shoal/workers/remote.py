@@ -12,6 +12,11 @@ per task at a time, and the loop applies their results (on its own thread) when 
 A sidecar file `sessions/{s}/remote/{id}.json` is written at submit and deleted once the
 task's end was notified; a resumed leader re-attaches to running jobs by id and never revives
 a task that had ended.
+
+Secrets: a job's environment is what `--env` names (Ray shows it to whoever reaches the
+dashboard), never the leader's keys by default; the values of `--env` live in the leader's
+memory only (the task's record names them), so a job not yet submitted when its leader
+restarts cannot be, and says which `--env` it needs again.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from shoal.core import git
 from shoal.core.errors import ShoalError, UsageError
 from shoal.core.events import task_started, task_terminated
 from shoal.core.jsonio import atomic_write, dumps
+from shoal.core.secretenv import is_secret
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -72,14 +78,9 @@ UPLOAD_LIMIT_MB: Final = 100
 SHOAL_COMMAND_ENV: Final = "SHOAL_RAY_SHOAL"
 """How a cluster node runs shoal for a remote agent (default `shoal`, on the node's PATH)."""
 LOG_KEEP: Final = 20  # status changes kept in a record's `log`
-# What a job's environment gets of the leader's, for an agent type: the model providers'.
-MODEL_ENV: Final = (
-    "SHOAL_MODEL",
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-)
+# What a job's environment gets of the leader's, for an agent type: the model providers'
+# settings, never their keys (a key reaches a job only when named with --env).
+MODEL_ENV: Final = ("SHOAL_MODEL", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL")
 MARKER: Final = re.compile(r"^::shoal-([a-z-]+)::[ \t]?(.*)$")
 # Ray's own lines in a job's log, before its entrypoint runs.
 RAY_LINE: Final = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\t[A-Z]+ job_manager\.py:\d+ -- ")
@@ -112,6 +113,10 @@ class RemoteSpec(BaseModel):
     command: str | None = None
     model: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    """The job's environment: the values travel in the request and stay in the leader's
+    memory; the task's record keeps their names only."""
+    insecure: bool = False
+    """Send $SHOAL_RAY_TOKEN over plain http to a host off this machine (--insecure)."""
     timeout: float | None = Field(default=None, gt=0)
     long_running: bool = False
     title: str | None = None
@@ -140,7 +145,8 @@ def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> Rem
         "package": spec.package,
         "cwd": spec.cwd,
         "entrypoint": entry,
-        "env": spec.env,
+        "env_names": sorted(spec.env),
+        "insecure": spec.insecure,
         "model": spec.model,
         "prompt": spec.prompt,
         "timeout_s": spec.timeout,
@@ -212,7 +218,12 @@ def upload_limit() -> int:
 
 def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
     """Zip the git work tree `cwd` is in (what .gitignore excludes stays out), checking that
-    it is a repository with a commit and that the zip stays under the upload limit."""
+    it is a repository with a commit and that the zip stays under the upload limit.
+
+    Nothing from outside the tree is packed: a symlink whose target leaves it is refused
+    (named), one that stays inside is packed as a copy of its target (Ray unpacks with
+    `zipfile`, which restores no links; the target's bytes are the tree's own), and a file
+    with hard links that are not all in the tree is refused (its data is some other file's)."""
     import io
     import zipfile
 
@@ -228,23 +239,33 @@ def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
     buffer = io.BytesIO()
     count = 0
     names: set[str] = set()
+    real_root = os.path.realpath(root)
+    links: dict[tuple[int, int], list[str]] = {}  # (dev, inode) -> packed names, nlink > 1
+    nlinks: dict[tuple[int, int], int] = {}
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for rel in git.listed_files(root):
-            path = root / rel
-            try:
-                st = path.stat()
-            except OSError:
-                continue  # tracked but deleted, or a dangling link
-            if not stat.S_ISREG(st.st_mode):
-                continue  # a submodule's directory
+            read = _read_inside(root, real_root, rel)
+            if read is None:
+                continue  # tracked but deleted, a dangling link, a submodule's directory
+            st, content = read
+            if st.st_nlink > 1:
+                links.setdefault((st.st_dev, st.st_ino), []).append(rel)
+                nlinks[(st.st_dev, st.st_ino)] = st.st_nlink
             info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = (stat.S_IMODE(st.st_mode) | stat.S_IFREG) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, path.read_bytes())
+            zf.writestr(info, content)
             count += 1
             names.add(rel)
             if buffer.tell() > limit:
                 break
+    for inode, packed in links.items():
+        if len(packed) < nlinks[inode]:
+            raise RemoteError(
+                f"{root / packed[0]} is a hard link to a file outside the work tree (it has "
+                f"{nlinks[inode]} links, {len(packed)} of them here), whose data would be "
+                "uploaded: give it its own copy (cp --remove-destination) or remove it"
+            )
     data = buffer.getvalue()
     if len(data) > limit:
         raise RemoteError(
@@ -255,6 +276,58 @@ def pack_workdir(cwd: Path, limit: int | None = None) -> Package:
     return Package(root=root, name=name, data=data, files=count, names=frozenset(names))
 
 
+def _read_inside(root: Path, real_root: str, rel: str) -> tuple[os.stat_result, bytes] | None:
+    """The stat and bytes of the regular file `rel` of the tree (a symlink: its target's),
+    None when there is none; a link (or a linked directory on the way) that leads out of the
+    tree, or into its .git (which may hold credentials), is refused. Where the file was
+    opened is checked again (/proc/self/fd), so a link swapped in meanwhile is caught too."""
+    path = root / rel
+    try:
+        lst = os.lstat(path)
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        return None  # a dangling link: nothing to pack
+    what = "a symlink" if stat.S_ISLNK(lst.st_mode) else "reached through a symlink"
+    _check_beneath(path, rel, real, root, real_root, what)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None  # a submodule's directory, a link to a directory, a FIFO
+        with contextlib.suppress(OSError):  # (no /proc: the check above stands alone)
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+            _check_beneath(path, rel, opened, root, real_root, "now a link")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return st, b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _check_beneath(path: Path, rel: str, real: str, root: Path, real_root: str, what: str) -> None:
+    """Refuse `path` (resolving to `real`) unless it stays in the tree, out of its .git."""
+    if not _beneath(real, real_root):
+        where = f"outside the work tree {root}"
+    elif _beneath(real, os.path.join(real_root, ".git")):
+        where = "in the repository's .git (which may hold credentials)"
+    else:
+        return
+    raise RemoteError(
+        f"{path} is {what} to {real}, {where}: its target would be uploaded with the tree; "
+        f"remove the link (git rm {shlex.quote(rel)}) or make it point inside the tree"
+    )
+
+
+def _beneath(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def check_model_key(
     remote_type: str,
     model: str | None,
@@ -263,8 +336,9 @@ def check_model_key(
     cwd: Path,
     package: Package | None = None,
 ) -> None:
-    """An agent type needs its model's key (the offline scripted model needs none). A
-    script's or a transcript's file is the node's, relative to the job's working directory:
+    """An agent type needs its model's key in the job's environment `env` (what `--env`
+    names: a key in ours alone does not reach the job; the offline scripted model needs none).
+    A script's or a transcript's file is the node's, relative to the job's working directory:
     with the `package` the job gets (at submit), it must be a file packed in it (relative to
     `cwd`) or, absolute, a file here; without one (the leader) it is not checked."""
     if remote_type not in AGENT_TYPES:
@@ -273,7 +347,12 @@ def check_model_key(
 
     spec = choose_model(model, None, env, home)
     if spec.provider in PROVIDER_ENV:
-        check_model(spec, env, cwd)
+        key = PROVIDER_ENV[spec.provider][0]
+        if not env.get(key):
+            raise RemoteError(
+                f"model {spec} needs ${key} on the cluster: pass --env {key} (its value is "
+                "taken from this environment; a key reaches a Ray job only when named)"
+            )
         return
     if not spec.name or package is None:
         return
@@ -441,11 +520,33 @@ class RemoteKind:
         self._ended: dict[str, float] = {}
         self._wake: Callable[[], None] | None = None
         self._sidecars: dict[str, tuple[Path, dict[str, Any]]] = {}
+        # The values of each task's --env, in memory only (its record keeps the names).
+        self._env_values: dict[str, dict[str, str]] = {}
 
     @property
     def environ(self) -> dict[str, str]:
-        """The leader's environment (what agent jobs get their model's key from)."""
+        """The leader's environment."""
         return self._environ
+
+    def inherited_env(self, remote_type: str) -> dict[str, str]:
+        """What an agent job gets of the leader's environment without asking: the model
+        settings of MODEL_ENV, never a secret (a key reaches a job only through --env)."""
+        if remote_type not in AGENT_TYPES:
+            return {}
+        return {
+            name: self._environ[name]
+            for name in MODEL_ENV
+            if self._environ.get(name) and not is_secret(name)
+        }
+
+    def remember_env(self, task_id: str, env: Mapping[str, str]) -> None:
+        """Keep task `task_id`'s --env values for its jobs (in memory: never written)."""
+        if env:
+            self._env_values[task_id] = dict(env)
+
+    def forget_env(self, task_id: str) -> None:
+        """The task has ended: its values are no longer needed."""
+        self._env_values.pop(task_id, None)
 
     # -- TaskKind --------------------------------------------------------------------------
 
@@ -504,6 +605,7 @@ class RemoteKind:
         job = self.jobs.get(task.id)
         if task.status == TaskStatus.PENDING or job is None or (job.waiting and not job.future):
             self.jobs.pop(task.id, None)
+            self.forget_env(task.id)
             changes: dict[str, Any] = {
                 "kill_reason": reason,
                 "error": reason,
@@ -644,6 +746,7 @@ class RemoteKind:
             )
         if task.ultraplan_phase == "plan_ready" and approve:
             self.jobs.pop(task.id, None)
+            self.forget_env(task.id)
             changes: dict[str, Any] = {
                 "end_time": time.time(),
                 "log": _logged(task, "approved", "the plan"),
@@ -667,6 +770,7 @@ class RemoteKind:
             else f"{meta.get('prompt') or ''}\n\nYour plan was:\n{task.result or ''}\n\n"
             f"The user wants it changed: {said}"
         )
+        self._named_env(task)  # (the next job needs them: refused here, the task unchanged)
         spec = RemoteSpec(
             remote_type="ultraplan",
             address=str(meta.get("address")),
@@ -869,6 +973,7 @@ class RemoteKind:
         changes: dict[str, Any],
     ) -> None:
         self.jobs.pop(task.id, None)
+        self.forget_env(task.id)
         if status == TaskStatus.KILLED:
             reason = job.stop_reason or task.kill_reason or "the job was stopped on the cluster"
             changes.setdefault("error", reason)
@@ -898,15 +1003,14 @@ class RemoteKind:
         address = str(meta.get("address") or "")
         if not address:
             raise RemoteError(f"remote task {task.id} names no cluster address")
-        client = self._clients.get(address)
+        insecure = bool(meta.get("insecure"))
+        client = self._clients.get(f"{insecure}:{address}")
         if client is None:
-            client = self._clients[address] = RayJobs(address, self._environ.get("SHOAL_RAY_TOKEN"))
-        env_vars = {str(k): str(v) for k, v in (meta.get("env") or {}).items()}
-        env_vars.setdefault("PYTHONUNBUFFERED", "1")
-        if task.remote_task_type in AGENT_TYPES:
-            for name in MODEL_ENV:
-                if self._environ.get(name) and name not in env_vars:
-                    env_vars[name] = self._environ[name]
+            client = RayJobs(address, self._environ.get("SHOAL_RAY_TOKEN"), insecure=insecure)
+            self._clients[f"{insecure}:{address}"] = client
+        env_vars = {**self.inherited_env(task.remote_task_type), "PYTHONUNBUFFERED": "1"}
+        if not submitted:  # (a job on the cluster has its environment already)
+            env_vars.update(self._named_env(task))
         runtime_env: dict[str, Any] = {"env_vars": env_vars}
         if meta.get("package"):
             runtime_env["working_dir"] = meta["package"]
@@ -920,6 +1024,22 @@ class RemoteKind:
             output=Path(task.output_file),
             submitted=submitted,
         )
+
+    def _named_env(self, task: RemoteAgentTaskState) -> dict[str, str]:
+        """The values of the task's --env (kept in memory); a leader that restarted before
+        the job was submitted has none, and says which --env the job needs again."""
+        meta = task.remote_task_metadata or {}
+        names = [str(n) for n in meta.get("env_names") or ()]
+        values = self._env_values.get(task.id, {})
+        missing = [n for n in names if n not in values]
+        if missing:
+            flags = " ".join(f"--env {n}" for n in missing)
+            raise RemoteError(
+                f"the job of {task.id} needs {flags}, whose value was kept in the leader's "
+                "memory only (never on disk) and went when it restarted: submit a new task "
+                f"with shoal remote submit {flags}"
+            )
+        return dict(values)
 
     def _write_sidecar(self, task: RemoteAgentTaskState) -> None:
         """The task's sidecar: what re-attaching needs (the job, the cluster, how far its log

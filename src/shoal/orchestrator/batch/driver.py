@@ -115,6 +115,8 @@ class RunOptions:
     """Copy every task's output into this directory as it ends."""
     ray: str | None = None
     """`--backend ray`: the cluster's address (else $SHOAL_RAY_ADDRESS)."""
+    ray_insecure: bool = False
+    """`--insecure`: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine."""
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,7 @@ class _Driver:
         if (options.backend or settings.backend) == RAY_BACKEND:
             # Shell tasks go to the cluster (checked and uploaded now, before anything
             # starts); members still run here, on the backend this machine has.
-            self.ray = prepare(spec, options.ray)
+            self.ray = prepare(spec, options.ray, insecure=options.ray_insecure)
             self.backend, self.backend_why = resolve_backend(None, "auto")
         else:
             self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)

@@ -6,6 +6,10 @@ is uploaded once, and each attempt is a `remote_agent` task of type `shell` on t
 leader, started in the spec task's directory relative to the tree's root. Dependencies,
 retries, timeouts, halt, the reports, the joblog (its host column names the node) and
 `--resume` are the engine's, as on one machine. Members (teammates) still run here.
+
+A job's environment is the spec's `env` (and the run's own variables), nothing of this
+machine's: an API key reaches a job only when the spec names it. The values are not written
+to the session's state (the leader keeps them in memory; the spec file holds them already).
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ class RayTarget:
     package: str
     root: Path
     ray_version: str
+    insecure: bool = False
 
 
-def prepare(spec: Spec, address: str | None) -> RayTarget:
-    """Check the cluster and the spec's work tree, upload the tree; one clear error each.
+def prepare(spec: Spec, address: str | None, *, insecure: bool = False) -> RayTarget:
+    """Check the cluster and the spec's work tree, upload the tree; one clear error each
+    (a token over plain http to a host off this machine without `insecure` too).
     Per-task JUnit reports are written on the nodes and cannot be merged from here."""
     with_junit = [t.id for t in spec.tasks if getattr(t, "junit", None)]
     if with_junit:
@@ -47,11 +53,11 @@ def prepare(spec: Spec, address: str | None) -> RayTarget:
             "written on a Ray node and cannot be read back here; run them locally"
         )
     url = resolve_address(address)
-    with RayJobs(url) as client:
+    with RayJobs(url, insecure=insecure) as client:
         version = client.version()
         package = pack_workdir(spec.path.parent.resolve())
         uri = client.upload_package(package.name, package.data)
-    return RayTarget(url, uri, package.root, str(version.get("ray_version", "?")))
+    return RayTarget(url, uri, package.root, str(version.get("ray_version", "?")), insecure)
 
 
 class RayShellMixin:
@@ -79,6 +85,7 @@ class RayShellMixin:
                     command=argv_for(list(req.command))[0],
                     env=env,
                     description=req.description,
+                    insecure=self.target.insecure,
                 )
                 task = self.leader.start_remote(spec)
             except ShoalError as exc:

@@ -8,11 +8,16 @@ user's window never confuses shoal. `remain-on-exit` keeps a pane whose process 
 dead until `kill`/`close` removes it. This is the only module that imports libtmux, and every
 tmux command shoal runs comes from here: through `_tmux`, except `exec_tmux`, which hands the
 terminal over to a tmux client (`shoal attach`). `set_global_option` serves the status line.
+
+No secret goes on a tmux command line (`ps` shows it to every user, and the first client's
+stays the server's): secret variables (core/secretenv.py) reach a pane through a 0600 file
+that its first process reads and removes (pane_secrets.py); the others go with `-e`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -36,6 +41,7 @@ from shoal.core.jsonio import LockTimeoutError, lock_for
 from shoal.core.names import validate_name
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive, process_start_time, terminate
+from shoal.core.secretenv import split_secrets
 from shoal.teams.backends.base import BackendUnavailable, Handle, SpawnSpec
 from shoal.teams.backends.process import fork_client, say_broken
 
@@ -52,6 +58,12 @@ DETACHED_SIZE = ("200", "60")
 # over 16 KiB, and a user's environment can be that large.
 PANE_STUB: Final = Path(__file__).with_name("pane_stub.py")
 """The script a pane runs to get its worker forked onto its terminal."""
+PANE_SECRETS: Final = Path(__file__).with_name("pane_secrets.py")
+"""The script a pane with secrets runs first: it reads them from their file, then execs."""
+SECRETS_ENV: Final = "SHOAL_PANE_SECRETS"
+SECRETS_DIR: Final = "pane-secrets"
+SECRETS_STALE_S: Final = 300.0
+"""A secrets file no pane has read after this long is removed (its pane never started)."""
 _FORWARDED = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL", "LC_CTYPE")
 # stderr of a tmux client whose server is not (or no longer) running, or is just exiting
 # because its last session went ("no current target" from list-panes -a).
@@ -258,6 +270,30 @@ def _forwarded_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def _write_secrets(home: Path, team: str, name: str, values: Mapping[str, str]) -> Path:
+    """A new 0600 file of `values` in the team's 0700 `pane-secrets/`, for the pane of
+    member `name` to read and remove; files left by panes that never started go first."""
+    layout = Layout(home)
+    folder = layout.ensure(layout.team_dir(team) / SECRETS_DIR)
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime > SECRETS_STALE_S:
+                    os.unlink(entry.path)
+    path = folder / f"{name}.{secrets.token_hex(8)}.json"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.write(fd, json.dumps(dict(values)).encode())
+    except BaseException:
+        os.close(fd)
+        path.unlink()
+        raise
+    os.close(fd)
+    return path
+
+
 def _pane_command(argv: list[str], env: Mapping[str, str]) -> list[str]:
     """The command arguments for new-window/split-window.
 
@@ -393,16 +429,29 @@ class TmuxBackend:
                 f"member {spec.name!r} of team {spec.team!r} has colour {spec.color!r}, which "
                 "tmux does not know (use a name like 'red', 'colour33' or '#rrggbb')"
             )
-        env = _forwarded_env(spec.env)
+        env, secret = split_secrets(_forwarded_env(spec.env))
         command = _forked_command(spec.argv) or _pane_command(spec.argv, env)
+        secrets_file = None
+        if secret:
+            secrets_file = _write_secrets(spec.home, spec.team, spec.name, secret)
+            env[SECRETS_ENV] = str(secrets_file)
+            if len(command) == 1:  # (a shell line: `exec PROGRAM`)
+                command = ["/bin/sh", "-c", command[0]]
+            command = [sys.executable, "-S", "-I", str(PANE_SECRETS), *command]
         server = self._user_server() if self.inside_tmux() else self._dedicated(spec.team)
-        with self._creation_lock(spec.home, spec.team):
-            pane = self._create_pane(server, spec, env, command)
-            try:
-                self._decorate(server, spec, pane)
-            except ShoalError:
-                self._remove_pane(server, pane.pane_id, pane.pid, None)
-                raise
+        try:
+            with self._creation_lock(spec.home, spec.team):
+                pane = self._create_pane(server, spec, env, command)
+                try:
+                    self._decorate(server, spec, pane)
+                except ShoalError:
+                    self._remove_pane(server, pane.pane_id, pane.pid, None)
+                    raise
+        except BaseException:
+            if secrets_file is not None:  # (no pane will read it)
+                with contextlib.suppress(FileNotFoundError):
+                    secrets_file.unlink()
+            raise
         assert pane.pid is not None  # tmux always reports the pid of a new pane
         self._started[pane.pid] = process_start_time(pane.pid)
         return Handle(
