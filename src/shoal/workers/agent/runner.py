@@ -533,6 +533,7 @@ async def run_job(
                 cwd,
                 notes.append,
                 workspace.lease_guard if workspace.write_set is not None else None,
+                policy,
             )
             if job.coordinator:
                 tools = coordinator_tools(job, leader)
