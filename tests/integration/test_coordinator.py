@@ -539,7 +539,7 @@ tool = "Agent"
 args = { description = "quick", prompt = "Quick one" }
 [[turn.call]]
 tool = "Agent"
-args = { description = "slow", prompt = "Slow one" }
+args = { description = "slow", prompt = "Slow one", write_set = ["bg.pid"] }
 [[turn.call]]
 tool = "SendMessage"
 args = { to = "a00000000", message = "anyone?" }
@@ -596,8 +596,9 @@ def test_stopping_a_worker_stops_its_shells_and_tells_its_coordinator(
     leader: Cli, tmp_path: Path
 ) -> None:
     model = script(tmp_path, CONTINUED)
-    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
     pid_file = tmp_path / "bg.pid"
+    pid_file.touch()  # (its lease: a command may rewrite a leased file, not create one)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the shell")
     bg = int(pid_file.read_text())
     slow = next(t for t in tasks(leader) if t.get("description") == "slow")
