@@ -293,6 +293,14 @@ def spawn_confined(policy: Policy, spawn: Callable[[], _T]) -> _T:
     return value  # type: ignore[no-any-return]
 
 
+def popen_confined(policy: Policy, argv: Sequence[str], **options: Any) -> Any:
+    """`subprocess.Popen(argv, **options)` confined to `policy` (see `spawn_confined`; with no
+    pre-exec hook Python spawns it with vfork, which stays cheap in a large process)."""
+    import subprocess
+
+    return spawn_confined(policy, lambda: subprocess.Popen(argv, **options))
+
+
 def wrapper_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
     """An argv that runs `argv` confined to `policy`, for spawns without a pre-exec hook."""
     return [sys.executable, "-m", "shoal.core.sandbox", json.dumps(policy.to_json()), "--", *argv]

@@ -47,21 +47,20 @@ def _git(root: Path, args: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
     from shoal.core.git import SAFE_CONFIG, no_filters, safe_env
 
     argv = ["git", *SAFE_CONFIG, *no_filters(root, timeout=GIT_TIMEOUT_S), *args]
-    ready = sandbox.prepare(sandbox.Policy(network=False)) if sandbox.abi() >= 1 else None
-    try:
-        return subprocess.run(
-            argv,
-            cwd=root,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=safe_env(),
-            timeout=GIT_TIMEOUT_S,
-            check=False,
-            preexec_fn=ready.preexec if ready is not None else None,
-        )
-    finally:
-        if ready is not None:
-            ready.close()
+    if sandbox.abi() < 1:
+        return subprocess.run(argv, cwd=root, stdin=subprocess.DEVNULL, capture_output=True,
+                              env=safe_env(), timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
+    with sandbox.popen_confined(
+        sandbox.Policy(network=False), argv, cwd=root, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=safe_env(),
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=GIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _git_dirty(root: Path) -> list[str] | None:

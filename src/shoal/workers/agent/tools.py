@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shoal.core.sandbox import Policy, SandboxError, prepare
+from shoal.core.sandbox import Policy, SandboxError, popen_confined
 
 BASH_DEFAULT_TIMEOUT_MS: Final = 120_000
 BASH_MAX_TIMEOUT_MS: Final = 600_000
@@ -402,6 +402,68 @@ def _ripgrep(args: GrepArgs, base: Path) -> list[str]:
     return out.stdout.splitlines()
 
 
+class _ConfinedProcess:
+    """A command started confined (core/sandbox.py's `popen_confined`: vfork-fast, where a
+    pre-exec hook would make Python fork the whole agent process), with asyncio's process
+    interface as far as run_foreground uses it: `pid`, `stdout`, `wait()`, `returncode`.
+    Its end is awaited on a pidfd: no thread waits for it."""
+
+    def __init__(self, popen: Any, stdout: asyncio.StreamReader, transport: Any) -> None:
+        self.popen = popen
+        self.pid: int = popen.pid
+        self.stdout = stdout
+        self._transport = transport
+        self._pidfd = os.pidfd_open(popen.pid)
+
+    @classmethod
+    async def start(
+        cls, command: str, cwd: Path, env: dict[str, str], sandbox: Policy
+    ) -> _ConfinedProcess:
+        import subprocess
+
+        popen = popen_confined(
+            sandbox,
+            ["/bin/sh", "-c", command],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
+        )
+        return cls(popen, reader, transport)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode  # type: ignore[no-any-return]
+
+    async def wait(self) -> int:
+        if self.popen.returncode is None:
+            loop = asyncio.get_running_loop()
+            ended: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            loop.add_reader(self._pidfd, readable)
+            try:
+                await ended
+            finally:
+                loop.remove_reader(self._pidfd)
+            self.popen.wait()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+            self._transport.close()
+        return int(self.popen.returncode)
+
+
 async def run_foreground(
     command: str,
     cwd: Path,
@@ -415,11 +477,8 @@ async def run_foreground(
     `track(pgid, running)` hears of the group as it starts and once it is over (the runner
     lists it in its status, so a runner killed -9 leaves nothing the leader cannot kill).
     With `sandbox` the command and all it starts are confined to that policy (Landlock)."""
-    try:
-        ready = prepare(sandbox) if sandbox is not None else None
-    except SandboxError as exc:
-        raise ToolFailure(f"the command was not run: its sandbox failed ({exc})") from None
-    try:
+    proc: Any
+    if sandbox is None:
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh",
             "-c",
@@ -430,11 +489,12 @@ async def run_foreground(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=ready.preexec if ready is not None else None,
         )
-    finally:
-        if ready is not None:
-            ready.close()
+    else:
+        try:
+            proc = await _ConfinedProcess.start(command, cwd, {**os.environ, **env}, sandbox)
+        except SandboxError as exc:
+            raise ToolFailure(f"the command was not run: its sandbox failed ({exc})") from None
     assert proc.stdout is not None
     if track is not None:
         track(proc.pid, True)
