@@ -137,6 +137,13 @@ def test_a_lease_maps_to_paths_that_never_include_git_or_shoal(tmp_path: Path) -
     assert any("top of the tree" in n for n in notes)
     dirs, files, notes = sandbox.lease_paths(repo, [".git/config", "new.py"])
     assert dirs == files == [] and len(notes) == 2
+    (repo / "escape").symlink_to(tmp_path)  # (a hostile tree's link out of itself)
+    (repo / "src" / "out.py").symlink_to(tmp_path / "elsewhere.py")
+    (tmp_path / "elsewhere.py").write_text("")
+    dirs, files, notes = sandbox.lease_paths(repo, ["escape/**", "escape", "src/*.py", "**"])
+    granted = [*dirs, *files]
+    assert all(Path(p).is_relative_to(repo) for p in granted), granted
+    assert sum("leads outside the tree" in n for n in notes) >= 3, notes
 
 
 # -- shoal's own git runs nothing of the tree's config ------------------------------------------
@@ -440,3 +447,27 @@ def test_config_writable_paths_are_writable_and_bad_ones_are_named(
     (home / "config.toml").write_text('[sandbox]\nwritable = "/"\n')
     with pytest.raises(UsageError, match=r"sandbox\.writable must be a list"):
         sandbox_settings(home)
+
+
+# -- teammates that asked for it ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["process", "in-process"])
+def test_a_sandboxed_teammates_commands_write_only_its_tree(
+    leader: Cli, tmp_path: Path, backend: str
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    brain = tmp_path / "brain.toml"
+    brain.write_text(
+        '[[step]]\nwhen = "task"\nrun = "touch ../beyond.txt; touch inside.txt; '
+        'echo $TMPDIR > done.txt"\n'
+    )
+    spawned = leader("spawn", "ana", "--team", TEAM, "--backend", backend, "--script",
+                     str(brain), "--cwd", str(work), "--sandbox", "--json")  # fmt: skip
+    assert spawned.returncode == 0, spawned.stderr
+    assert leader("task", "add", "--team", TEAM, "first").returncode == 0
+    done = work / "done.txt"
+    wait_until(lambda: done.exists() and done.read_text().strip(), timeout=60, what="the turn")
+    assert (work / "inside.txt").exists() and not (tmp_path / "beyond.txt").exists()
+    assert Path(done.read_text().strip()).is_dir()  # (a tmp of its own)

@@ -343,9 +343,13 @@ def lease_paths(root: Path, write_set: Sequence[str]) -> tuple[list[str], list[s
     notes: list[str] = []
 
     def grant(path: Path) -> None:
-        if _holds_protected(path, root) and path.is_dir():
+        real = path.resolve()  # (a symlink in the tree must not grant what it points at)
+        if real != root and not real.is_relative_to(root):
+            notes.append(f"{path.relative_to(root)}: leads outside the tree; not writable")
             return
-        (dirs if path.is_dir() else files).append(str(path))
+        if _holds_protected(real, root) and real.is_dir():
+            return
+        (dirs if real.is_dir() else files).append(str(real))
 
     for glob in write_set:
         literal, rest = _literal_prefix(glob)
@@ -381,7 +385,7 @@ def lease_paths(root: Path, write_set: Sequence[str]) -> tuple[list[str], list[s
                     notes.append(f"{glob}: more than 10,000 files; the rest are read-only")
                     break
                 if covers([glob], path.relative_to(root).as_posix()):
-                    files.append(str(path))
+                    grant(path)
         notes.append(f"{glob}: only the files it matches now; a command cannot create new ones")
     return dirs, files, notes
 
