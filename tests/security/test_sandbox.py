@@ -471,3 +471,37 @@ def test_a_sandboxed_teammates_commands_write_only_its_tree(
     wait_until(lambda: done.exists() and done.read_text().strip(), timeout=60, what="the turn")
     assert (work / "inside.txt").exists() and not (tmp_path / "beyond.txt").exists()
     assert Path(done.read_text().strip()).is_dir()  # (a tmp of its own)
+
+
+BIG_TREE = """
+final = "done"
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "big", prompt = "Write", write_set = ["src/**"] }
+[[turn]]
+text = "waiting"
+
+[[worker]]
+final = "{result_1}"
+[[worker.turn]]
+[[worker.turn.call]]
+tool = "Bash"
+args = { command = "echo x > zzz-last.txt" }
+"""
+
+
+def test_a_tree_past_the_scan_limit_is_boxed_all_the_same(leader: Cli, tmp_path: Path) -> None:
+    """Outside git the after-the-fact check scans at most 10,000 files; the box has no limit."""
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    bulk = tree / "aaa"
+    bulk.mkdir()
+    for i in range(leasecheck.MAX_SCANNED + 1):
+        (bulk / f"{i}.txt").touch()
+    out = leader("agent", "--team", TEAM, "--coordinator", "--model", script(tmp_path, BIG_TREE),
+                 "--cwd", str(tree), "--backend", "in-process", *BYPASS, "go")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert ended(leader, out.stdout.strip())["status"] == "completed"
+    (worker,) = [t for t in tasks(leader) if t.get("description") == "big"]
+    assert "Permission denied" in worker["result"] and not (tree / "zzz-last.txt").exists()

@@ -188,6 +188,7 @@ async def run_command(
     on the teammate's console as it is written (not for a raw stream the caller shows itself).
     """
     fd = os.open(ctx.output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
+    ready = None
     try:
         start = os.fstat(fd).st_size
         cap = ctx.output_cap
@@ -200,7 +201,6 @@ async def run_command(
         wrapped = shell_tasks.wrapped_argv(
             ["-c", argv[0]] if shell else argv, exit_file, ctx.cwd, gated=True
         )
-        ready = None
         try:
             if ctx.sandbox is not None:  # (the wrapper writes its side files: made here, empty)
                 side = (os.fspath(exit_file), os.fspath(shell_tasks.pid_file_for(exit_file)))
