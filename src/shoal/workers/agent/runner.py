@@ -493,13 +493,13 @@ async def run_job(
     """Run `job` to its outcome (a cancel ends it `killed`; the transcript keeps what was said)."""
     started = time.monotonic()
     loop: AgentLoop | None = None
+    tmp_env: dict[str, str] = {}  # (TMPDIR: the private tmp of its commands, removed at the end)
     try:
         cwd = Path(job.cwd)
         model = build_model(ModelSpec.parse(job.model), env, cwd)
         if job.scratchpad:
             Path(job.scratchpad).mkdir(mode=0o700, parents=True, exist_ok=True)
         notes: list[str] = []
-        tmp_env: dict[str, str] = {}
         policy = command_sandbox(job, tmp_env, notes)
         workspace = Workspace(
             cwd=cwd,
@@ -524,12 +524,10 @@ async def run_job(
             if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):
                 status.note = None  # (a fork is copied mid-round: the round in flight is its own)
         async with contextlib.AsyncExitStack() as stack:
-            if "TMPDIR" in tmp_env:
-                stack.callback(shutil.rmtree, tmp_env["TMPDIR"], ignore_errors=True)
             mcp = await open_servers(
                 {k: McpServer.model_validate(v) for k, v in job.mcp_servers.items()},
                 stack,
-                dict(env),
+                {**env, **tmp_env},
                 cwd,
                 notes.append,
                 workspace.lease_guard if workspace.write_set is not None else None,
@@ -647,5 +645,7 @@ async def run_job(
             duration_ms=int((time.monotonic() - started) * 1000),
         )
     finally:
+        if "TMPDIR" in tmp_env:
+            shutil.rmtree(tmp_env["TMPDIR"], ignore_errors=True)
         if loop is not None:  # messages queued after the run ended: the leader resumes with them
             feed.late.extend(loop.pending())
