@@ -2,10 +2,14 @@
 when the policy says so, and no signal or abstract-socket reach outside its own domain.
 
 Landlock (Linux >= 5.13) confines a process and everything it starts; it needs no privilege,
-no namespace and no package, so it is applied straight through ctypes. The ruleset is built in
-the parent (`prepare`: one O_PATH descriptor per writable path), so that the child between fork
-and exec makes only two system calls (`PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self`), through
-function objects resolved at import: nothing there takes a lock another thread may hold.
+no namespace and no package, so it is applied straight through ctypes. The ruleset is always
+built in the parent (`prepare`: one O_PATH descriptor per writable path). Two ways to hand it
+to a child: `Prepared.preexec`, where the child between fork and exec makes only two system
+calls (`PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self`) through function objects resolved at
+import; and `spawn_confined`/`popen_confined`, which confine a fresh thread and spawn from it
+with vfork (Landlock confines the calling thread, and a child inherits it). The second is the
+one for agents' commands: a pre-exec hook makes Python fork the whole process instead of
+vforking it, which cost ~40 ms a command in a large process against ~1 ms.
 
 Reads are never restricted (the sandbox is about what a command may change). Features follow
 the kernel's ABI, best effort: REFER from 2, TRUNCATE from 3, TCP bind/connect from 4 (UDP and
