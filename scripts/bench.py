@@ -1680,6 +1680,77 @@ def bench_agent(cfg: Config) -> SectionResult:
     return result
 
 
+@section("sandbox", "the command sandbox: one Bash `true` call, confined and not")
+def bench_sandbox(cfg: Config) -> SectionResult:
+    """A worker's Bash tool call of `true` (lease `src/**`, no network) through the Landlock
+    sandbox, beside the same call unconfined, alternating, median of each; and, where
+    bubblewrap is installed, the same command under `bwrap` for comparison."""
+    import asyncio
+
+    from shoal.core import sandbox
+    from shoal.workers.agent.tools import BashArgs, Workspace, run_foreground
+
+    result = SectionResult()
+    work = cfg.workdir / "sandbox-work"
+    (work / "src").mkdir(parents=True, exist_ok=True)
+    tmp = cfg.workdir / "sandbox-tmp"
+    tmp.mkdir(exist_ok=True)
+    if sandbox.abi() < 1:
+        result.notes.append("this kernel offers no Landlock: nothing to measure")
+        return result
+    policy = sandbox.agent_policy(work, "bypassPermissions", ["src/**"], tmp=tmp, network=False)
+    boxed = Workspace(cwd=work, mode="bypassPermissions", sandbox=policy)
+    bare = Workspace(cwd=work, mode="bypassPermissions")
+    call = BashArgs(command="true")
+    n = 30 if cfg.quick else 150
+
+    async def timed(ws: Workspace) -> float:
+        t0 = time.perf_counter()
+        await ws.bash(call)
+        return time.perf_counter() - t0
+
+    async def trials() -> tuple[list[float], list[float]]:
+        confined, unconfined = [], []
+        for _ in range(n):
+            confined.append(await timed(boxed))
+            unconfined.append(await timed(bare))
+        return confined, unconfined
+
+    confined, unconfined = asyncio.run(trials())
+    c_ms, u_ms = statistics.median(confined) * 1000, statistics.median(unconfined) * 1000
+    result.rows.append(
+        Row(f"Bash `true`, Landlock-confined vs not (median of {n})", "ms", c_ms, u_ms,
+            "lower", "<= +5 ms", c_ms - u_ms <= 5)
+    )  # fmt: skip
+    result.notes.append(f"Landlock adds {c_ms - u_ms:.2f} ms per call (ABI {sandbox.abi()})")
+    bwrap = shutil.which("bwrap")
+    if bwrap is not None:
+        argv = (f"{bwrap} --ro-bind / / --dev /dev --bind {work}/src {work}/src --bind {tmp} {tmp} "
+                "--unshare-net --die-with-parent -- /bin/true")  # fmt: skip
+
+        async def wrapped() -> tuple[list[float], list[float]]:
+            boxed_t, bare_t = [], []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await run_foreground(argv, work, {}, 30)
+                boxed_t.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await run_foreground("/bin/true", work, {}, 30)
+                bare_t.append(time.perf_counter() - t0)
+            return boxed_t, bare_t
+
+        b_t, plain = asyncio.run(wrapped())
+        b_ms, p_ms = statistics.median(b_t) * 1000, statistics.median(plain) * 1000
+        result.rows.append(
+            Row("the same command under bubblewrap vs not", "ms", b_ms, p_ms, "lower",
+                "<= +5 ms", b_ms - p_ms <= 5)
+        )  # fmt: skip
+        result.notes.append(f"bubblewrap adds {b_ms - p_ms:.2f} ms per call")
+    else:
+        result.notes.append("bubblewrap is not installed: no comparison row")
+    return result
+
+
 def _coordinator_script(n: int, worker_command: str) -> str:
     """A scripted coordinator that starts `n` read-only workers in one turn."""
     calls = "".join(

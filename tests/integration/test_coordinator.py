@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from shoal.core.sandbox import PRETEND_ABSENT_VAR
 from tests.conftest import Cli
 from tests.integration.test_agent_tasks import BYPASS, FAST, script
 from tests.polling import wait_until
@@ -26,6 +27,18 @@ TERMINAL = ("completed", "failed", "killed")
 @pytest.fixture
 def leader(cli: Cli, home: Path) -> Iterator[Cli]:
     up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield cli
+    finally:
+        cli("down", "--team", TEAM)
+
+
+@pytest.fixture
+def unboxed(cli: Cli, home: Path) -> Iterator[Cli]:
+    """A leader whose agents' commands run as on a kernel without Landlock: for the tests of
+    the after-the-fact lease check, the second line behind the sandbox."""
+    up = cli("up", "--team", TEAM, "--detach", "--quiet", env={**FAST, PRETEND_ABSENT_VAR: "1"})
     assert up.returncode == 0, up.stderr
     try:
         yield cli
@@ -181,27 +194,27 @@ args = { file_path = "docs/guide.md", content = "guide\\n" }
 """
 
 
-def test_leases_hold_one_writer_per_file_set(leader: Cli, tmp_path: Path) -> None:
+def test_leases_hold_one_writer_per_file_set(unboxed: Cli, tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     model = script(tmp_path, LEASED)
-    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
+    coord = coordinate(unboxed, model, tmp_path, "--backend", "in-process", *BYPASS)
 
     def second() -> dict[str, Any] | None:
-        found = [t for t in tasks(leader) if t.get("description") == "second"]
+        found = [t for t in tasks(unboxed) if t.get("description") == "second"]
         return found[0] if found else None
 
     waiting = wait_until(second, what="the second worker")
-    first = next(t for t in tasks(leader) if t.get("description") == "first")
+    first = next(t for t in tasks(unboxed) if t.get("description") == "first")
     if waiting["status"] == "pending":  # (the first may be done already on a fast machine)
         assert waiting["waiting_for"]["lease"] == first["id"], waiting
-        shown = leader("ps", "--team", TEAM, "--all").stdout
+        shown = unboxed("ps", "--team", TEAM, "--all").stdout
         assert (
             f"[waiting for the lease of {first['id']}]" in shown
-            or record(leader, waiting["id"])["status"] != "pending"
+            or record(unboxed, waiting["id"])["status"] != "pending"
         )
-    task = ended(leader, coord, timeout=90)
+    task = ended(unboxed, coord, timeout=90)
     assert task["status"] == "completed", task
-    rows = {t["description"]: t for t in tasks(leader) if t.get("worker_of")}
+    rows = {t["description"]: t for t in tasks(unboxed) if t.get("worker_of")}
     one, two, docs = rows["first"], rows["second"], rows["docs"]
     assert one["status"] == two["status"] == docs["status"] == "completed"
     assert one["lease"]["fence"] != two["lease"]["fence"]
@@ -257,7 +270,7 @@ args = { name = "theirs.txt" }
 
 
 def test_an_mcp_tool_that_writes_outside_the_lease_is_a_violation(
-    leader: Cli, tmp_path: Path
+    unboxed: Cli, tmp_path: Path
 ) -> None:
     server = tmp_path / "scribbler.py"
     server.write_text(SCRIBBLER)
@@ -265,11 +278,11 @@ def test_an_mcp_tool_that_writes_outside_the_lease_is_a_violation(
     config.write_text(json.dumps({"mcpServers": {"scribbler": {  # (it runs in the agent's cwd)
         "command": sys.executable, "args": [str(server)]}}}))  # fmt: skip
     model = script(tmp_path, MCP_WORKER)
-    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS,
+    coord = coordinate(unboxed, model, tmp_path, "--backend", "in-process", *BYPASS,
                        "--mcp-config", str(config))  # fmt: skip
-    task = ended(leader, coord, timeout=90)
+    task = ended(unboxed, coord, timeout=90)
     assert task["status"] == "completed", task
-    (worker,) = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
+    (worker,) = [t for t in tasks(unboxed) if t.get("worker_of") == task["agent_id"]]
     assert "wrote theirs.txt" in worker["result"], worker
     assert "lease violation" in worker["result"], worker
     (violation,) = worker["violations"]
@@ -526,7 +539,7 @@ tool = "Agent"
 args = { description = "quick", prompt = "Quick one" }
 [[turn.call]]
 tool = "Agent"
-args = { description = "slow", prompt = "Slow one" }
+args = { description = "slow", prompt = "Slow one", write_set = ["bg.pid"] }
 [[turn.call]]
 tool = "SendMessage"
 args = { to = "a00000000", message = "anyone?" }
@@ -583,8 +596,9 @@ def test_stopping_a_worker_stops_its_shells_and_tells_its_coordinator(
     leader: Cli, tmp_path: Path
 ) -> None:
     model = script(tmp_path, CONTINUED)
-    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
     pid_file = tmp_path / "bg.pid"
+    pid_file.touch()  # (its lease: a command may rewrite a leased file, not create one)
+    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the shell")
     bg = int(pid_file.read_text())
     slow = next(t for t in tasks(leader) if t.get("description") == "slow")
@@ -816,14 +830,14 @@ args = { command = "until [ -e outside.txt ]; do sleep 0.05; done; sleep 2" }
 
 
 def test_a_workers_background_command_is_lease_checked_when_it_ends(
-    leader: Cli, tmp_path: Path
+    unboxed: Cli, tmp_path: Path
 ) -> None:
     (tmp_path / "src").mkdir()
     model = script(tmp_path, BACKGROUND_WRITER)
-    coord = coordinate(leader, model, tmp_path, "--backend", "in-process", *BYPASS)
-    task = ended(leader, coord, timeout=90)
+    coord = coordinate(unboxed, model, tmp_path, "--backend", "in-process", *BYPASS)
+    task = ended(unboxed, coord, timeout=90)
     assert task["status"] == "completed", task
-    (worker,) = [t for t in tasks(leader) if t.get("description") == "bg"]
+    (worker,) = [t for t in tasks(unboxed) if t.get("description") == "bg"]
     (violation,) = worker["violations"]
     assert violation["paths"] == ["outside.txt"] and "(background b" in violation["command"]
 
@@ -905,7 +919,7 @@ args = { path = "elsewhere.txt", text = "not mine" }
 """
 
 
-def test_a_workers_mcp_calls_are_lease_checked(leader: Cli, tmp_path: Path) -> None:
+def test_a_workers_mcp_calls_are_lease_checked(unboxed: Cli, tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     server = tmp_path / "writer_server.py"
     server.write_text(WRITING_SERVER)
@@ -915,10 +929,10 @@ def test_a_workers_mcp_calls_are_lease_checked(leader: Cli, tmp_path: Path) -> N
     )
     model = script(tmp_path, MCP_LEASED)
     coord = coordinate(
-        leader, model, tmp_path, "--backend", "in-process", "--mcp-config", str(config), *BYPASS
+        unboxed, model, tmp_path, "--backend", "in-process", "--mcp-config", str(config), *BYPASS
     )
-    assert ended(leader, coord, timeout=90)["status"] == "completed"
-    (worker,) = [t for t in tasks(leader) if t.get("description") == "mcp"]
+    assert ended(unboxed, coord, timeout=90)["status"] == "completed"
+    (worker,) = [t for t in tasks(unboxed) if t.get("description") == "mcp"]
     first, second = worker["result"].split(" || ")
     assert first.endswith("wrote src/ok.py"), worker["result"]
     assert "lease violation" not in first

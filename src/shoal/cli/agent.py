@@ -47,6 +47,11 @@ def _tool_list(text: str | None) -> list[str] | None:
     type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions", "bubble"]),
     help="What the agent may do without asking (default: its definition's, else default).",
 )
+@click.option(
+    "--allow-network",
+    is_flag=True,
+    help="A coordinator's workers (or this worker) may use TCP in their sandboxed commands.",
+)
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Model requests.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Token budget.")
 @click.option("--max-tool-uses", type=click.IntRange(min=1), default=None, help="Tool calls.")
@@ -119,6 +124,7 @@ def agent(
     tools: str | None,
     disallowed_tools: str | None,
     permission_mode: str | None,
+    allow_network: bool,
     max_turns: int | None,
     max_tokens: int | None,
     max_tool_uses: int | None,
@@ -188,6 +194,8 @@ def agent(
         "mcp_config": os.path.abspath(mcp_config) if mcp_config else None,
         "fork": fork,
     }
+    if allow_network:
+        spec["allow_network"] = True
     budget = {
         k: v
         for k, v in (

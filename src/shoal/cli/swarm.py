@@ -48,6 +48,12 @@ from shoal.teams.backends.base import BACKEND_NAMES
 @click.option("--plan-mode", is_flag=True, help="It must have its plan approved before writing.")
 @click.option("--worktree", is_flag=True, help="Give it its own git worktree.")
 @click.option(
+    "--sandbox",
+    is_flag=True,
+    help="Run its commands in a kernel sandbox: writable only its working tree, tmp and "
+    "[sandbox] writable of SHOAL_HOME/config.toml.",
+)
+@click.option(
     "--cwd",
     type=click.Path(file_okay=False, exists=True),
     default=None,
@@ -65,6 +71,7 @@ def spawn(
     backend: str,
     plan_mode: bool,
     worktree: bool,
+    sandbox: bool,
     cwd: str | None,
     as_json: bool,
 ) -> None:
@@ -84,6 +91,7 @@ def spawn(
         "backend": backend,
         "plan_mode": plan_mode,
         "worktree": worktree,
+        "sandbox": sandbox,
         "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
     }
     if len(names) == 1:

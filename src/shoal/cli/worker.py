@@ -35,6 +35,7 @@ def _options(fn: F) -> F:
             ),
             click.option("--cmd", default=None, help="argv template of an exec brain."),
             click.option("--plan-mode", is_flag=True, help="Ask the lead to approve plans."),
+            click.option("--sandbox", is_flag=True, help="Run its commands in a sandbox."),
             click.option("--task-id", default=None, help="The lead's task id of this teammate."),
             click.option(
                 "--output",

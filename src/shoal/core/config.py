@@ -76,3 +76,22 @@ def worker_stall_s(home: Path) -> float:
 
 
 WORKER_STALL_S = 300.0
+
+
+def sandbox_settings(home: Path) -> tuple[bool, tuple[str, ...]]:
+    """(enabled, extra writable paths) of the `[sandbox]` table of config.toml: the user's
+    own switch and the caches a build needs (never read from a project's files)."""
+    table = config_file(home).get("sandbox", {})
+    where = home / "config.toml"
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: [sandbox] must be a table (enabled = true, writable = [...])")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise UsageError(f"{where}: sandbox.enabled must be true or false, not {enabled!r}")
+    writable = table.get("writable", [])
+    if not isinstance(writable, list) or not all(isinstance(p, str) and p for p in writable):
+        raise UsageError(
+            f'{where}: sandbox.writable must be a list of paths (e.g. ["~/.cache/pip"]), '
+            f"not {writable!r}"
+        )
+    return enabled, tuple(os.path.expanduser(p) for p in writable)

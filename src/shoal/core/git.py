@@ -7,6 +7,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 from shoal.core.errors import ShoalError
 
@@ -37,16 +38,53 @@ class GitTimeoutError(GitError):
     """git did not finish within its timeout (it was killed)."""
 
 
-def _env() -> dict[str, str]:
+# Settings that make git run nothing a repository's own config names: an fsmonitor hook, the
+# hooks (`post-index-change` runs on a plain `git status` that refreshes the index).
+SAFE_CONFIG: Final = ("-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}")
+
+
+def safe_env() -> dict[str, str]:
+    """The environment of every git that shoal runs: no system config (a machine's, not the
+    user's), no variables that point at another repository, no prompt, no optional locks."""
     env = {k: v for k, v in os.environ.items() if k not in _LOCATING_VARS}
     env["GIT_TERMINAL_PROMPT"] = "0"  # a credential question would hang a headless leader
     env["LC_ALL"] = "C"  # git's messages untranslated, so `toplevel` can recognise one
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    env["GIT_OPTIONAL_LOCKS"] = "0"  # (a status does not rewrite the index)
     return env
+
+
+_env = safe_env
+
+
+def no_filters(cwd: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -> list[str]:
+    """`-c` options that empty every filter driver the config of `cwd`'s repository defines
+    (a `.gitattributes` `filter=x` runs `filter.x.clean` on a `git status`): for the commands
+    that only look, so that what a tree's config says is never run."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", os.fspath(cwd), *SAFE_CONFIG, "config", "-z", "--get-regexp",
+             r"^filter\."],
+            stdin=subprocess.DEVNULL, capture_output=True, env=safe_env(), timeout=timeout,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    names: set[str] = set()
+    for entry in os.fsdecode(proc.stdout).split("\0"):
+        key = entry.split("\n", 1)[0]
+        if key.startswith("filter.") and key.count(".") >= 2:
+            names.add(key[len("filter.") : key.rindex(".")])
+    args: list[str] = []
+    for name in sorted(names):
+        for part, value in (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")):
+            args += ["-c", f"filter.{name}.{part}={value}"]
+    return args
 
 
 def _run(cwd: str | os.PathLike[str], args: Sequence[str], *, timeout: float) -> str:
     """Run `git -C cwd *args`; its stdout, or GitError with its stderr."""
-    argv = ["git", "-C", os.fspath(cwd), *args]
+    argv = ["git", "-C", os.fspath(cwd), *SAFE_CONFIG, *args]
     try:
         proc = subprocess.run(
             argv,

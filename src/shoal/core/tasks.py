@@ -220,6 +220,8 @@ class LocalShellTaskState(TaskStateBase):
     stall_notified: bool = False
     env: dict[str, str] | None = None
     """Why the shell could not be started (a failure without an exit code)."""
+    sandbox: JsonDict | None = None
+    """The kernel sandbox policy it runs confined to (an agent's background command)."""
     # -- queueing (`shoal sh --after/--priority/--group/...`; see orchestrator/scheduling.py)
     label: str | None = None
     group: str = "default"
@@ -321,6 +323,8 @@ class LocalAgentTaskState(TaskStateBase):
     """The agent id of the coordinator this worker reports to (its notification goes there)."""
     write_set: tuple[str, ...] | None = None
     """A worker's write set (globs relative to its cwd); None: read-only (no Write, no Edit)."""
+    allow_network: bool = False
+    """A worker's commands may use TCP (granted by the user's --allow-network or its lease)."""
     lease: JsonDict | None = None
     """The write-set lease it holds ({fence, write_set}), from start to end."""
     budget: JsonDict | None = None

@@ -90,6 +90,7 @@ class AgentSpec(BaseModel):
     simple: bool = False  # a coordinator's workers get only Bash, Read and Edit
     budget: dict[str, Any] | None = None  # a coordinator's run budget, or a worker's share
     write_set: list[Any] | Any | None = None  # a worker's write set (checked here)
+    allow_network: bool = False  # a coordinator's: for its workers; a worker's: its own
     worker_for: str | None = None  # the coordinator task whose Agent tool asked
     replay: str | None = None  # re-drive this recorded coordinator run (zero model calls)
     main_session: bool = False  # `shoal chat`'s conversation (agent_type main-session)
@@ -309,6 +310,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         # (a worker continued by a message stays its coordinator's, with its write set)
         worker_of=parent.worker_of if parent is not None else None,
         write_set=parent.write_set if parent is not None else None,
+        allow_network=spec.allow_network or (parent.allow_network if parent else False),
     )
 
 
@@ -404,6 +406,7 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         transcript=str(transcript_path(host.session.dir, task_id)),
         worker_of=boss.agent_id,
         write_set=write_set,
+        allow_network=spec.allow_network or boss.allow_network,
         budget=share or None,
         budget_held=tuple(asked or ()),
     )

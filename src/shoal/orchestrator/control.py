@@ -67,6 +67,8 @@ class ShellSpec(_Request):
     retry_delay: float | None = None
     stdin: bool = False
     """A FIFO as its stdin, kept open for `shoal send-input` (else /dev/null)."""
+    sandbox: dict[str, Any] | None = None
+    """The kernel sandbox policy to confine it to (an agent's background Bash; sandbox.py)."""
 
 
 class PingRequest(_Request):

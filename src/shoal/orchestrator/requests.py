@@ -17,7 +17,7 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
-from shoal.core.errors import ShoalError, TaskError
+from shoal.core.errors import ShoalError, TaskError, UsageError
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -480,6 +480,7 @@ class LeaderRequests(LeaderStore, ABC):
                 kind=s.kind,
                 background=s.background,
                 stdin=s.stdin,
+                sandbox=_checked_policy(s.sandbox),
                 **task_ops.queueing_options(self, s),
             )
             for s in specs
@@ -563,3 +564,15 @@ class LeaderRequests(LeaderStore, ABC):
             "running": self.shell.running() + self.remote.running(),
             "teammates": sorted(self.swarm.members),
         }
+
+
+def _checked_policy(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A shell request's sandbox policy in its normal form; a bad one is a UsageError."""
+    if raw is None:
+        return None
+    from shoal.core.sandbox import Policy
+
+    try:
+        return Policy.from_json(raw).to_json()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

@@ -196,6 +196,7 @@ class Swarm(MemberRecords):
             cmd=str(cmd) if cmd else None,
             model=str(model) if model else None,
             plan_mode=plan_mode,
+            sandbox=bool(args.get("sandbox")),
             task_id=task_id,
             output=str(output),
             cwd=cwd,

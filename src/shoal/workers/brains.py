@@ -26,6 +26,7 @@ import orjson
 from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import FILE_MODE
 from shoal.core.procs import process_start_time
+from shoal.core.sandbox import Policy, prepare
 from shoal.workers import shell as shell_tasks
 from shoal.workers.commands import RESULT_TAIL_BYTES as RESULT_TAIL_BYTES
 from shoal.workers.commands import CommandRecord, side_file, tail_since
@@ -57,6 +58,7 @@ class TurnContext:
     approve_plan: Callable[[str], Awaitable[tuple[bool, str | None]]]
     activity: Callable[[str], None]
     plan_mode: bool = False
+    sandbox: Policy | None = None  # its commands run confined to it (`--sandbox`)
     env: dict[str, str] = field(default_factory=dict)
     # Called with each command as it starts, before it may run (the runner lists it in its
     # status file, so that whoever sees the teammate die can kill it and read its exit code).
@@ -186,6 +188,7 @@ async def run_command(
     on the teammate's console as it is written (not for a raw stream the caller shows itself).
     """
     fd = os.open(ctx.output_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
+    ready = None
     try:
         start = os.fstat(fd).st_size
         cap = ctx.output_cap
@@ -199,6 +202,12 @@ async def run_command(
             ["-c", argv[0]] if shell else argv, exit_file, ctx.cwd, gated=True
         )
         try:
+            if ctx.sandbox is not None:  # (the wrapper writes its side files: made here, empty)
+                side = (os.fspath(exit_file), os.fspath(shell_tasks.pid_file_for(exit_file)))
+                for path in side:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                     FILE_MODE))  # fmt: skip
+                ready = prepare(ctx.sandbox.widened(files=side))
             proc = await asyncio.create_subprocess_exec(
                 *wrapped,
                 cwd=ctx.cwd,
@@ -207,6 +216,7 @@ async def run_command(
                 stdin=asyncio.subprocess.PIPE,
                 env={**os.environ, **ctx.env},
                 start_new_session=True,
+                preexec_fn=ready.preexec if ready is not None else None,
             )
         except OSError as exc:
             os.write(fd, f"shoal: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
@@ -214,6 +224,8 @@ async def run_command(
             return 127, f"cannot run {argv[0]!r}: {exc.strerror}"
     finally:
         os.close(fd)
+        if ready is not None:
+            ready.close()
     wait = asyncio.ensure_future(proc.wait())
     follower: OutputFollower | None = None
     try:

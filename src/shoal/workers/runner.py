@@ -27,6 +27,7 @@ from shoal.core.errors import ShoalError
 from shoal.core.notify import task_notification_xml
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
+from shoal.core.sandbox import Policy
 from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
 from shoal.mailbox.inbox import Delivery, Inbox
 from shoal.mailbox.router import deliver_to, send, task_notification_message
@@ -122,6 +123,7 @@ class RunnerConfig:
     cwd: str
     task_id: str | None = None  # the lead's teammate task id, used in notifications
     plan_mode: bool = False
+    sandbox: Policy | None = None  # its commands' kernel sandbox (`--sandbox`)
     backend: str = "process"
     pane_id: str | None = None
     member_pid: int | None = None
@@ -497,6 +499,7 @@ class TeammateRunner:
             approve_plan=self._approve_plan,
             activity=self._activity,
             plan_mode=self.config.plan_mode,
+            sandbox=self.config.sandbox,
             env=self.config.env,
             track=self._track_command,
             output_cap=self.config.output_cap,

@@ -27,6 +27,7 @@ from shoal.core.notify import stall_notification_xml, stall_summary
 from shoal.core.output import create_output_file, output_size, read_output_delta, tail, tail_lines
 from shoal.core.paths import FILE_MODE
 from shoal.core.procs import Termination, is_alive, process_start_time, terminate
+from shoal.core.sandbox import Policy, spawn_confined
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -185,6 +186,7 @@ def start(
     env: Mapping[str, str] | Mapping[bytes, bytes] | None = None,
     root: Path | None = None,
     stdin: Path | None = None,
+    sandbox: Policy | None = None,
 ) -> ShellProcess:
     """Start `argv` in its own session with stdout+stderr into a new `output_file`.
 
@@ -196,6 +198,9 @@ def start(
     process is made with posix_spawn (vfork-fast even from a large, threaded leader). A command
     that cannot be executed still starts: the wrapper's shell reports the error into the output
     and records exit code 127 or 126.
+
+    With `sandbox` the wrapper and the command run confined to that policy (Landlock); the
+    wrapper's side files are made here, empty, and are the only files it adds to the policy.
     """
     writer = open_stdin_fifo(stdin, create=True) if stdin is not None else None
     try:
@@ -213,8 +218,9 @@ def start(
     )
     # (no stale pid or exit file can be there: the output file was just created anew, and a
     # restart in place removes the side files before the output file)
-    try:
-        pid = os.posix_spawn(
+
+    def spawn() -> int:
+        return os.posix_spawn(
             _SH,
             [_SH, "-c", _WRAPPER, _NAME, exit_file, _UMASK, cwd or os.getcwd(), *argv],
             os.environb if env is None else env,  # bytes: no decoding and re-encoding
@@ -229,6 +235,16 @@ def start(
             setsigmask=(),
             setsigdef=_DEFAULT_SIGNALS,
         )
+
+    try:
+        if sandbox is None:
+            pid = spawn()
+        else:
+            side = (exit_file, _side_file(output_file, ".pid"))
+            for path in side:  # (the confined wrapper may write these, and create nothing)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                 0o600))  # fmt: skip
+            pid = spawn_confined(sandbox.widened(files=side), spawn)
     except BaseException:
         if writer is not None:
             os.close(writer)
@@ -440,8 +456,9 @@ class ShellKind:
                 # (the session's tasks/ directory was checked against symlinks when it was
                 # made; the file itself is opened O_EXCL|O_NOFOLLOW)
                 stdin=Path(task.stdin_fifo) if task.stdin_fifo else None,
+                sandbox=Policy.from_json(task.sandbox) if task.sandbox is not None else None,
             )
-        except (ShoalError, OSError) as exc:
+        except (ShoalError, OSError, ValueError) as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=str(exc), result=ShellResult(code=-1))
         else:
             store.move_task(

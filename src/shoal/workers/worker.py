@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from shoal.core.config import Limits
 from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
+from shoal.core.sandbox import Policy
 from shoal.workers.brains import Brain, make_brain
 from shoal.workers.console import Console
 from shoal.workers.runner import RunnerConfig, TeammateRunner
@@ -32,6 +34,7 @@ class WorkerOptions:
     cmd: str | None = None
     model: str | None = None  # the llm brain's
     plan_mode: bool = False
+    sandbox: bool = False  # its commands run in a kernel sandbox (see core/sandbox.py)
     task_id: str | None = None
     output: str | None = None
     cwd: str | None = None
@@ -55,11 +58,32 @@ class WorkerOptions:
                 argv += [flag, value]
         if self.plan_mode:
             argv.append("--plan-mode")
+        if self.sandbox:
+            argv.append("--sandbox")
         if self.joined:
             argv.append("--joined")
         if self.output_cap is not None:
             argv += ["--output-cap", str(self.output_cap)]
         return argv
+
+
+def teammate_sandbox(layout: Layout, opts: WorkerOptions, cwd: str) -> Policy | None:
+    """The sandbox of a `--sandbox` teammate's commands: its working tree, a tmp of its own
+    (the team's `tmp/NAME/`, its TMPDIR), the paths of `[sandbox] writable` in config.toml,
+    network on. None when sandboxes are off or the kernel has none: said once, here, on
+    stderr (its commands then run unconfined)."""
+    from shoal.core import sandbox
+    from shoal.core.config import sandbox_settings
+
+    enabled, writable = sandbox_settings(layout.home)
+    if not enabled or sandbox.abi() < 1:
+        why = "enabled = false in SHOAL_HOME/config.toml" if not enabled else "no Landlock here"
+        print(f"shoal: --sandbox: {why}; this teammate's commands run unconfined", file=sys.stderr)
+        return None
+    tmp = layout.ensure(layout.team_dir(opts.team) / "tmp" / opts.name)
+    return sandbox.agent_policy(
+        Path(cwd), "acceptEdits", None, tmp=tmp, network=True, extra=writable
+    )
 
 
 def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
@@ -94,6 +118,8 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
     else:
         logs = layout.ensure(layout.team_dir(opts.team) / "logs")
         output = logs / f"{opts.name}.output"
+    policy = teammate_sandbox(layout, opts, cwd) if opts.sandbox else None
+    tmp = layout.team_dir(opts.team) / "tmp" / opts.name
     config = RunnerConfig(
         team=opts.team,
         name=opts.name,
@@ -102,6 +128,8 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
         cwd=cwd,
         task_id=opts.task_id,
         plan_mode=opts.plan_mode,
+        sandbox=policy,
+        env={"TMPDIR": str(tmp)} if policy is not None else {},
         backend=opts.backend,
         pane_id=os.environ.get("TMUX_PANE") if opts.backend == "tmux" else None,
         member_pid=_pane_stub_pid() if opts.backend == "tmux" else None,

@@ -75,6 +75,7 @@ class AgentJob(BaseModel):
     worker: bool = False  # a coordinator's worker: Write and Edit only inside `write_set`
     write_set: tuple[str, ...] | None = None
     scratchpad: str | None = None  # a coordinator's, and its workers': writable by all
+    allow_network: bool = False  # a worker's commands may use TCP (its sandbox lets them)
 
     def save(self, path: Path) -> None:
         atomic_write(path, orjson.dumps(self.model_dump(mode="json")))

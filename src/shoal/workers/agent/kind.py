@@ -391,6 +391,7 @@ class AgentKind:
             else None,
             worker=task.worker_of is not None,
             write_set=task.write_set,
+            allow_network=task.allow_network,
             scratchpad=str(session_dir_of(task) / SCRATCHPAD)
             if task.coordinator or task.worker_of is not None
             else None,

@@ -39,23 +39,39 @@ def _relative(path: Path, root: Path) -> str | None:
         return None
 
 
+def _git(root: Path, args: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
+    """Run git on the tree a worker may have written to, so that it runs nothing the tree's
+    config names (no fsmonitor, hooks or filter drivers: see core/git.py) and, where the
+    kernel has Landlock, confined too: nothing writable, no network."""
+    from shoal.core import sandbox
+    from shoal.core.git import SAFE_CONFIG, no_filters, safe_env
+
+    argv = ["git", *SAFE_CONFIG, *no_filters(root, timeout=GIT_TIMEOUT_S), *args]
+    if sandbox.abi() < 1:
+        return subprocess.run(argv, cwd=root, stdin=subprocess.DEVNULL, capture_output=True,
+                              env=safe_env(), timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
+    with sandbox.popen_confined(
+        sandbox.Policy(network=False), argv, cwd=root, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=safe_env(),
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=GIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def _git_dirty(root: Path) -> list[str] | None:
     """The paths `git status --porcelain` lists (relative to `root`), or None outside git."""
     try:
-        done = subprocess.run(
-            ["git", "status", "--porcelain", "-z", "--untracked-files=all", "."],
-            cwd=root,
-            capture_output=True,
-            timeout=GIT_TIMEOUT_S,
-            check=False,
-        )
+        done = _git(root, ["status", "--porcelain", "-z", "--untracked-files=all", "."])
+        if done.returncode != 0:
+            return None
+        prefix = os.fsdecode(_git(root, ["rev-parse", "--show-prefix"]).stdout).strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if done.returncode != 0:
-        return None
-    prefix = subprocess.run(
-        ["git", "rev-parse", "--show-prefix"], cwd=root, capture_output=True, text=True, check=False
-    ).stdout.strip()
     paths: list[str] = []
     entries = done.stdout.decode("utf-8", "replace").split("\0")
     skip = False

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shoal.core.errors import UsageError
+from shoal.core.sandbox import Policy, wrapper_argv
 from shoal.core.trust import ProjectView
 
 if TYPE_CHECKING:
@@ -127,10 +128,12 @@ async def open_servers(
     cwd: Path,
     note: Callable[[str], None],
     guard: Guard | None = None,
+    sandbox: Policy | None = None,
 ) -> list[Tool[Any]]:
     """Start every server inside `stack` and return their tools (a failed one is noted).
     `guard`, when given, wraps every call (a worker's lease check: what the server changed
-    outside the worker's write set is reported with the result)."""
+    outside the worker's write set is reported with the result). With `sandbox` each server
+    runs confined to that policy, as the agent's commands do."""
     import asyncio
 
     from mcp import ClientSession
@@ -141,8 +144,11 @@ async def open_servers(
 
     tools: list[Tool[Any]] = []
     for name, spec in servers.items():
+        argv = [spec.command, *spec.args]
+        if sandbox is not None:  # (the SDK's spawn has no pre-exec hook: the exec wrapper)
+            argv = wrapper_argv(sandbox, argv)
         params = StdioServerParameters(
-            command=spec.command, args=spec.args, env=server_environment(env, spec.env), cwd=cwd
+            command=argv[0], args=argv[1:], env=server_environment(env, spec.env), cwd=cwd
         )
         inner = contextlib.AsyncExitStack()
         # (closed with the server's stack: the stderr it wrote, for the notes of its failures)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +25,7 @@ from typing import Any, Final
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.notify import END_NOTIFICATION
 from shoal.core.paths import Layout
+from shoal.core.sandbox import Policy, agent_policy
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import PermissionResponseMessage
@@ -427,20 +430,63 @@ def watch_inbox(path: Path, home: Path, feed: Feed, stop: threading.Event) -> th
     return thread
 
 
-def _background_starter(job: AgentJob, leader: LeaderPort) -> Callable[[str, str | None], Any]:
+def _background_starter(
+    job: AgentJob, leader: LeaderPort, env: Mapping[str, str]
+) -> Callable[[str, str | None, Policy | None], Any]:
     """Bash(run_in_background): a `local_bash` task of the team's leader, owned by this agent."""
 
-    async def start(command: str, description: str | None) -> str:
-        args = {
+    async def start(command: str, description: str | None, sandbox: Policy | None) -> str:
+        args: dict[str, Any] = {
             "command": ["sh", "-c", command],
             "description": description or command[:80],
             "agent": job.task_id,
             "cwd": job.cwd,
         }
+        if sandbox is not None:
+            args["sandbox"] = sandbox.to_json()
+            if "TMPDIR" in env:
+                args["env"] = {"TMPDIR": env["TMPDIR"]}
         record = await asyncio.to_thread(leader.call, "sh", args)
         return str(record["id"])
 
     return start
+
+
+def command_sandbox(job: AgentJob, env: dict[str, str], notes: list[str]) -> Policy | None:
+    """The sandbox of the agent's commands, with its private tmp made and named in `env`
+    (TMPDIR); None, said in `notes`, when sandboxes are off or the kernel has none (its
+    commands are then checked after the fact only, as a worker's always are as well)."""
+    from shoal.core import sandbox
+    from shoal.core.config import sandbox_settings
+
+    enabled, writable = sandbox_settings(Path(job.home))
+    if not enabled:
+        notes.append(
+            "sandbox: off (enabled = false in SHOAL_HOME/config.toml); commands run unconfined"
+        )
+        return None
+    if sandbox.abi() < 1:
+        notes.append(
+            "sandbox: this kernel offers no Landlock; commands run unconfined"
+            + (", checked against the lease after they end" if job.worker else "")
+        )
+        return None
+    tmp = None
+    if job.permission_mode != "plan":
+        tmp = Path(tempfile.mkdtemp(prefix=f"shoal-{job.task_id}-"))
+        env["TMPDIR"] = str(tmp)
+    policy = agent_policy(
+        Path(job.cwd),
+        job.permission_mode,
+        (job.write_set or ()) if job.worker else None,
+        scratchpad=Path(job.scratchpad) if job.scratchpad else None,
+        tmp=tmp,
+        network=job.allow_network if job.worker else None,
+        extra=writable,
+    )
+    if policy.notes:
+        notes.append("sandbox: " + "; ".join(policy.notes))
+    return policy
 
 
 async def run_job(
@@ -453,23 +499,27 @@ async def run_job(
     """Run `job` to its outcome (a cancel ends it `killed`; the transcript keeps what was said)."""
     started = time.monotonic()
     loop: AgentLoop | None = None
+    tmp_env: dict[str, str] = {}  # (TMPDIR: the private tmp of its commands, removed at the end)
     try:
         cwd = Path(job.cwd)
         model = build_model(ModelSpec.parse(job.model), env, cwd)
+        if job.scratchpad:
+            Path(job.scratchpad).mkdir(mode=0o700, parents=True, exist_ok=True)
+        notes: list[str] = list(job.notes)
+        policy = command_sandbox(job, tmp_env, notes)
         workspace = Workspace(
             cwd=cwd,
             mode=job.permission_mode,
-            env=dict(job.env),
-            start_background=_background_starter(job, leader),
+            env={**job.env, **tmp_env},
+            start_background=_background_starter(job, leader, tmp_env),
             track_command=status.track,
             write_set=(job.write_set or ()) if job.worker else None,
             scratchpad=Path(job.scratchpad) if job.scratchpad else None,
             on_violation=status.violation,
             lease_skip=(Path(job.home),),
             lease_peers=(Layout(Path(job.home)).session_dir(job.session_id), job.task_id),
+            sandbox=policy,
         )
-        if job.scratchpad:
-            Path(job.scratchpad).mkdir(mode=0o700, parents=True, exist_ok=True)
         transcript = Transcript(Path(job.transcript))
         history: list[Any] = []
         if job.resume:
@@ -480,14 +530,14 @@ async def run_job(
             if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):
                 status.note = None  # (a fork is copied mid-round: the round in flight is its own)
         async with contextlib.AsyncExitStack() as stack:
-            notes: list[str] = list(job.notes)
             mcp = await open_servers(
                 {k: McpServer.model_validate(v) for k, v in job.mcp_servers.items()},
                 stack,
-                dict(env),
+                {**env, **tmp_env},
                 cwd,
                 notes.append,
                 workspace.lease_guard if workspace.write_set is not None else None,
+                policy,
             )
             if job.coordinator:
                 tools = coordinator_tools(job, leader)
@@ -601,5 +651,7 @@ async def run_job(
             duration_ms=int((time.monotonic() - started) * 1000),
         )
     finally:
+        if "TMPDIR" in tmp_env:
+            shutil.rmtree(tmp_env["TMPDIR"], ignore_errors=True)
         if loop is not None:  # messages queued after the run ended: the leader resumes with them
             feed.late.extend(loop.pending())

@@ -299,6 +299,9 @@ class CoordinatorAgentArgs(_Args):
         description="Globs (relative to the working directory) of the files this worker may "
         "change; omitted: the worker is read-only",
     )
+    network: bool = Field(
+        False, description="Whether the worker's commands may use the network (off by default)"
+    )
     budget: Any = Field(
         None,
         description='Its share of the run budget, e.g. {"tokens": 20000, "tool_uses": 40, '
@@ -328,6 +331,7 @@ class CoordinatorTools(TeamTools):
             "agent_type": args.subagent_type,
             "worker_for": self.task_id,
             "write_set": args.write_set,
+            "allow_network": args.network,
             "budget": args.budget,
         }
         try:

@@ -27,6 +27,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shoal.core.sandbox import Policy, SandboxError, popen_confined
+
 BASH_DEFAULT_TIMEOUT_MS: Final = 120_000
 BASH_MAX_TIMEOUT_MS: Final = 600_000
 OUTPUT_KEEP_CHARS: Final = 30_000  # of a command's output, the rest is noted
@@ -118,8 +120,9 @@ def parse_args(model: type[_Args], args: dict[str, Any]) -> _Args:
         raise ValueError(f"bad arguments: {problems}") from None
 
 
-# A background starter: (command, description) -> the id of the local_bash task it started.
-BackgroundStarter = Callable[[str, str | None], Awaitable[str]]
+# A background starter: (command, description, sandbox) -> the id of the local_bash task it
+# started (confined to the sandbox policy when one is given).
+BackgroundStarter = Callable[[str, str | None, "Policy | None"], Awaitable[str]]
 
 
 @dataclass
@@ -143,6 +146,8 @@ class Workspace:
     # A worker's background commands: task id -> (command, snapshot at start, start time)
     background_watch: dict[str, tuple[str, Any, float]] = field(default_factory=dict)
     on_violation: Callable[[str, list[str]], None] | None = None
+    # The kernel sandbox of its commands (None: they run unconfined; see core/sandbox.py).
+    sandbox: Policy | None = None
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -279,7 +284,7 @@ class Workspace:
                 began = time.time()
                 watched = (await asyncio.to_thread(leasecheck.snapshot, self.cwd,
                                                    self.lease_skip), began)  # fmt: skip
-            task_id = await self.start_background(args.command, args.description)
+            task_id = await self.start_background(args.command, args.description, self.sandbox)
             if watched is not None:
                 self.background_watch[task_id] = (args.command, *watched)
             return (
@@ -289,14 +294,15 @@ class Workspace:
         timeout_ms = args.timeout or BASH_DEFAULT_TIMEOUT_MS
         if self.write_set is None:
             return await run_foreground(
-                args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
-            )
+                args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command,
+                self.sandbox,
+            )  # fmt: skip
         from shoal.workers.agent import leasecheck
 
         began = time.time()
         before = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
         out = await run_foreground(
-            args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command
+            args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command, self.sandbox
         )
         return out + self._lease_check(args.command, before, began)
 
@@ -396,28 +402,99 @@ def _ripgrep(args: GrepArgs, base: Path) -> list[str]:
     return out.stdout.splitlines()
 
 
+class _ConfinedProcess:
+    """A command started confined (core/sandbox.py's `popen_confined`: vfork-fast, where a
+    pre-exec hook would make Python fork the whole agent process), with asyncio's process
+    interface as far as run_foreground uses it: `pid`, `stdout`, `wait()`, `returncode`.
+    Its end is awaited on a pidfd: no thread waits for it."""
+
+    def __init__(self, popen: Any, stdout: asyncio.StreamReader, transport: Any) -> None:
+        self.popen = popen
+        self.pid: int = popen.pid
+        self.stdout = stdout
+        self._transport = transport
+        self._pidfd = os.pidfd_open(popen.pid)
+
+    @classmethod
+    async def start(
+        cls, command: str, cwd: Path, env: dict[str, str], sandbox: Policy
+    ) -> _ConfinedProcess:
+        import subprocess
+
+        popen = popen_confined(
+            sandbox,
+            ["/bin/sh", "-c", command],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
+        )
+        return cls(popen, reader, transport)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode  # type: ignore[no-any-return]
+
+    async def wait(self) -> int:
+        if self.popen.returncode is None:
+            loop = asyncio.get_running_loop()
+            ended: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            loop.add_reader(self._pidfd, readable)
+            try:
+                await ended
+            finally:
+                loop.remove_reader(self._pidfd)
+            self.popen.wait()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+            self._transport.close()
+        return int(self.popen.returncode)
+
+
 async def run_foreground(
     command: str,
     cwd: Path,
     env: dict[str, str],
     timeout: float,
     track: Callable[[int, bool], None] | None = None,
+    sandbox: Policy | None = None,
 ) -> str:
     """Run `command` in its own process group; its output (stdout+stderr) is kept up to
     OUTPUT_KEEP_CHARS characters, the rest counted; past `timeout` the group is killed.
     `track(pgid, running)` hears of the group as it starts and once it is over (the runner
-    lists it in its status, so a runner killed -9 leaves nothing the leader cannot kill)."""
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
-        cwd=cwd,
-        env={**os.environ, **env},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
+    lists it in its status, so a runner killed -9 leaves nothing the leader cannot kill).
+    With `sandbox` the command and all it starts are confined to that policy (Landlock)."""
+    proc: Any
+    if sandbox is None:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    else:
+        try:
+            proc = await _ConfinedProcess.start(command, cwd, {**os.environ, **env}, sandbox)
+        except SandboxError as exc:
+            raise ToolFailure(f"the command was not run: its sandbox failed ({exc})") from None
     assert proc.stdout is not None
     if track is not None:
         track(proc.pid, True)

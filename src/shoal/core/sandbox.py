@@ -1,0 +1,461 @@
+"""A Landlock sandbox for the commands an agent runs: writes only where its policy says, no TCP
+when the policy says so, and no signal or abstract-socket reach outside its own domain.
+
+Landlock (Linux >= 5.13) confines a process and everything it starts; it needs no privilege,
+no namespace and no package, so it is applied straight through ctypes. The ruleset is always
+built in the parent (`prepare`: one O_PATH descriptor per writable path). Two ways to hand it
+to a child: `Prepared.preexec`, where the child between fork and exec makes only two system
+calls (`PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self`) through function objects resolved at
+import; and `spawn_confined`/`popen_confined`, which confine a fresh thread and spawn from it
+with vfork (Landlock confines the calling thread, and a child inherits it). The second is the
+one for agents' commands: a pre-exec hook makes Python fork the whole process instead of
+vforking it, which cost ~40 ms a command in a large process against ~1 ms.
+
+Reads are never restricted (the sandbox is about what a command may change). Features follow
+the kernel's ABI, best effort: REFER from 2, TRUNCATE from 3, TCP bind/connect from 4 (UDP and
+other protocols are never covered), signal and abstract unix socket scopes from 6.
+
+A spawn that offers no pre-exec hook runs `python -m shoal.core.sandbox POLICY_JSON -- ARGV`,
+which confines itself and execs ARGV. SHOAL_SANDBOX_PRETEND_ABSENT=1 makes this module behave
+as on a kernel without Landlock (for tests of the announced fallback); it never widens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+_T = TypeVar("_T")
+
+PRETEND_ABSENT_VAR: Final = "SHOAL_SANDBOX_PRETEND_ABSENT"
+
+# System call numbers: the same on every architecture (the generic table).
+_SYS_CREATE_RULESET: Final = 444
+_SYS_ADD_RULE: Final = 445
+_SYS_RESTRICT_SELF: Final = 446
+_CREATE_RULESET_VERSION: Final = 1
+_RULE_PATH_BENEATH: Final = 1
+_PR_SET_NO_NEW_PRIVS: Final = 38
+
+# Filesystem rights (ABI 1 unless noted).
+FS_EXECUTE: Final = 1 << 0
+FS_WRITE_FILE: Final = 1 << 1
+FS_READ_FILE: Final = 1 << 2
+FS_READ_DIR: Final = 1 << 3
+FS_REMOVE_DIR: Final = 1 << 4
+FS_REMOVE_FILE: Final = 1 << 5
+FS_MAKE_CHAR: Final = 1 << 6
+FS_MAKE_DIR: Final = 1 << 7
+FS_MAKE_REG: Final = 1 << 8
+FS_MAKE_SOCK: Final = 1 << 9
+FS_MAKE_FIFO: Final = 1 << 10
+FS_MAKE_BLOCK: Final = 1 << 11
+FS_MAKE_SYM: Final = 1 << 12
+FS_REFER: Final = 1 << 13  # ABI 2: rename/link across directories
+FS_TRUNCATE: Final = 1 << 14  # ABI 3
+NET_BIND_TCP: Final = 1 << 0  # ABI 4
+NET_CONNECT_TCP: Final = 1 << 1  # ABI 4
+SCOPE_ABSTRACT_UNIX_SOCKET: Final = 1 << 0  # ABI 6
+SCOPE_SIGNAL: Final = 1 << 1  # ABI 6
+
+_WRITE_V1: Final = (
+    FS_WRITE_FILE
+    | FS_REMOVE_DIR
+    | FS_REMOVE_FILE
+    | FS_MAKE_CHAR
+    | FS_MAKE_DIR
+    | FS_MAKE_REG
+    | FS_MAKE_SOCK
+    | FS_MAKE_FIFO
+    | FS_MAKE_BLOCK
+    | FS_MAKE_SYM
+)
+# Devices a confined command may still write to (never create, remove or truncate).
+DEVICES: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom")
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _syscall: Any = _libc.syscall
+    _syscall.restype = ctypes.c_long
+    _prctl: Any = _libc.prctl
+    _prctl.restype = ctypes.c_int
+except (OSError, AttributeError):  # (no libc to call: no sandbox)
+    _syscall = _prctl = None
+
+
+class SandboxError(OSError):
+    """The sandbox could not be built or applied (the command is not run)."""
+
+
+_abi_cache: list[int] = []
+
+
+def abi() -> int:
+    """The kernel's Landlock ABI version, 0 when it has none (or is pretended to have none)."""
+    if os.environ.get(PRETEND_ABSENT_VAR, "") not in ("", "0"):
+        return 0
+    if not _abi_cache:
+        version = 0
+        if _syscall is not None and sys.platform.startswith("linux"):
+            got = _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
+            version = max(int(got), 0)
+        _abi_cache.append(version)
+    return _abi_cache[0]
+
+
+def _write_rights(version: int) -> int:
+    rights = _WRITE_V1
+    if version >= 2:
+        rights |= FS_REFER
+    if version >= 3:
+        rights |= FS_TRUNCATE
+    return rights
+
+
+def _file_rights(version: int) -> int:
+    return FS_WRITE_FILE | (FS_TRUNCATE if version >= 3 else 0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a confined command may change: `dirs` (everything beneath each), `files` (each
+    written in place, never created or removed), TCP when `network`, and with `scoped` no
+    signal to, nor abstract unix socket of, a process outside the sandbox."""
+
+    dirs: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    network: bool = True
+    scoped: bool = True
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what the lease could not map
+
+    def widened(self, dirs: Iterable[str] = (), files: Iterable[str] = ()) -> Policy:
+        """The same policy with more writable paths (a task's own side files, say)."""
+        return Policy(
+            tuple(dict.fromkeys([*self.dirs, *dirs])),
+            tuple(dict.fromkeys([*self.files, *files])),
+            self.network,
+            self.scoped,
+            self.notes,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dirs": list(self.dirs),
+            "files": list(self.files),
+            "network": self.network,
+            "scoped": self.scoped,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Policy:
+        """A policy from its JSON form; a ValueError says what is wrong."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"a sandbox policy is an object, not {raw!r}")
+        dirs, files = raw.get("dirs", []), raw.get("files", [])
+        for name, value in (("dirs", dirs), ("files", files)):
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise ValueError(f"sandbox policy: {name} must be a list of paths")
+        network, scoped = raw.get("network", True), raw.get("scoped", True)
+        if not isinstance(network, bool) or not isinstance(scoped, bool):
+            raise ValueError("sandbox policy: network and scoped must be true or false")
+        return cls(tuple(dirs), tuple(files), network, scoped)
+
+
+class Prepared:
+    """A ruleset built in the parent, ready for a child to restrict itself with (`preexec`).
+    Close it once the child is started (its descriptor is close-on-exec either way)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def preexec(self) -> None:
+        """Between fork and exec: confine this process for good (two system calls)."""
+        if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or _syscall(
+            _SYS_RESTRICT_SELF, self.fd, 0
+        ):
+            os._exit(126)  # (a command that cannot be confined never runs)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Prepared:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _add_path(ruleset: int, path: str, rights: int) -> bool:
+    """One path-beneath rule; False when the path is not there (it is left out)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        rule = _PathBeneath(rights, fd)
+        if _syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
+            err = ctypes.get_errno()
+            if err == errno.EINVAL and rights != _file_rights(abi()):  # (a file given as dir)
+                rule = _PathBeneath(rights & _file_rights(abi()), fd)
+                if _syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0):
+                    raise SandboxError(ctypes.get_errno(), f"landlock rule for {path}")
+            else:
+                raise SandboxError(err, f"landlock rule for {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+    return True
+
+
+def prepare(policy: Policy) -> Prepared:
+    """Build `policy`'s ruleset (SandboxError when the kernel has no Landlock or refuses)."""
+    version = abi()
+    if version < 1:
+        raise SandboxError(errno.ENOSYS, "this kernel offers no Landlock sandbox")
+    attr = _RulesetAttr(_write_rights(version), 0, 0)
+    size = 8
+    if version >= 4 and not policy.network:
+        attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP  # (no rule: none allowed)
+        size = 16
+    if version >= 6 and policy.scoped:
+        attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+        size = 24
+    fd = int(_syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise SandboxError(err, f"landlock_create_ruleset: {os.strerror(err)}")
+    try:
+        for path in policy.dirs:
+            _add_path(fd, path, _write_rights(version))
+        for path in (*policy.files, *DEVICES):
+            _add_path(fd, path, _file_rights(version))
+    except BaseException:
+        os.close(fd)
+        raise
+    return Prepared(fd)
+
+
+def restrict_self(policy: Policy) -> None:
+    """Confine this very process (and what it starts) to `policy`, for good."""
+    with prepare(policy) as ready:
+        if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise SandboxError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if _syscall(_SYS_RESTRICT_SELF, ready.fd, 0) != 0:
+            err = ctypes.get_errno()
+            raise SandboxError(err, f"landlock_restrict_self: {os.strerror(err)}")
+
+
+def spawn_confined(policy: Policy, spawn: Callable[[], _T]) -> _T:
+    """Call `spawn` (a posix_spawn) on a fresh thread that confines itself first: Landlock
+    confines the calling thread only, and a child inherits its spawner's confinement, so the
+    child is confined while the spawn stays vfork-fast and the rest of this process free. The
+    thread ends right after (a confined thread is never reused)."""
+    import threading
+
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            with prepare(policy) as ready:
+                if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                    raise SandboxError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+                if _syscall(_SYS_RESTRICT_SELF, ready.fd, 0) != 0:
+                    err = ctypes.get_errno()
+                    raise SandboxError(err, f"landlock_restrict_self: {os.strerror(err)}")
+            outcome.append((True, spawn()))
+        except BaseException as exc:  # (handed to the caller's thread)
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="shoal-sandboxed-spawn", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def popen_confined(policy: Policy, argv: Sequence[str], **options: Any) -> Any:
+    """`subprocess.Popen(argv, **options)` confined to `policy` (see `spawn_confined`; with no
+    pre-exec hook Python spawns it with vfork, which stays cheap in a large process)."""
+    import subprocess
+
+    return spawn_confined(policy, lambda: subprocess.Popen(argv, **options))
+
+
+def wrapper_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
+    """An argv that runs `argv` confined to `policy`, for spawns without a pre-exec hook."""
+    return [sys.executable, "-m", "shoal.core.sandbox", json.dumps(policy.to_json()), "--", *argv]
+
+
+# -- from a lease to a policy ---------------------------------------------------------------------
+
+_GLOB_CHARS: Final = frozenset("*?[{")
+# Never writable through a lease, whatever it says.
+PROTECTED: Final = (".git", ".shoal")
+
+
+def _literal_prefix(glob: str) -> tuple[list[str], list[str]]:
+    """(the literal leading segments, the rest) of a relative glob."""
+    parts = glob.split("/")
+    for i, part in enumerate(parts):
+        if _GLOB_CHARS & set(part):
+            return parts[:i], parts[i:]
+    return parts, []
+
+
+def _holds_protected(path: Path, root: Path) -> bool:
+    """Whether granting `path` would grant `.git`/`.shoal` of the tree (or is one)."""
+    if path == root or root.is_relative_to(path):
+        return True
+    rel = path.relative_to(root).parts if path.is_relative_to(root) else ()
+    return bool(set(rel) & set(PROTECTED)) or any((path / p).exists() for p in PROTECTED)
+
+
+def lease_paths(root: Path, write_set: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """(dirs, files, notes): what Landlock can grant for a lease, by hierarchy. `dir/**` is the
+    directory; a literal path is that file (or directory); `**` is every top-level entry but
+    `.git` and `.shoal`; another glob is the files it matches now, plus its deepest literal
+    directory when that holds no `.git`/`.shoal`. What cannot be granted is in `notes`."""
+    from shoal.core.writeset import covers
+
+    root = root.resolve()
+    dirs: list[str] = []
+    files: list[str] = []
+    notes: list[str] = []
+
+    def grant(path: Path) -> None:
+        real = path.resolve()  # (a symlink in the tree must not grant what it points at)
+        if real != root and not real.is_relative_to(root):
+            notes.append(f"{path.relative_to(root)}: leads outside the tree; not writable")
+            return
+        if _holds_protected(real, root) and real.is_dir():
+            return
+        (dirs if real.is_dir() else files).append(str(real))
+
+    for glob in write_set:
+        literal, rest = _literal_prefix(glob)
+        if set(literal) & set(PROTECTED):
+            notes.append(f"{glob}: .git and .shoal are never writable")
+            continue
+        base = root.joinpath(*literal)
+        if not rest:
+            if base.exists():
+                grant(base)
+            else:
+                notes.append(f"{glob}: not there yet, so a command cannot create it (Write can)")
+            continue
+        if rest == ["**"] and not literal:
+            for entry in sorted(root.iterdir()):
+                if entry.name not in PROTECTED:
+                    grant(entry)
+            notes.append("**: commands cannot create new files at the top of the tree")
+            continue
+        if rest == ["**"]:
+            if base.is_dir():
+                grant(base)
+            else:
+                notes.append(f"{glob}: {base} is not there yet, so a command cannot create it")
+            continue
+        if base.is_dir() and not _holds_protected(base, root):
+            grant(base)
+            continue
+        # The matching files there now (bounded: a lease glob over a huge tree is rare).
+        if base.is_dir():
+            for count, path in enumerate(_walk_files(base, root)):
+                if count >= 10_000:
+                    notes.append(f"{glob}: more than 10,000 files; the rest are read-only")
+                    break
+                if covers([glob], path.relative_to(root).as_posix()):
+                    grant(path)
+        notes.append(f"{glob}: only the files it matches now; a command cannot create new ones")
+    return dirs, files, notes
+
+
+def _walk_files(base: Path, root: Path) -> Iterable[Path]:
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d not in PROTECTED]
+        for name in filenames:
+            yield Path(dirpath) / name
+
+
+def agent_policy(
+    cwd: Path,
+    mode: str,
+    write_set: Sequence[str] | None,
+    *,
+    scratchpad: Path | None = None,
+    tmp: Path | None = None,
+    network: bool | None = None,
+    extra: Sequence[str] = (),
+) -> Policy:
+    """The sandbox of an agent's commands. Plan mode: nothing writable but the devices. A
+    worker (`write_set` not None): its lease, the scratchpad, its tmp and `extra`, and no TCP
+    unless `network`. Any other agent: its whole working tree, the scratchpad, its tmp and
+    `extra`, with network."""
+    if mode == "plan":
+        return Policy(network=bool(network) if write_set is not None else True)
+    own = [str(p) for p in (scratchpad, tmp) if p is not None] + [
+        os.path.expanduser(p) for p in extra
+    ]
+    if write_set is None:
+        return Policy((str(cwd.resolve()), *own), network=True if network is None else network)
+    dirs, files, notes = lease_paths(cwd, write_set)
+    return Policy(
+        tuple(dict.fromkeys([*dirs, *own])), tuple(files), bool(network), notes=tuple(notes)
+    )
+
+
+# -- the exec wrapper ------------------------------------------------------------------------------
+
+
+def main(args: Sequence[str]) -> int:
+    """`python -m shoal.core.sandbox POLICY_JSON -- ARGV...`: confine, then exec ARGV. Without
+    Landlock ARGV runs unconfined (whoever started this has said so); a policy that cannot be
+    applied runs nothing (exit 126)."""
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m shoal.core.sandbox POLICY_JSON -- ARGV...", file=sys.stderr)
+        return 2
+    try:
+        policy = Policy.from_json(json.loads(args[0]))
+    except ValueError as exc:
+        print(f"shoal sandbox: bad policy: {exc}", file=sys.stderr)
+        return 2
+    if abi() >= 1:
+        try:
+            restrict_self(policy)
+        except OSError as exc:
+            print(f"shoal sandbox: cannot confine {args[2]!r}: {exc}", file=sys.stderr)
+            return 126
+    try:
+        os.execvp(args[2], list(args[2:]))
+    except OSError as exc:
+        print(f"shoal sandbox: cannot run {args[2]!r}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
