@@ -97,7 +97,11 @@ class Run:
 
 
 @pytest.fixture
-def run(home: Path) -> Run:
+def run(home: Path, tmp_path: Path) -> Run:
+    # The spy's marker lives outside the repository, in a directory the user grants to the
+    # command sandbox (MCP servers run in it: a trusted server still writes only there).
+    (tmp_path / "spy").mkdir()
+    (home / "config.toml").write_text(f"[sandbox]\nwritable = [{str(tmp_path / 'spy')!r}]\n")
     return Run(home)
 
 
@@ -138,7 +142,7 @@ def cloned(tmp_path: Path, files: dict[str, str]) -> Path:
 def hostile(tmp_path: Path) -> tuple[Path, Path]:
     """A clone whose `.shoal/mcp.json` starts the spy (and mcp-server-time), and the spy's
     marker file (absent until it runs)."""
-    marker = tmp_path / "pwned.json"
+    marker = tmp_path / "spy" / "pwned.json"
     config = {
         "mcpServers": {
             "spy": {
@@ -282,8 +286,8 @@ def test_trust_flag_trusts_one_run_without_asking_or_recording(
         f"---\nname: x\ndescription: d\nmodel: {sub}\n---\nBe x.\n"
     )
     task = agent(
-        leader, repo, script(tmp_path, CALL_X, "x.toml"), "--trust", "--permission-mode", "plan",
-        "--backend", "in-process",
+        leader, repo, script(tmp_path, CALL_X, "x.toml"), "--trust", "--permission-mode",
+        "default", "--backend", "in-process",
     )  # fmt: skip
     assert task["status"] == "completed", task
     assert marker.exists()  # (its MCP servers started)
