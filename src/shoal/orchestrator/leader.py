@@ -113,6 +113,7 @@ class Leader(LeaderRequests):
 
     def start(self) -> Leader:
         """Become the team's leader: resume its last session or begin a new one."""
+        self.layout.check()  # (a home another user can write in could drive this leader)
         if not self.teams.exists(self.team):
             self.teams.create(self.team)
         tf = claim_lead(self.teams, self.team, self._identity)
