@@ -103,10 +103,12 @@ def check_home(home: Path) -> Path:
             break  # (shoal makes the rest)
         check_owned(parent, st, above_home=True)
     for path in (home, home / "teams", home / "sessions"):
-        st = check_path(path, "dir")
-        if st is None:
-            break  # (nothing below a missing home either)
-        check_owned(path, st)
+        found = check_path(path, "dir")
+        if found is None:
+            if path == home:
+                break  # (nothing below a missing home either)
+            continue
+        check_owned(path, found)
     _CHECKED_HOMES.add(key)
     return home
 
@@ -146,15 +148,15 @@ def ensure_dir(path: Path, root: Path, *, strict: bool = False) -> Path:
         root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     for part in parts:
         current = current / part
-        st = check_path(current, "dir")
-        if st is None:
+        found = check_path(current, "dir")
+        if found is None:
             try:
                 os.mkdir(current, DIR_MODE)
                 continue
             except FileExistsError:  # made by someone else meanwhile: check what it is
-                st = check_path(current, "dir")
-        if strict and st is not None:
-            check_owned(current, st)
+                found = check_path(current, "dir")
+        if strict and found is not None:
+            check_owned(current, found)
     return path
 
 
