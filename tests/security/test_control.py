@@ -229,7 +229,11 @@ def test_an_agent_cannot_approve_its_own_request(leader: Cli, tmp_path: Path, ba
     ok = leader("approve", "--team", TEAM, f"{task_id}.1")  # the user, outside: allowed
     assert ok.returncode == 0, ok.stderr
     waiting_on(leader, task_id, 2)
-    wait_until(out.exists, timeout=60, what="the agent's own approve to have run")
+    pwned = tmp_path / "pwned.txt"
+    wait_until(
+        lambda: out.exists() or pwned.exists(), timeout=60, what="the agent's own approve to run"
+    )
+    assert not pwned.exists(), "the agent approved its own command, and it ran"
     tried = json.loads(out.read_text())
     assert tried["request"] == f"{task_id}.2"
     assert tried["code"] == 1, tried
@@ -237,11 +241,11 @@ def test_an_agent_cannot_approve_its_own_request(leader: Cli, tmp_path: Path, ba
     assert "inside the process tree of" in tried["stderr"]
     # Still unapproved: the agent waits, and nothing ran.
     assert (record(leader, task_id).get("waiting_for") or {})["request_id"] == f"{task_id}.2"
-    assert not (tmp_path / "pwned.txt").exists()
+    assert not pwned.exists()
     no = leader("reject", "--team", TEAM, f"{task_id}.2", "--feedback", "no")
     assert no.returncode == 0, no.stderr
     wait_until(lambda: record(leader, task_id)["status"] == "completed", timeout=60)
-    assert not (tmp_path / "pwned.txt").exists()
+    assert not pwned.exists()
 
 
 # -- a long command in an approval prompt ---------------------------------------------------

@@ -57,19 +57,19 @@ def ownership_reason(
     others can then add entries but not rename or remove ours.
     """
     uid = os.geteuid()
-    where = shlex.quote(os.fspath(path))
     if st.st_uid != uid and not (above_home and st.st_uid == 0):
         return (
             f"{os.fspath(path)} is owned by uid {st.st_uid}, not by you (uid {uid}); another user "
-            f"could drive shoal through it: make it yours (`chown {uid} {where}`) or use a "
-            "SHOAL_HOME of your own"
+            f"could drive shoal through it: make it yours (`chown {uid} "
+            f"{shlex.quote(os.fspath(path))}`) or use a SHOAL_HOME of your own"
         )
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if writable and not (above_home and st.st_mode & stat.S_ISVTX):
         who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "others"}.get(writable, "group and others")
         return (
             f"{os.fspath(path)} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"another user could drive shoal through it: run `chmod go-w {where}`"
+            "another user could drive shoal through it: run "
+            f"`chmod go-w {shlex.quote(os.fspath(path))}`"
         )
     return None
 
@@ -95,17 +95,18 @@ def check_home(home: Path) -> Path:
     key = os.fspath(home)
     if key in _CHECKED_HOMES:
         return home
-    above = home.parent
-    for parent in (*reversed(above.parents), above):
+    parts = key.split("/")
+    for end in range(1, len(parts)):  # "/", "/tmp", ... up to the home's parent
+        parent = "/".join(parts[:end]) or "/"
         try:
             st = os.lstat(parent)
         except FileNotFoundError:
             break  # (shoal makes the rest)
         check_owned(parent, st, above_home=True)
-    for path in (home, home / "teams", home / "sessions"):
+    for path in (key, f"{key}/teams", f"{key}/sessions"):
         found = check_path(path, "dir")
         if found is None:
-            if path == home:
+            if path == key:
                 break  # (nothing below a missing home either)
             continue
         check_owned(path, found)
