@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from shoal.core.consent import brief
-
 StatusColor = Literal["success", "error", "warning", "background"]
 
 ICON_RUNNING: Final = "▶"
@@ -291,6 +289,8 @@ def agent_notes(task: Mapping[str, Any]) -> str:
     waiting = task.get("waiting_for")
     shown = ""
     if isinstance(waiting, dict) and waiting.get("request_id"):
+        from shoal.core.consent import brief  # (only when one waits: ps starts without it)
+
         request_id = str(waiting["request_id"])
         inputs = waiting.get("input")
         what = brief(inputs, request_id) if isinstance(inputs, dict) else ""
