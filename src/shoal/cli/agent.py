@@ -264,6 +264,7 @@ def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
 
 def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
     from shoal.cli.tasks import _follow, _session
+    from shoal.core import consent as consent_text
     from shoal.orchestrator.client import call
 
     session = _session(layout, team)
@@ -276,18 +277,23 @@ def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
         if not request_id or request_id in asked:
             return
         asked.add(request_id)
-        shown = ", ".join(
-            f"{k}={str(v)[:200]!r}" for k, v in (waiting.get("input") or {}).items()
-            if k != "agent"
-        )  # fmt: skip
+        # The whole request, wrapped (a cut one could hide `; curl …|sh` past the cut): on one
+        # line when it is short, else a block saying how long each part is.
+        tool, inputs = str(waiting.get("tool")), waiting.get("input") or {}
+        short = consent_text.compact(tool, inputs)
+        shown = short or consent_text.block(tool, inputs, request_id)
         if not sys.stdin.isatty():
             click.echo(
-                f"shoal: agent {task_id} waits for consent to {waiting.get('tool')}({shown}): "
-                f"`shoal approve {request_id}` or `shoal reject {request_id} --feedback ...`",
+                f"shoal: agent {task_id} waits for consent to {shown}"
+                + (": " if short else "\n")
+                + f"`shoal approve {request_id}` or `shoal reject {request_id} --feedback ...`",
                 err=True,
             )
             return
-        ok = click.confirm(f"\nAllow {waiting.get('tool')}({shown})?", default=False, err=True)
+        if short is None:
+            click.echo(f"\n{shown}", err=True)
+        question = f"Allow {short}?" if short else f"Allow this {tool}?"
+        ok = click.confirm(f"\n{question}" if short else question, default=False, err=True)
         feedback = None if ok else click.prompt("Why not (told to the agent)", default="", err=True)
         try:
             call(

@@ -27,7 +27,8 @@ class Env:
 
     @functools.cached_property
     def layout(self) -> Layout:
-        return Layout(self.home_arg)
+        """The home's layout, checked once: a home another user can write in is refused."""
+        return Layout(self.home_arg).check()
 
     def team(self, explicit: str | None = None) -> str:
         """The team to act on: explicit, --team, $SHOAL_TEAM, else `default` (never "the only

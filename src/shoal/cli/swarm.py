@@ -142,11 +142,18 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     if "." in name:  # `{agent task id}.{n}`: an agent's permission request
         from shoal.orchestrator.client import call
 
+        _refuse_own_request(env.layout, team, name)
         args = {"request_id": name, "approve": approve, "reason": feedback}
         return str(call(env.layout, team, "permission", args)["request_id"])
     teams = Teams(env.layout)
-    if teams.read(team).member(name) is None:
+    member = teams.read(team).member(name)
+    if member is None:
         raise NotFoundError(f"no member {name!r} in team {team!r} (see `shoal team show {team}`)")
+    from shoal.orchestrator.approval import member_roots, refuse_inside
+    from shoal.orchestrator.client import leader_alive
+
+    roots = member_roots(member.model_dump(), leader_alive(env.layout, team))
+    refuse_inside(f"the plan of {name}", roots)
     pending = (teams.read_status(team, name) or {}).get("awaiting_approval")
     if not isinstance(pending, dict) or not pending.get("request_id"):
         raise ConflictError(f"{name} is not waiting for a plan approval")
@@ -160,15 +167,70 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     return str(pending["request_id"])
 
 
+def _refuse_own_request(layout: Any, team: str, request_id: str) -> None:
+    """Refuse (ConflictError) when this command runs inside the process tree of the agent
+    that made request `request_id` (`{task id}.{n}`): an agent must not approve itself."""
+    from shoal.cli.tasks import _tasks
+    from shoal.orchestrator.approval import agent_roots, refuse_inside
+    from shoal.orchestrator.client import leader_alive
+    from shoal.orchestrator.session_files import current_session_files
+
+    session = current_session_files(layout, team)
+    if session is None:
+        return  # (no session: the leader says what is wrong)
+    records = _tasks(session, include_history=False)
+    task_id = request_id.split(".", 1)[0]
+    matches = [i for i in records if i.startswith(task_id)]
+    if len(matches) == 1:
+        refuse_inside(request_id, agent_roots(records, matches[0], leader_alive(layout, team)))
+
+
+def _show_request(request_id: str, as_json: bool) -> None:
+    """Print agent request `request_id` whole (wrapped, control characters made visible)."""
+    from shoal.cli.tasks import _tasks
+    from shoal.core import consent
+    from shoal.orchestrator.session_files import current_session_files
+
+    env = get_env(click.get_current_context())
+    team = env.team()
+    session = current_session_files(env.layout, team)
+    records = _tasks(session, include_history=False) if session is not None else {}
+    for task_id, record in records.items():
+        waiting = record.get("waiting_for") or {}
+        if waiting.get("request_id") == request_id or (
+            "." in request_id
+            and task_id.startswith(request_id.split(".", 1)[0])
+            and str(waiting.get("request_id", "")).endswith("." + request_id.split(".", 1)[1])
+        ):
+            if as_json:
+                print_json(waiting)
+            else:
+                click.echo(consent.block(str(waiting.get("tool")), waiting.get("input") or {},
+                                         limit=None))  # fmt: skip
+            return
+    raise NotFoundError(
+        f"no agent of team {team!r} waits on request {request_id} (`shoal ps` lists them)"
+    )
+
+
 @click.command()
 @click.argument("name")
 @click.option("--feedback", default=None, help="A note for the teammate.")
+@click.option(
+    "--show",
+    is_flag=True,
+    help="Only print agent request NAME whole (every character of its command), answering nothing.",
+)
 @json_option
 @common_options
-def approve(name: str, feedback: str | None, as_json: bool) -> None:
+def approve(name: str, feedback: str | None, show: bool, as_json: bool) -> None:
     """Approve the plan teammate NAME is waiting on, an agent's permission request (NAME is
     then its id, `a1b2c3d4e.1`, shown by `shoal ps`), or a remote ultraplan (its `r...` id):
-    a ready plan completes it; a question is answered with --feedback."""
+    a ready plan completes it; a question is answered with --feedback. With --show, print
+    the request whole instead (prompts cut a very long one and say so)."""
+    if show:
+        _show_request(name, as_json)
+        return
     request_id = _answer_plan(name, True, feedback)
     if as_json:
         print_json({"name": name, "request_id": request_id, "approve": True})

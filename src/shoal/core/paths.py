@@ -1,13 +1,17 @@
 """Where things live under SHOAL_HOME, and safe creation of directories below it.
 
 Every directory shoal creates is 0700 and every component below the home is checked not to be
-a symlink, so a planted link can never redirect a write.
+a symlink, so a planted link can never redirect a write. The home, the directories above it,
+`teams/`, `sessions/` and every inbox on the way to a message are refused unless they are the
+user's and no one else can write in them (OpenSSH's StrictModes): another user who could
+write there could drive the leader.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 from pathlib import Path
 from typing import Literal
@@ -43,6 +47,73 @@ def unsafe_reason(st: os.stat_result, kind: PathKind | None = None) -> str | Non
     return None
 
 
+def ownership_reason(
+    path: str | os.PathLike[str], st: os.stat_result, *, above_home: bool = False
+) -> str | None:
+    """Why a directory whose lstat is `st` must not be trusted with shoal's files, or None.
+
+    It must be owned by this user and writable by no one else. A directory above the home may
+    also be root's, and may be writable by others when its sticky bit is set (as /tmp is):
+    others can then add entries but not rename or remove ours.
+    """
+    uid = os.geteuid()
+    if st.st_uid != uid and not (above_home and st.st_uid == 0):
+        return (
+            f"{os.fspath(path)} is owned by uid {st.st_uid}, not by you (uid {uid}); another user "
+            f"could drive shoal through it: make it yours (`chown {uid} "
+            f"{shlex.quote(os.fspath(path))}`) or use a SHOAL_HOME of your own"
+        )
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not (above_home and st.st_mode & stat.S_ISVTX):
+        who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "others"}.get(writable, "group and others")
+        return (
+            f"{os.fspath(path)} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); "
+            "another user could drive shoal through it: run "
+            f"`chmod go-w {shlex.quote(os.fspath(path))}`"
+        )
+    return None
+
+
+def check_owned(
+    path: str | os.PathLike[str], st: os.stat_result, *, above_home: bool = False
+) -> None:
+    """Raise UnsafePathError when `ownership_reason` refuses `path` (its lstat `st`)."""
+    reason = ownership_reason(path, st, above_home=above_home)
+    if reason is not None:
+        raise UnsafePathError(reason)
+
+
+_CHECKED_HOMES: set[str] = set()
+
+
+def check_home(home: Path) -> Path:
+    """Refuse a home that another user could write in: the directories above it (each the
+    user's or root's, and not writable by others unless sticky), the home itself, `teams/`
+    and `sessions/` (each the user's, writable by no one else). UnsafePathError names the
+    path and the command that fixes it. A few lstat calls, once per home per process; what
+    does not exist yet is created 0700 by shoal."""
+    key = os.fspath(home)
+    if key in _CHECKED_HOMES:
+        return home
+    parts = key.split("/")
+    for end in range(1, len(parts)):  # "/", "/tmp", ... up to the home's parent
+        parent = "/".join(parts[:end]) or "/"
+        try:
+            st = os.lstat(parent)
+        except FileNotFoundError:
+            break  # (shoal makes the rest)
+        check_owned(parent, st, above_home=True)
+    for path in (key, f"{key}/teams", f"{key}/sessions"):
+        found = check_path(path, "dir")
+        if found is None:
+            if path == key:
+                break  # (nothing below a missing home either)
+            continue
+        check_owned(path, found)
+    _CHECKED_HOMES.add(key)
+    return home
+
+
 def check_path(path: str | os.PathLike[str], kind: PathKind | None = None) -> os.stat_result | None:
     """lstat `path` and refuse a symlink (or, with `kind`, anything else than that kind) with
     UnsafePathError naming it; None when nothing is there."""
@@ -65,20 +136,28 @@ def check_no_symlink(path: Path, root: Path) -> None:
             return
 
 
-def ensure_dir(path: Path, root: Path) -> Path:
-    """Create `path` (and parents up from `root`) as 0700 directories, refusing symlinks."""
+def ensure_dir(path: Path, root: Path, *, strict: bool = False) -> Path:
+    """Create `path` (and parents up from `root`) as 0700 directories, refusing symlinks.
+
+    `strict`: every existing directory on the way (not `root`) must also be the user's and
+    writable by no one else (`check_owned`), as an inbox's must: the check costs nothing more
+    than the lstat already made.
+    """
     current = root
     parts = path.relative_to(root).parts
     if not os.path.isdir(root):
         root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     for part in parts:
         current = current / part
-        if check_path(current, "dir") is not None:
-            continue
-        try:
-            os.mkdir(current, DIR_MODE)
-        except FileExistsError:  # made by someone else meanwhile: check what it is
-            check_path(current, "dir")
+        found = check_path(current, "dir")
+        if found is None:
+            try:
+                os.mkdir(current, DIR_MODE)
+                continue
+            except FileExistsError:  # made by someone else meanwhile: check what it is
+                found = check_path(current, "dir")
+        if strict and found is not None:
+            check_owned(current, found)
     return path
 
 
@@ -124,6 +203,11 @@ class Layout:
         if not SESSION_ID.fullmatch(session):
             raise UsageError(f"invalid session id {session!r} (letters, digits, '-' and '_')")
         return self.sessions_dir / session
+
+    def check(self) -> Layout:
+        """This layout, once its home passes `check_home` (UnsafePathError naming the fix)."""
+        check_home(self.home)
+        return self
 
     def ensure(self, path: Path) -> Path:
         """Create directory `path` under the home safely (0700, no symlinks)."""

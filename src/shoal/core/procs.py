@@ -77,6 +77,33 @@ def is_alive(pid: int | None, started_at: float | None) -> bool:
     return started_at is None or abs(created - started_at) <= START_TIME_TOLERANCE_S
 
 
+def lineage(pid: int | None = None) -> list[tuple[int, float]]:
+    """(pid, start time) of process `pid` (default: this one) and of each of its ancestors,
+    nearest first, up to (not including) pid 0: whose process tree a command runs in."""
+    pid = os.getpid() if pid is None else pid
+    out: list[tuple[int, float]] = []
+    clock = _proc_clock()
+    if clock is None:
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            chain = [proc, *proc.parents()]
+            return [(p.pid, float(p.create_time())) for p in chain]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return out
+    while pid > 0 and len(out) < 4096:  # (a cycle cannot happen; the cap is only a guard)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                raw = fh.read()
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        out.append((pid, float(fields[19]) / clock[1] + clock[0]))
+        pid = int(fields[1])
+    return out
+
+
 def current_identity() -> tuple[int, float]:
     """This process's (pid, start time)."""
     pid = os.getpid()

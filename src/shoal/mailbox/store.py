@@ -3,6 +3,13 @@
 Layout: `tmp/` (being written), `new/` (delivered), `cur/` (claimed, not yet acked), `bad/`
 (undecodable or failing messages, each beside a `.error` file saying why). A message is
 visible in `new/` only once it is whole, so every file there parses (or is quarantined).
+
+Only the user's own files are messages: an inbox's directories must be the user's and writable
+by no one else, and a message file another uid owns (checked with fstat on the descriptor
+opened to read it: no window between check and read) is quarantined unread. Every kind is read
+through `Maildir.read`, so control requests, permission and plan answers and shutdown requests
+all get the check. (Everything shoal delivers is written by one user today; a peer of another
+uid has the `uds:` route, whose SO_PEERCRED check is its own.)
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from shoal.core.errors import (
     is_no_space,
 )
 from shoal.core.jsonio import append_line, fsync_dir, write_new_file
-from shoal.core.paths import FILE_MODE, check_path, ensure_dir
+from shoal.core.paths import FILE_MODE, check_owned, check_path, ensure_dir
 from shoal.mailbox import wake
 
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -80,21 +87,29 @@ class Maildir:
         self._cur_s = os.fspath(self.cur)
         self._wake: bytes | None = None  # (its wake address, found at the first delivery)
         self._handled_s = os.fspath(path / HANDLED_LOG)
+        self._uid = os.geteuid()
 
     @classmethod
     def create(cls, path: Path, home: Path) -> Maildir:
-        """Create (or check) the inbox at `path` under `home`: 0700 dirs, no symlinks anywhere."""
-        ensure_dir(path, home)
+        """Create (or check) the inbox at `path` under `home`: 0700 dirs, no symlinks anywhere,
+        every directory below the home the user's and writable by no one else."""
+        ensure_dir(path, home, strict=True)
         for sub in SUBDIRS:  # the parents are checked: only these four are left to make
-            ensure_dir(path / sub, path)
+            ensure_dir(path / sub, path, strict=True)
         return cls(path)
 
     @classmethod
     def open(cls, path: Path) -> Maildir:
-        """An existing inbox; refuses a symlinked inbox or subdirectory."""
+        """An existing inbox; refuses a symlinked inbox or subdirectory, and one that it, its
+        parent (`inboxes/`) or a subdirectory lets another user write in."""
+        parent = check_path(path.parent, "dir")
+        if parent is not None:
+            check_owned(path.parent, parent)
         for p in (path, *(path / s for s in SUBDIRS)):
-            if check_path(p, "dir") is None:
+            st = check_path(p, "dir")
+            if st is None:
                 raise NotFoundError(f"no inbox at {p}")
+            check_owned(p, st)
         return cls(path)
 
     # -- delivery ----------------------------------------------------------------------------
@@ -164,7 +179,9 @@ class Maildir:
         return names
 
     def read(self, sub: str, name: str) -> bytes:
-        """Read a message file without following a symlink (ELOOP -> UnsafePathError)."""
+        """Read a message file without following a symlink (ELOOP -> UnsafePathError); a
+        file that is not regular, or that another uid owns, is an UnsafePathError too, read
+        from the descriptor's own fstat (so nothing can swap the file after the check)."""
         try:
             fd = os.open(f"{self._dir}/{sub}/{name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -175,6 +192,11 @@ class Maildir:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafePathError(f"{self.path / sub / name} is not a regular file")
+            if st.st_uid != self._uid:
+                raise UnsafePathError(
+                    f"{self.path / sub / name} is owned by uid {st.st_uid}, not by this "
+                    f"process's uid {self._uid}: a message from another user is never acted on"
+                )
             # Files in new/ and cur/ are whole (linked in once written): one read of the size
             # fstat gave (+1, to see EOF) is the whole file. A file that grew meanwhile (another
             # tool writing in place) is read on to EOF, up to just over the cap.

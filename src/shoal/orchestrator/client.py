@@ -23,7 +23,7 @@ from typing import Any, Final
 import orjson
 
 from shoal.core.clock import iso_now
-from shoal.core.errors import NotFoundError, ShoalError
+from shoal.core.errors import NotFoundError, ShoalError, UnsafePathError
 from shoal.core.ids import new_ulid
 from shoal.core.jsonio import read_bytes_nofollow
 from shoal.core.names import LEAD_NAME
@@ -202,8 +202,8 @@ class Channel:
         """Read reply `file` into `answers` and remove it (the inbox is this call's alone)."""
         try:
             message = orjson.loads(self.replies.read("new", file))
-        except (OSError, orjson.JSONDecodeError):
-            message = None
+        except (OSError, UnsafePathError, orjson.JSONDecodeError):
+            message = None  # (another user's file among them is dropped unread, as noise is)
         data = message.get("data") if isinstance(message, dict) else None
         if isinstance(data, dict) and isinstance(data.get("request_id"), str):
             self.answers[data["request_id"]] = data

@@ -113,8 +113,12 @@ class Leader(LeaderRequests):
 
     def start(self) -> Leader:
         """Become the team's leader: resume its last session or begin a new one."""
+        self.layout.check()  # (a home another user can write in could drive this leader)
         if not self.teams.exists(self.team):
             self.teams.create(self.team)
+        # Checked before the lead is claimed: an inbox another user can write in is refused
+        # before this process says it leads.
+        maildir = Maildir.create(self.layout.inbox_dir(self.team, LEAD_NAME), self.layout.home)
         tf = claim_lead(self.teams, self.team, self._identity)
         raise_fd_limit()  # a thousand in-process teammates hold a thousand inbox files
         resumed = resume(self, tf.lead_session_id)
@@ -126,7 +130,6 @@ class Leader(LeaderRequests):
         )
         self.persist(force=True)
         self.emit(LeaderStarted(team=self.team, pid=self._identity[0], resumed=resumed))
-        maildir = Maildir.create(self.layout.inbox_dir(self.team, LEAD_NAME), self.layout.home)
         self._inbox = Inbox(maildir, lead=LEAD_NAME)
         self._subscription = self._inbox.subscribe(self._on_message)
         self.auto_dream()

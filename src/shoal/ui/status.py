@@ -289,7 +289,13 @@ def agent_notes(task: Mapping[str, Any]) -> str:
     waiting = task.get("waiting_for")
     shown = ""
     if isinstance(waiting, dict) and waiting.get("request_id"):
-        shown = f"  [waits: shoal approve {waiting['request_id']} ({waiting.get('tool')})]"
+        from shoal.core.consent import brief  # (only when one waits: ps starts without it)
+
+        request_id = str(waiting["request_id"])
+        inputs = waiting.get("input")
+        what = brief(inputs, request_id) if isinstance(inputs, dict) else ""
+        shown = f"  [waits: shoal approve {request_id} ({waiting.get('tool')})"
+        shown += f": {what}]" if what else "]"
     elif isinstance(waiting, dict) and waiting.get("lease"):
         shown = f"  [waiting for the lease of {waiting['lease']}]"
     budget = task.get("budget")

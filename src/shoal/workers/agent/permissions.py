@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import orjson
 from pydantic import Field
 
+from shoal.mailbox.store import MAX_MESSAGE_BYTES
 from shoal.workers.agent.tools import ToolFailure, _Args
 
 # Tools that change something (files, or anything a command does).
@@ -46,14 +48,22 @@ PLAN_TOOL_SPECS: Final = (
 Asker = Callable[[str, dict[str, Any]], Awaitable[tuple[bool, str | None]]]
 
 
+# Room left in a request's message for its envelope (ids, names, the agent's task id).
+_ENVELOPE_BYTES: Final = 4096
+
+
 def describe(tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    """What a request shows the lead: the arguments that say what the tool would do."""
-    keep = ("command", "description", "file_path", "old_string", "new_string", "plan")
-    shown = {k: str(v)[:2000] for k, v in args.items() if k in keep and v is not None}
-    if tool == "Write":
-        content = str(args.get("content") or "")
-        shown["content"] = content[:2000] + (
-            f"… ({len(content):,} chars)" if len(content) > 2000 else ""
+    """What a request shows the lead: the arguments that say what the tool would do, whole
+    (a prompt that cut them could show a harmless start and hide `; curl …|sh`). A request
+    too big for one message is refused, as a tool error naming the size and the way out."""
+    keep = ("command", "description", "file_path", "old_string", "new_string", "content", "plan")
+    shown = {k: str(v) for k, v in args.items() if k in keep and v is not None}
+    size = len(orjson.dumps(shown))
+    if size > MAX_MESSAGE_BYTES - _ENVELOPE_BYTES:
+        raise ToolFailure(
+            f"this {tool} call is {size:,} bytes, over the {MAX_MESSAGE_BYTES:,} a request for "
+            "consent can carry whole; write the long part to a file in smaller pieces and run "
+            "or edit it from there"
         )
     return shown
 

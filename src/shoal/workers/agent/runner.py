@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.core.consent import brief
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.notify import END_NOTIFICATION
 from shoal.core.paths import Layout
@@ -40,7 +41,7 @@ from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
 from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
-from shoal.workers.console import preview
+from shoal.workers.console import PREVIEW_CHARS
 
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25
@@ -247,7 +248,7 @@ class Consent:
                     },
                 ),
             )
-            what = preview(shown.get("command") or shown.get("file_path") or shown.get("plan"))
+            what = brief(shown, request_id, limit=PREVIEW_CHARS)  # (a cut one says so)
             output.write(
                 f"[asks the lead to run {tool}{f' ({what})' if what else ''}: "
                 f"shoal approve {request_id} | shoal reject {request_id}]\n"
