@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from shoal.core.errors import ShoalError
 from shoal.core.paths import FILE_MODE
 from shoal.workers.agent.tools import (
+    FILE_TOOLS,
     TOOL_SPECS,
     ToolFailure,
     Workspace,
@@ -34,6 +38,8 @@ if TYPE_CHECKING:
     from pydantic_ai import Tool
     from pydantic_ai.messages import ModelMessage
     from pydantic_ai.models import Model
+
+T = TypeVar("T")
 
 RECENT_ACTIVITIES: Final = 5
 TOOL_RETRIES: Final = 3  # bad arguments in a row before the run fails
@@ -130,6 +136,33 @@ def _short(text: str, lines: int = 6) -> str:
     return body + (f"\n    … {more} more line(s)" if more > 0 else "")
 
 
+async def off_loop(call: Callable[[], T]) -> T:
+    """`call()` on a daemon thread of its own, awaited: a slow file system stalls only the
+    agent whose call it is, and a cancel (`stop`) ends the wait at once. The thread is left
+    to finish on its own (a daemon, so it never holds the process open at exit)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if done.done():  # (cancelled meanwhile)
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            value, error = call(), None
+        except BaseException as exc:  # (handed to the awaiting coroutine)
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="agent-file-tool", daemon=True).start()
+    return await done
+
+
 def _tool_function(
     handlers: Sequence[Any], name: str, model: Any, gate: Any = None
 ) -> Callable[..., Any]:
@@ -148,7 +181,10 @@ def _tool_function(
         try:
             if gate is not None:
                 await gate.check(name, kwargs)
-            result = handler(args)
+            if name in FILE_TOOLS and not inspect.iscoroutinefunction(handler):
+                result = await off_loop(functools.partial(handler, args))
+            else:
+                result = handler(args)
             if asyncio.iscoroutine(result):
                 result = await result
         except (ToolFailure, ShoalError) as exc:
