@@ -673,6 +673,7 @@ class PathGate:
             raise GateError(f"{spot.shown} is read-only here", "protected")
         if (spot.root is not None and not spot.parts) or spot.shown == Path("/"):
             raise GateError(f"{spot.shown} is a directory", "directory")
+        self._refuse_protected(spot.shown, name)  # (before a parent is made; again below)
         try:
             pfd = self._parent(name, spot, create=parents)
         except FileNotFoundError:
