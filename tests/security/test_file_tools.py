@@ -234,19 +234,6 @@ def test_a_hard_link_is_not_written_in_place(clone: Path, tmp_path: Path, mode: 
     assert (clone / "linked.txt").read_text() == "written\n"
 
 
-def test_writes_keep_the_mode_and_leave_no_temp_files(clone: Path) -> None:
-    script = clone / "run.sh"
-    script.write_text("echo hi\n")
-    script.chmod(0o751)
-    ws = Workspace(clone, mode="acceptEdits")
-    ws.read(ReadArgs(file_path="run.sh"))
-    ws.edit(EditArgs(file_path="run.sh", old_string="hi", new_string="bye"))
-    assert stat.S_IMODE(script.stat().st_mode) == 0o751 and script.read_text() == "echo bye\n"
-    ws.write(WriteArgs(file_path="new/dir/file.txt", content="x"))
-    assert sorted(p.name for p in clone.iterdir() if p.name.endswith(".tmp")) == []
-    assert (clone / "new" / "dir" / "file.txt").read_text() == "x"
-
-
 def test_a_write_through_a_linked_directory_is_refused(clone: Path, tmp_path: Path) -> None:
     for mode in CONFINED:
         ws = Workspace(clone, mode=mode)
@@ -294,12 +281,6 @@ def test_bubble_mode_is_confined(clone: Path) -> None:
     ws = Workspace(clone, mode="bubble")
     _refused(lambda: ws.read(ReadArgs(file_path="../outside/secret.txt")), "outside")
     _refused(lambda: ws.write(WriteArgs(file_path="../outside/x", content="x")), "outside")
-
-
-def test_an_absolute_path_inside_the_tree_is_allowed(clone: Path) -> None:
-    ws = Workspace(clone, mode="plan")
-    assert "hello" in ws.read(ReadArgs(file_path=str(clone / "src" / "app.py")))
-    _refused(lambda: ws.read(ReadArgs(file_path=str(clone.parent / "outside" / "secret.txt"))))
 
 
 # -- the dream --------------------------------------------------------------------------------
