@@ -610,26 +610,6 @@ class PathGate:
         finally:
             os.close(fd)
 
-    def lstat(self, name: str) -> tuple[Spot, os.stat_result | None]:
-        """`name` placed and lstat-ed through its directory (None: nothing there)."""
-        spot = self.locate(name)
-        if spot.root is not None and not spot.parts:
-            rfd = self._root_fd(spot.root)
-            try:
-                return spot, os.fstat(rfd)
-            finally:
-                os.close(rfd)
-        try:
-            pfd = self._parent(name, spot)
-        except (FileNotFoundError, NotADirectoryError):
-            return spot, None
-        try:
-            return spot, os.stat(spot.shown.name, dir_fd=pfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return spot, None
-        finally:
-            os.close(pfd)
-
     def files(
         self,
         name: str | None,

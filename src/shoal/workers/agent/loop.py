@@ -163,8 +163,28 @@ async def off_loop(call: Callable[[], T]) -> T:
     return await done
 
 
+class InOrder:
+    """One agent's file tool calls, one at a time in the order they were made: a model's
+    parallel calls (a Write, then an Edit of that file) keep the order they had when they
+    ran on the event loop itself. (One lock per running loop: a lock is bound to its loop.)"""
+
+    def __init__(self) -> None:
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:
+            self._lock, self._loop = asyncio.Lock(), loop
+        return self._lock
+
+
 def _tool_function(
-    handlers: Sequence[Any], name: str, model: Any, gate: Any = None
+    handlers: Sequence[Any],
+    name: str,
+    model: Any,
+    gate: Any = None,
+    in_order: InOrder | None = None,
 ) -> Callable[..., Any]:
     """The function pydantic-ai calls for tool `name`: validates, runs, turns a ToolFailure
     (or a refusal of shoal's: a missing list task, a stopped leader) into a tool error and bad
@@ -182,7 +202,8 @@ def _tool_function(
             if gate is not None:
                 await gate.check(name, kwargs)
             if name in FILE_TOOLS and not inspect.iscoroutinefunction(handler):
-                result = await off_loop(functools.partial(handler, args))
+                async with (in_order or InOrder()).lock():
+                    result = await off_loop(functools.partial(handler, args))
             else:
                 result = handler(args)
             if asyncio.iscoroutine(result):
@@ -216,8 +237,11 @@ def make_tools(
         *(PLAN_TOOL_SPECS if gate is not None else ()),
     ]
     handlers = [workspace, *([team] if team is not None else []), *([gate] if gate else [])]
+    in_order = InOrder()
     return [
-        Tool.from_schema(_tool_function(handlers, name, model, gate), name, text, schema_of(model))
+        Tool.from_schema(
+            _tool_function(handlers, name, model, gate, in_order), name, text, schema_of(model)
+        )
         for name, model, text in specs
         if allowed is None or name in allowed
     ]
