@@ -629,27 +629,29 @@ final = "after: {prompt}"
 [[turn]]
 [[turn.call]]
 tool = "Agent"
-args = { description = "reader", prompt = "Read the pipe" }
+args = { description = "reader", prompt = "Read the note" }
 [[turn]]
 text = "waiting"
 
 [[worker]]
 final = "read: {last}"
 [[worker.turn]]
+wait_for = "go"
 [[worker.turn.call]]
 tool = "Read"
-args = { file_path = "pipe" }
+args = { file_path = "note.txt" }
 """
 
 
 def test_a_silent_worker_is_reported_stalled_once(cli: Cli, tmp_path: Path) -> None:
-    # The worker's Read of a FIFO blocks with no writer: no model response, no tool output.
+    # The worker's model holds its first answer until `go` exists: no model response, no
+    # tool output.
     up = cli("up", "--team", "st", "--detach", "--quiet",
              env={**FAST, "SHOAL_WORKER_STALL_S": "1"})  # fmt: skip
     assert up.returncode == 0, up.stderr
     try:
-        os.mkfifo(tmp_path / "pipe")
-        model = script(tmp_path, STALLING)
+        (tmp_path / "note.txt").write_text("unblocked\n")
+        model = script(tmp_path, STALLING.replace('"go"', json.dumps(str(tmp_path / "go"))))
         out = cli("agent", "--team", "st", "--coordinator", "--model", model, "--cwd",
                   str(tmp_path), "--backend", "process", *BYPASS, "go")  # fmt: skip
         assert out.returncode == 0, out.stderr
@@ -658,8 +660,7 @@ def test_a_silent_worker_is_reported_stalled_once(cli: Cli, tmp_path: Path) -> N
         output = Path(next(t for t in rows if t["id"] == coord)["output_file"])
         wait_until(lambda: output.exists() and "appears stalled" in output.read_text(),
                    timeout=60, what="the stall notice")  # fmt: skip
-        with open(tmp_path / "pipe", "w") as pipe:
-            pipe.write("unblocked\n")
+        (tmp_path / "go").touch()
 
         def done() -> dict[str, Any] | None:
             rows = json.loads(cli("ps", "--team", "st", "--all", "--json").stdout)

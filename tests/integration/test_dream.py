@@ -182,8 +182,8 @@ def test_the_default_model_is_the_embedded_dream_script(leader: Cli, home: Path)
     assert "s0/events.jsonl:1" in log and "s1/events.jsonl:1" in log
 
 
-# A dream that writes one memory file, then blocks reading a FIFO (in a session it reviews):
-# killed there, it is mid-update.
+# A dream that writes one memory file, reads a session file, then waits (its model holds the
+# next turn until the file `go` exists): killed there, it is mid-update.
 BLOCKS = """
 [[turn]]
 text = "Updating the first file."
@@ -198,10 +198,11 @@ args = {{ file_path = "A.md", content = "{new}" }}
 text = "Reading more."
 [[turn.call]]
 tool = "Read"
-args = {{ file_path = "{fifo}" }}
+args = {{ file_path = "{more}" }}
 
 [[turn]]
 text = "Updating the second file."
+wait_for = "{go}"
 [[turn.call]]
 tool = "Read"
 args = {{ file_path = "B.md" }}
@@ -214,12 +215,12 @@ NEW_A = "new A " * 1000
 
 def blocking(home: Path, tmp_path: Path) -> str:
     (session,) = make_sessions(home, 1)
-    fifo = session / "transcripts" / "pipe.jsonl"
-    os.mkfifo(fifo)
-    return script(tmp_path, BLOCKS.format(new=NEW_A, fifo=fifo))
+    more = session / "transcripts" / "more.jsonl"
+    more.write_text("more\n")
+    return script(tmp_path, BLOCKS.format(new=NEW_A, more=more, go=tmp_path / "go"))
 
 
-def reading_the_fifo(cli: Cli, task_id: str) -> dict[str, Any] | None:
+def waiting_mid_update(cli: Cli, task_id: str) -> dict[str, Any] | None:
     task = record(cli, task_id)
     in_turn = [t["text"] for t in task["turns"]] == ["Updating the first file.", "Reading more."]
     return task if task["phase"] == "updating" and in_turn else None
@@ -232,7 +233,7 @@ def test_second_dream_refused_then_kill_mid_update_rolls_back(
     mem = memory(home, A="old A", B="old B")
     first = start(leader, "--model", model)
     mid = wait_until(
-        lambda: reading_the_fifo(leader, first["id"]), timeout=60, what="the dream to block"
+        lambda: waiting_mid_update(leader, first["id"]), timeout=60, what="the dream to block"
     )
     assert mid["files_touched"] == ["A.md"]
     # A second dream, while the first runs: refused, naming the first; nothing registered.
@@ -265,7 +266,7 @@ def test_dead_dream_found_on_resume_rolls_the_lock_back(
     assert cli("up", "--team", TEAM, "-d", "-q", env=FAST).returncode == 0
     try:
         task = start(cli, "--model", model)
-        wait_until(lambda: reading_the_fifo(cli, task["id"]), timeout=60, what="the dream")
+        wait_until(lambda: waiting_mid_update(cli, task["id"]), timeout=60, what="the dream")
         holder = json.loads((mem / LOCK).read_bytes())
         assert holder["task_id"] == task["id"]
         # The leader and the dream's runner die without a word.
@@ -293,7 +294,7 @@ def test_leader_dies_the_dream_goes_on_and_is_adopted(cli: Cli, home: Path, tmp_
     assert cli("up", "--team", TEAM, "-d", "-q", env=FAST).returncode == 0
     try:
         task = start(cli, "--model", model)
-        wait_until(lambda: reading_the_fifo(cli, task["id"]), timeout=60, what="the dream")
+        wait_until(lambda: waiting_mid_update(cli, task["id"]), timeout=60, what="the dream")
         holder = json.loads((mem / LOCK).read_bytes())
         os.kill(holder["pid"], signal.SIGKILL)  # the leader dies; the runner goes on
         wait_until(lambda: pid_gone(holder["pid"]), what="the leader to die")
@@ -302,9 +303,7 @@ def test_leader_dies_the_dream_goes_on_and_is_adopted(cli: Cli, home: Path, tmp_
         assert record(cli, task["id"])["status"] == "running"
         refused = cli("dream", "--team", TEAM)
         assert refused.returncode == 1 and task["id"] in refused.stderr
-        fifo = Path(home / "sessions" / "s0" / "transcripts" / "pipe.jsonl")
-        with open(fifo, "w") as pipe:  # (unblocks its Read)
-            pipe.write("more\n")
+        (tmp_path / "go").touch()  # (lets its model answer)
         done = ended(cli, task["id"])
         assert done["status"] == "completed", done
         assert (mem / "B.md").read_text() == "never"

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import FILE_MODE
 from shoal.workers.agent.tools import (
+    FILE_TOOLS,
     TOOL_SPECS,
     ToolFailure,
     Workspace,
@@ -34,6 +38,8 @@ if TYPE_CHECKING:
     from pydantic_ai import Tool
     from pydantic_ai.messages import ModelMessage
     from pydantic_ai.models import Model
+
+T = TypeVar("T")
 
 RECENT_ACTIVITIES: Final = 5
 TOOL_RETRIES: Final = 3  # bad arguments in a row before the run fails
@@ -130,8 +136,55 @@ def _short(text: str, lines: int = 6) -> str:
     return body + (f"\n    … {more} more line(s)" if more > 0 else "")
 
 
+async def off_loop(call: Callable[[], T]) -> T:
+    """`call()` on a daemon thread of its own, awaited: a slow file system stalls only the
+    agent whose call it is, and a cancel (`stop`) ends the wait at once. The thread is left
+    to finish on its own (a daemon, so it never holds the process open at exit)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if done.done():  # (cancelled meanwhile)
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            value, error = call(), None
+        except BaseException as exc:  # (handed to the awaiting coroutine)
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="agent-file-tool", daemon=True).start()
+    return await done
+
+
+class InOrder:
+    """One agent's file tool calls, one at a time in the order they were made: a model's
+    parallel calls (a Write, then an Edit of that file) keep the order they had when they
+    ran on the event loop itself. (One lock per running loop: a lock is bound to its loop.)"""
+
+    def __init__(self) -> None:
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:
+            self._lock, self._loop = asyncio.Lock(), loop
+        return self._lock
+
+
 def _tool_function(
-    handlers: Sequence[Any], name: str, model: Any, gate: Any = None
+    handlers: Sequence[Any],
+    name: str,
+    model: Any,
+    gate: Any = None,
+    in_order: InOrder | None = None,
 ) -> Callable[..., Any]:
     """The function pydantic-ai calls for tool `name`: validates, runs, turns a ToolFailure
     (or a refusal of shoal's: a missing list task, a stopped leader) into a tool error and bad
@@ -148,7 +201,11 @@ def _tool_function(
         try:
             if gate is not None:
                 await gate.check(name, kwargs)
-            result = handler(args)
+            if name in FILE_TOOLS and not inspect.iscoroutinefunction(handler):
+                async with (in_order or InOrder()).lock():
+                    result = await off_loop(functools.partial(handler, args))
+            else:
+                result = handler(args)
             if asyncio.iscoroutine(result):
                 result = await result
         except (ToolFailure, ShoalError) as exc:
@@ -180,8 +237,11 @@ def make_tools(
         *(PLAN_TOOL_SPECS if gate is not None else ()),
     ]
     handlers = [workspace, *([team] if team is not None else []), *([gate] if gate else [])]
+    in_order = InOrder()
     return [
-        Tool.from_schema(_tool_function(handlers, name, model, gate), name, text, schema_of(model))
+        Tool.from_schema(
+            _tool_function(handlers, name, model, gate, in_order), name, text, schema_of(model)
+        )
         for name, model, text in specs
         if allowed is None or name in allowed
     ]

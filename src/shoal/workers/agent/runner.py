@@ -518,6 +518,7 @@ async def run_job(
             scratchpad=Path(job.scratchpad) if job.scratchpad else None,
             on_violation=status.violation,
             lease_skip=(Path(job.home),),
+            home=Path(job.home),
             lease_peers=(Layout(Path(job.home)).session_dir(job.session_id), job.task_id),
             sandbox=policy,
         )

@@ -11,6 +11,7 @@ request, run through pydantic-ai's `FunctionModel` (no network, no randomness).
 
     [[turn]]
     text = "ls printed {last}"      # a turn without calls is the final answer
+    wait_for = "/tmp/go"            # (any turn) answered only once this file exists
 
 Strings (texts and every string inside `args`) are templates: `{prompt}` the latest user
 message, `{last}` the latest tool result, `{result_N}` the N-th tool result of the whole
@@ -48,7 +49,9 @@ opens with fixed words (that is how it is known to have been played).
 
 from __future__ import annotations
 
+import asyncio
 import html
+import os
 import re
 import string
 import tomllib
@@ -84,6 +87,7 @@ class Turn:
 
     text: str
     calls: tuple[Call, ...]
+    wait_for: str | None = None  # a file whose existence this turn's answer waits for
 
 
 COORDINATOR_OPENING: Final = "<coordinator-context>"
@@ -188,7 +192,7 @@ class Script:
 def _turn(raw: Any, where: str) -> Turn:
     if not isinstance(raw, dict):
         raise UsageError(f"{where}: must be a table")
-    unknown = set(raw) - {"text", "call"}
+    unknown = set(raw) - {"text", "call", "wait_for"}
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     text = raw.get("text", "")
@@ -207,7 +211,10 @@ def _turn(raw: Any, where: str) -> Turn:
         calls.append(Call(call["tool"], args))
     if not text and not calls:
         raise UsageError(f"{where}: has neither text nor call")
-    return Turn(text, tuple(calls))
+    wait_for = raw.get("wait_for")
+    if wait_for is not None and not isinstance(wait_for, str):
+        raise UsageError(f"{where}: wait_for must be a path (a string)")
+    return Turn(text, tuple(calls), wait_for)
 
 
 def _check_templates(value: Any, where: str) -> None:
@@ -299,6 +306,13 @@ def first_prompt(messages: list[ModelMessage]) -> str:
     return ""
 
 
+def waits_for(script: Script, messages: list[ModelMessage]) -> str | None:
+    """The file the next numbered turn waits for (its `wait_for`), if any."""
+    script = script.for_conversation(first_prompt(messages))
+    answered, _values = conversation_values(messages)
+    return script.turns[answered].wait_for if answered < len(script.turns) else None
+
+
 def respond(script: Script, messages: list[ModelMessage]) -> ModelResponse:
     """The script's answer to the request that ends `messages`."""
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -360,7 +374,10 @@ def scripted_model(script: Script) -> FunctionModel:
     """A pydantic-ai FunctionModel that answers from `script`."""
     from pydantic_ai.models.function import FunctionModel
 
-    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        gate = waits_for(script, messages)
+        while gate is not None and not os.path.exists(gate):  # (a test's hold on a turn)
+            await asyncio.sleep(0.05)
         return respond(script, messages)
 
     return FunctionModel(answer, model_name=f"scripted:{script.source}")

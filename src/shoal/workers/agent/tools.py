@@ -7,8 +7,10 @@ its JSON schema is what the model is shown. A failure the model can act on (a mi
 `<tool_use_error>`, as Claude Code does; arguments that fail the schema are a retry prompt
 (pydantic-ai's ModelRetry). Neither ever ends the agent.
 
-Paths are relative to the agent's working directory. In the `default` and `acceptEdits`
-permission modes a path that resolves outside it (through `..` or a symlink) is refused.
+Paths are relative to the agent's working directory and go through one path gate
+(core/pathgate.py). In the confined modes (plan, default, acceptEdits, bubble) a path must lie
+beneath the working directory or the scratchpad and no symlink is followed; in every mode
+writes go by temp file and rename, and `.git/`, `.shoal/` and SHOAL_HOME are never written.
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shoal.core.pathgate import GateError, PathGate, Written, open_entry
+from shoal.core.paths import resolve_home
 from shoal.core.sandbox import Policy, SandboxError, popen_confined
 
 BASH_DEFAULT_TIMEOUT_MS: Final = 120_000
@@ -35,7 +38,10 @@ OUTPUT_KEEP_CHARS: Final = 30_000  # of a command's output, the rest is noted
 READ_DEFAULT_LINES: Final = 2000
 READ_LINE_CHARS: Final = 2000
 GLOB_LIMIT: Final = 100
-CONFINED_MODES: Final = frozenset({"default", "acceptEdits", "plan"})
+CONFINED_MODES: Final = frozenset({"default", "acceptEdits", "plan", "bubble"})
+# The tools that touch the disk: each call runs on a thread, off the agent's event loop.
+FILE_TOOLS: Final = frozenset({"Read", "Write", "Edit", "Glob", "Grep"})
+GREP_SKIP: Final = frozenset({".git", "node_modules", "__pycache__", ".venv"})
 
 
 class ToolFailure(Exception):
@@ -148,23 +154,41 @@ class Workspace:
     on_violation: Callable[[str, list[str]], None] | None = None
     # The kernel sandbox of its commands (None: they run unconfined; see core/sandbox.py).
     sandbox: Policy | None = None
+    home: Path | None = None  # SHOAL_HOME (default: resolve_home()), never written by the tools
+    _gates: dict[str, PathGate] = field(default_factory=dict, repr=False, compare=False)
 
     # -- paths -----------------------------------------------------------------------------
 
-    def path(self, name: str) -> Path:
-        """`name` resolved against the cwd; outside it is refused in the confined modes."""
-        raw = Path(os.path.expanduser(name))
-        full = raw if raw.is_absolute() else self.cwd / raw
-        resolved = full.resolve()
-        if self.mode in CONFINED_MODES and not self._in_pad(resolved):
-            root = self.cwd.resolve()
-            if resolved != root and not resolved.is_relative_to(root):
-                how = "through a symlink " if resolved != Path(os.path.abspath(full)) else ""
-                raise ToolFailure(
-                    f"{name} leads {how}outside the working directory {root} "
-                    f"(refused in permission mode {self.mode})"
-                )
-        return resolved
+    @property
+    def gate(self) -> PathGate:
+        """The path gate of the file tools in the current mode (made on first use)."""
+        gate = self._gates.get(self.mode)
+        if gate is None:
+            gate = self._gates[self.mode] = self._make_gate()
+        return gate
+
+    def _make_gate(self) -> PathGate:
+        cwd = Path(os.path.realpath(self.cwd))
+        pad = Path(os.path.realpath(self.scratchpad)) if self.scratchpad is not None else None
+        return PathGate(
+            cwd,
+            (cwd, *((pad,) if pad is not None else ())),
+            confined=self.mode in CONFINED_MODES,
+            protected=protected_paths(cwd, self.home or resolve_home()),
+            where=f"the working directory {cwd}" + (f" and the scratchpad {pad}" if pad else ""),
+        )
+
+    def _refusal_note(self) -> str:
+        return f" (refused in permission mode {self.mode})" if self.mode in CONFINED_MODES else ""
+
+    @contextlib.contextmanager
+    def _gated(self) -> Iterator[None]:
+        """A refusal of the gate, as the model is told it."""
+        try:
+            yield
+        except GateError as exc:
+            note = self._refusal_note() if exc.problem in ("outside", "link") else ""
+            raise ToolFailure(f"{exc}{note}") from None
 
     def _in_pad(self, path: Path) -> bool:
         pad = self.scratchpad
@@ -184,32 +208,36 @@ class Workspace:
                 f"{self.scratchpad}, may be changed"
             )
 
-    def _remember(self, path: Path) -> None:
-        st = path.stat()
+    def _before_write(self, name: str, verb: str) -> None:
+        """Refuse a write before anything is made on disk (a directory the lease leaves out)."""
+        self._check_lease(self.gate.locate(name).shown, verb)
+
+    def _after_write(self, done: Written) -> None:
+        """A file was written (the dream keeps a list)."""
+
+    def _remember(self, path: Path, st: os.stat_result) -> None:
         self.read_files[path] = (st.st_mtime_ns, st.st_size)
 
-    def _check_fresh(self, path: Path, verb: str) -> None:
+    def _check_fresh(self, path: Path, st: os.stat_result, verb: str) -> None:
         seen = self.read_files.get(path)
         if seen is None:
             raise ToolFailure(f"{verb} {path}: the file exists but was not Read first; Read it")
-        st = path.stat()
         if (st.st_mtime_ns, st.st_size) != seen:
             raise ToolFailure(f"{verb} {path}: the file changed since it was Read; Read it again")
 
-    # -- tools -----------------------------------------------------------------------------
+    # -- tools (each runs on a thread of its own: see loop.py) ------------------------------
 
     def read(self, args: ReadArgs) -> str:
-        path = self.path(args.file_path)
-        if path.is_dir():
-            raise ToolFailure(f"{path} is a directory; use Glob or Bash ls to list it")
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ToolFailure(f"file not found: {path}") from None
-        except OSError as exc:
-            raise ToolFailure(f"cannot read {path}: {exc.strerror}") from None
-        self._remember(path)
-        lines = data.decode("utf-8", "replace").splitlines()
+        with self._gated():
+            try:
+                got = self.gate.read(args.file_path)
+            except GateError as exc:
+                if exc.problem == "directory":
+                    raise ToolFailure(f"{exc}; use Glob or Bash ls to list it") from None
+                raise
+        self._remember(got.real, got.st)
+        path = got.shown
+        lines = got.data.decode("utf-8", "replace").splitlines()
         start = (args.offset or 1) - 1
         chosen = lines[start : start + (args.limit or READ_DEFAULT_LINES)]
         if not chosen:
@@ -221,54 +249,69 @@ class Workspace:
         return "\n".join(out)
 
     def write(self, args: WriteArgs) -> str:
-        path = self.path(args.file_path)
-        self._check_lease(path, "Write")
-        if path.is_dir():
-            raise ToolFailure(f"{path} is a directory")
-        existed = path.exists()
-        if existed:
-            self._check_fresh(path, "Write")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(args.content)
-        self._remember(path)
-        return f"{'updated' if existed else 'created'} {path} ({len(args.content)} characters)"
+        def check(real: Path, st: os.stat_result | None) -> None:
+            self._check_lease(real, "Write")
+            if st is not None:
+                self._check_fresh(real, st, "Write")
+
+        with self._gated():
+            self._before_write(args.file_path, "Write")
+            done = self.gate.write(args.file_path, args.content.encode(), check=check)
+        self._remember(done.real, done.st)
+        self._after_write(done)
+        verb = "updated" if done.existed else "created"
+        return f"{verb} {done.shown} ({len(args.content)} characters)"
 
     def edit(self, args: EditArgs) -> str:
-        path = self.path(args.file_path)
-        self._check_lease(path, "Edit")
-        if not path.is_file():
-            raise ToolFailure(f"file not found: {path}")
-        self._check_fresh(path, "Edit")
-        text, count = edited(path.read_text(), args, path)
-        path.write_text(text)
-        self._remember(path)
-        return f"edited {path} ({count if args.replace_all else 1} replacement(s))"
+        with self._gated():
+            self._before_write(args.file_path, "Edit")
+            got = self.gate.read(args.file_path)
+            self._check_lease(got.real, "Edit")
+            self._check_fresh(got.real, got.st, "Edit")
+            try:
+                text = got.data.decode()
+            except UnicodeDecodeError:
+                raise ToolFailure(
+                    f"{got.shown} is not UTF-8 text; Edit changes text only"
+                ) from None
+            new, count = edited(text, args, got.shown)
+
+            def unchanged(real: Path, st: os.stat_result | None) -> None:
+                was = got.st
+                if st is None or (st.st_ino, st.st_mtime_ns, st.st_size) != (
+                    was.st_ino,
+                    was.st_mtime_ns,
+                    was.st_size,
+                ):
+                    raise ToolFailure(f"Edit {real}: the file changed while it was edited; Read it")
+
+            done = self.gate.write(args.file_path, new.encode(), check=unchanged)
+        self._remember(done.real, done.st)
+        self._after_write(done)
+        return f"edited {done.shown} ({count if args.replace_all else 1} replacement(s))"
 
     def glob(self, args: GlobArgs) -> str:
-        base = self.path(args.path) if args.path else self.cwd.resolve()
-        if not base.is_dir():
-            raise ToolFailure(f"{base} is not a directory")
-        try:
-            found = [p for p in base.glob(args.pattern) if p.is_file()]
-        except (ValueError, OSError) as exc:
-            raise ToolFailure(f"bad glob pattern {args.pattern!r}: {exc}") from None
-        found.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        with self._gated():
+            base = self.gate.locate(args.path).shown if args.path else self.gate.base
+            found = [(e.st.st_mtime_ns, e.shown) for e in self.gate.files(args.path, args.pattern)]
         if not found:
             return f"no files match {args.pattern} under {base}"
-        lines = [str(p) for p in found[:GLOB_LIMIT]]
+        found.sort(key=lambda hit: hit[0], reverse=True)
+        lines = [str(path) for _mtime, path in found[:GLOB_LIMIT]]
         if len(found) > GLOB_LIMIT:
             lines.append(f"({len(found) - GLOB_LIMIT} more; narrow the pattern)")
         return "\n".join(lines)
 
     def grep(self, args: GrepArgs) -> str:
-        base = self.path(args.path) if args.path else self.cwd.resolve()
-        if not base.exists():
-            raise ToolFailure(f"path not found: {base}")
+        """Grep, in Python over the files the gate opens (never ripgrep: it opens paths
+        itself, so what it read could not be held to the gate)."""
         try:
             regex = re.compile(args.pattern, re.IGNORECASE if args.case_insensitive else 0)
         except re.error as exc:
             raise ToolFailure(f"bad regular expression {args.pattern!r}: {exc}") from None
-        lines = _ripgrep(args, base) if shutil.which("rg") else _python_grep(args, regex, base)
+        with self._gated():
+            base = self.gate.locate(args.path).shown if args.path else self.gate.base
+            lines = _grep(self.gate, args, regex)
         if args.head_limit is not None:
             lines = lines[: args.head_limit]
         return "\n".join(lines) if lines else f"no matches for {args.pattern} under {base}"
@@ -353,53 +396,74 @@ class Workspace:
         )
 
 
-def _files_under(base: Path, pattern: str | None) -> list[Path]:
-    if base.is_file():
-        return [base]
-    files = base.rglob(pattern) if pattern else base.rglob("*")
-    skip = {".git", "node_modules", "__pycache__", ".venv"}
-    return sorted(p for p in files if p.is_file() and not skip.intersection(p.parts))
+def protected_paths(cwd: Path, home: Path) -> tuple[Path, ...]:
+    """What an agent's file tools never write, whatever its lease or mode: SHOAL_HOME, the
+    project's `.shoal/` (in the working directory and at the top of its git repository),
+    and the git directory a worktree's `.git` file names, with its common directory. (A
+    `.git` component anywhere is refused by the gate itself.)"""
+    found = [home, cwd / ".shoal"]
+    for top in (cwd, *cwd.parents):
+        dot_git = top / ".git"
+        if not os.path.lexists(dot_git):
+            continue
+        found.append(top / ".shoal")
+        if dot_git.is_file() and not dot_git.is_symlink():
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                line = dot_git.read_text()[:4096].strip()
+                if line.startswith("gitdir:"):
+                    gitdir = (top / line.removeprefix("gitdir:").strip()).resolve()
+                    found.append(gitdir)
+                    common = gitdir / "commondir"
+                    if common.is_file():
+                        found.append((gitdir / common.read_text()[:4096].strip()).resolve())
+        break
+    return tuple(found)
 
 
-def _python_grep(args: GrepArgs, regex: re.Pattern[str], base: Path) -> list[str]:
+def _grep(gate: PathGate, args: GrepArgs, regex: re.Pattern[str]) -> list[str]:
+    """The output lines of Grep: a file `path`, or the files the gate lists under it."""
     lines: list[str] = []
-    for path in _files_under(base, args.glob):
+    if args.path is not None:
         try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        if "\0" in text[:8192]:
-            continue  # binary
-        hits = [(n, line) for n, line in enumerate(text.splitlines(), 1) if regex.search(line)]
-        if not hits:
-            continue
-        if args.output_mode == "files_with_matches":
-            lines.append(str(path))
-        elif args.output_mode == "count":
-            lines.append(f"{path}:{len(hits)}")
+            fd, spot = gate.open_file(args.path)
+        except GateError as exc:
+            if exc.problem == "missing":
+                raise GateError(
+                    f"path not found: {gate.locate(args.path).shown}", "missing"
+                ) from None
+            if exc.problem != "directory":
+                raise
         else:
-            for n, line in hits:
-                lines.append(f"{path}:{n}:{line}" if args.line_numbers else f"{path}:{line}")
+            _search(fd, spot.shown, regex, args, lines)
+            return lines
+    for entry in gate.files(args.path, args.glob or "*", skip=GREP_SKIP, anywhere=True):
+        opened = open_entry(entry)
+        if opened is not None:
+            _search(opened, entry.shown, regex, args, lines)
+        if args.head_limit is not None and len(lines) >= args.head_limit:
+            break
     return lines
 
 
-def _ripgrep(args: GrepArgs, base: Path) -> list[str]:
-    import subprocess
-
-    argv = ["rg", "--no-heading", "--color=never"]
-    if args.case_insensitive:
-        argv.append("-i")
-    if args.output_mode == "files_with_matches":
-        argv.append("-l")
-    elif args.output_mode == "count":
-        argv.append("-c")
-    elif args.line_numbers:
-        argv.append("-n")
-    if args.glob:
-        argv += ["--glob", args.glob]
-    argv += ["-e", args.pattern, str(base)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    return out.stdout.splitlines()
+def _search(fd: int, path: Path, regex: re.Pattern[str], args: GrepArgs, out: list[str]) -> None:
+    """Append the matches of the file open at `fd` (closed here; a binary file has none)."""
+    with os.fdopen(fd, "rb") as stream:
+        if b"\0" in stream.read(8192):
+            return
+        stream.seek(0)
+        hits = 0
+        for n, raw in enumerate(stream, 1):
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if not regex.search(line):
+                continue
+            hits += 1
+            if args.output_mode == "files_with_matches":
+                out.append(str(path))
+                return
+            if args.output_mode == "content":
+                out.append(f"{path}:{n}:{line}" if args.line_numbers else f"{path}:{line}")
+        if hits and args.output_mode == "count":
+            out.append(f"{path}:{hits}")
 
 
 class _ConfinedProcess:

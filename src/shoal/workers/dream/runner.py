@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,8 +91,13 @@ class DreamStatus:
         self.loop: AgentLoop | None = None
         self._record: dict[str, Any] = {}
         self._written = 0.0
+        self._lock = threading.Lock()  # (a write is told from the thread its tool runs on)
 
     def progress(self, progress: Progress | None = None, *, force: bool = False) -> None:
+        with self._lock:
+            self._progress(progress, force)
+
+    def _progress(self, progress: Progress | None, force: bool) -> None:
         record = progress.to_record() if progress is not None else dict(self._record)
         touched = list(self.workspace.touched)
         record["phase"] = (DreamPhase.UPDATING if touched else DreamPhase.STARTING).value
@@ -107,9 +113,10 @@ class DreamStatus:
 
     def done(self, outcome: JobOutcome) -> None:
         self.progress(force=True)
-        self._save(
-            AgentStatus(state="done", pid=os.getpid(), progress=self._record, outcome=outcome)
-        )
+        with self._lock:
+            self._save(
+                AgentStatus(state="done", pid=os.getpid(), progress=self._record, outcome=outcome)
+            )
 
     def _save(self, status: AgentStatus) -> None:
         status = status.model_copy(update={"updated_at": time.time()})

@@ -1,41 +1,29 @@
 """A dream's view of the file system: Read, Glob and Grep over its memory directory and the
 sessions it reviews; Write and Edit inside the memory directory only, atomically.
 
-The confinement is code, not prompt: every path is resolved (`..` and symlinks followed)
-and compared with the roots fixed when the dream started, so a link planted later, or a
-memory directory swapped for a link mid-run, leads nowhere. Writes go to a temp file in the
-same directory and are renamed into place, so a dream killed at any instant leaves each
-memory file old or new, never torn.
+The confinement is code, not prompt: every path goes through the file tools' path gate
+(core/pathgate.py) with the roots fixed when the dream started, resolved beneath them with no
+symlink followed, so a link planted later, or a memory directory swapped for a link mid-run,
+leads nowhere; Glob and Grep list only what the gate would let Read. Writes go to a temp file
+in the same directory and are renamed into place, so a dream killed at any instant leaves
+each memory file old or new, never torn.
 """
 
 from __future__ import annotations
 
-import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from shoal.core.errors import ShoalError, UnsafePathError
-from shoal.core.jsonio import atomic_write
-from shoal.core.paths import check_path, ensure_dir
-from shoal.workers.agent.tools import (
-    EditArgs,
-    GlobArgs,
-    GrepArgs,
-    ToolFailure,
-    Workspace,
-    WriteArgs,
-    edited,
-)
+from shoal.core.pathgate import PathGate, Written
+from shoal.core.paths import DIR_MODE, FILE_MODE
+from shoal.workers.agent.tools import GlobArgs, GrepArgs, ToolFailure, Workspace
 from shoal.workers.dream.memory import LOCK_NAME
 
 DREAM_TOOLS: Final = ("Read", "Write", "Edit", "Glob", "Grep")
 MEMORY_SUFFIX: Final = ".md"
-
-
-def _within(path: Path, root: Path) -> bool:
-    return path == root or path.is_relative_to(root)
 
 
 @dataclass
@@ -48,75 +36,53 @@ class DreamWorkspace(Workspace):
     """Memory files written so far, relative to the memory directory, in first-write order."""
     on_write: Callable[[str], None] | None = None
     root: Path = field(init=False)
+    _gate: PathGate = field(init=False, repr=False)
+    _touch_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.root = self.cwd.resolve()
         self.readable = tuple(p.resolve() for p in self.readable)
+        self._gate = PathGate(
+            self.root,
+            (self.root,),
+            read_only=self.readable,
+            where=(
+                f"the memory directory {self.root} and the sessions under review; a dream "
+                "reads only those"
+            ),
+            file_mode=FILE_MODE,
+            dir_mode=DIR_MODE,
+        )
 
-    def path(self, name: str) -> Path:
-        """`name` (relative to the memory directory) resolved; refused unless it is in the
-        memory directory or a session under review."""
-        raw = Path(os.path.expanduser(name))
-        resolved = (raw if raw.is_absolute() else self.root / raw).resolve()
-        if not any(_within(resolved, r) for r in (self.root, *self.readable)):
+    @property
+    def gate(self) -> PathGate:
+        """One gate for the whole dream: its roots are fixed when it starts."""
+        return self._gate
+
+    def _refusal_note(self) -> str:
+        return ""
+
+    def _before_write(self, name: str, verb: str) -> None:
+        """A memory file: inside the memory directory, a Markdown file, not the lock."""
+        with self._gated():
+            spot = self.gate.locate(name)
+        if spot.root != self.root or not spot.parts:
             raise ToolFailure(
-                f"{name} is outside the memory directory {self.root} and the sessions under "
-                "review; a dream reads only those"
+                f"{verb} {spot.shown}: a dream writes only inside its memory directory "
+                f"{self.root}; the sessions are read-only"
             )
-        return resolved
-
-    def _writable(self, name: str, verb: str) -> Path:
-        """The memory file `name` may be written: inside the memory directory (itself still a
-        real directory), a Markdown file, not the lock."""
-        path = self.path(name)
-        if not _within(path, self.root) or path == self.root:
+        if spot.shown.name == LOCK_NAME or spot.shown.suffix != MEMORY_SUFFIX:
             raise ToolFailure(
-                f"{verb} {path}: a dream writes only inside its memory directory {self.root}; "
-                "the sessions are read-only"
+                f"{verb} {spot.shown}: a dream writes only memory files (*{MEMORY_SUFFIX})"
             )
-        if path.name == LOCK_NAME or path.suffix != MEMORY_SUFFIX:
-            raise ToolFailure(f"{verb} {path}: a dream writes only memory files (*{MEMORY_SUFFIX})")
-        try:
-            check_path(self.cwd, "dir")
-            if self.cwd.resolve() != self.root:
-                raise UnsafePathError(f"{self.cwd} no longer leads to {self.root}")
-        except UnsafePathError as exc:
-            raise ToolFailure(f"{verb} {path}: the memory directory changed ({exc})") from None
-        return path
 
-    def _save(self, path: Path, text: str) -> None:
-        try:
-            # (sub-directories of the memory directory: made 0700, none of them a link)
-            ensure_dir(path.parent, self.root)
-            atomic_write(path, text.encode())
-        except ShoalError as exc:
-            raise ToolFailure(f"cannot write {path}: {exc}") from None
-        rel = str(path.relative_to(self.root))
-        if rel not in self.touched:
-            self.touched.append(rel)
+    def _after_write(self, done: Written) -> None:
+        rel = str(done.shown.relative_to(self.root))
+        with self._touch_lock:  # (tool calls run on threads)
+            if rel not in self.touched:
+                self.touched.append(rel)
         if self.on_write is not None:
             self.on_write(rel)
-
-    def write(self, args: WriteArgs) -> str:
-        path = self._writable(args.file_path, "Write")
-        if path.is_dir():
-            raise ToolFailure(f"{path} is a directory")
-        existed = path.exists()
-        if existed:
-            self._check_fresh(path, "Write")
-        self._save(path, args.content)
-        self._remember(path)
-        return f"{'updated' if existed else 'created'} {path} ({len(args.content)} characters)"
-
-    def edit(self, args: EditArgs) -> str:
-        path = self._writable(args.file_path, "Edit")
-        if not path.is_file():
-            raise ToolFailure(f"file not found: {path}")
-        self._check_fresh(path, "Edit")
-        text, count = edited(path.read_text(), args, path)
-        self._save(path, text)
-        self._remember(path)
-        return f"edited {path} ({count if args.replace_all else 1} replacement(s))"
 
     def glob(self, args: GlobArgs) -> str:
         """Glob; without a path, over the memory directory and every session under review."""
