@@ -443,7 +443,7 @@ def test_mcp_tools_from_a_real_server(leader: Cli, tmp_path: Path) -> None:
     }}))  # fmt: skip
     model = script(tmp_path, MCP_TIME)
     out = leader(
-        "agent", "--team", TEAM, "--model", model, "--mcp-config", str(config), "now?"
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--mcp-config", str(config), "now?"
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     task = ended(leader, out.stdout.strip(), timeout=60)
@@ -504,7 +504,9 @@ def test_an_mcp_server_that_dies_mid_call_is_a_tool_error(leader: Cli, tmp_path:
         json.dumps({"mcpServers": {"dying": {"command": sys.executable, "args": [str(server)]}}})
     )
     model = script(tmp_path, MCP_DYING)
-    out = leader("agent", "--team", TEAM, "--model", model, "--mcp-config", str(config), "go")
+    out = leader(
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--mcp-config", str(config), "go"
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     task = ended(leader, out.stdout.strip(), timeout=90)
     assert task["status"] == "completed", task
