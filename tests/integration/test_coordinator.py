@@ -328,9 +328,7 @@ final = "worker done"
 """
 
 
-def test_workers_take_the_run_model_and_never_a_wider_mode(
-    leader: Cli, tmp_path: Path
-) -> None:
+def test_workers_take_the_run_model_and_never_a_wider_mode(leader: Cli, tmp_path: Path) -> None:
     model = script(tmp_path, PERMS)
     coord = coordinate(leader, model, tmp_path, "--backend", "in-process",
                        "--budget-tokens", "50000", "--budget-tool-uses", "30")  # fmt: skip

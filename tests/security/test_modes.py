@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from shoal.workers.agent.permissions import narrowest
 from tests.conftest import Cli
 from tests.polling import wait_until
 
@@ -248,11 +247,14 @@ def test_an_mcp_tool_asks_in_accept_edits(leader: Cli, tmp_path: Path) -> None:
     ],
 )
 def test_the_ladder_only_narrows(parent: str, asked: tuple[str | None, ...], got: str) -> None:
+    from shoal.workers.agent.permissions import narrowest
+
     assert narrowest(parent, *asked) == got
 
 
 def test_an_unknown_mode_is_refused_by_name() -> None:
     from shoal.core.errors import UsageError
+    from shoal.workers.agent.permissions import narrowest
 
     with pytest.raises(UsageError, match="unknown permission mode 'yolo'"):
         narrowest("default", "yolo")
