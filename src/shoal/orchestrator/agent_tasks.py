@@ -216,7 +216,8 @@ def permission_mode(
     """The mode of a new agent task, on the ladder (see permissions.py): never above its
     parent, whose mode is read from the parent's own record (the agent whose Agent tool
     asked, the task it resumes), never from what the request says; a definition's
-    `permissionMode`, the spec's mode and what the asking agent claims only narrow it."""
+    `permissionMode` and the spec's mode (a flag, a sender's) only narrow it. Without a
+    parent the ceiling is the user's: the command line, else SHOAL_HOME/config.toml."""
     ceilings: list[str] = []
     if spec.parent_agent is not None:
         ceilings.append(host.find_agent(spec.parent_agent).permission_mode)
