@@ -302,7 +302,10 @@ def test_team_tools_and_tool_errors(leader: Cli, tmp_path: Path) -> None:
     listed = leader("task", "list", "--team", TEAM, "--json")
     assert [t["description"] for t in json.loads(listed.stdout)] == ["from the notes"]
     inbox = leader("inbox", "--team", TEAM, "bob", "--json")
-    assert [m["text"] for m in json.loads(inbox.stdout)] == ["hello bob"]
+    (message,) = json.loads(inbox.stdout)  # (signed by the agent that sent it, not the lead)
+    agent_id = out.stdout.strip()
+    assert message["from"] == agent_id
+    assert message["text"] == f"[message from agent {agent_id}]\nhello bob"
 
 
 def test_agents_lists_definitions_and_type_uses_one(

@@ -109,7 +109,7 @@ run = "printf '%s|%s|%s\\\\n' {subject} \\"{description}\\" '{meta_note}' > seen
     [
         ("$(touch pwned1)", "'; touch pwned2; '", "'; touch pwned3; '"),
         ("`touch pwned1`", '"; touch pwned2; "', "$(touch pwned3)"),
-        ("fix the bug", "in calc.py", "soon"),  # (a benign value reads as it always did)
+        ("fix_divide", "in calc.py", "soon"),  # (a benign value reads as it always did)
     ],
 )
 def test_task_fields_reach_a_run_template_as_text(
