@@ -302,7 +302,10 @@ def test_team_tools_and_tool_errors(leader: Cli, tmp_path: Path) -> None:
     listed = leader("task", "list", "--team", TEAM, "--json")
     assert [t["description"] for t in json.loads(listed.stdout)] == ["from the notes"]
     inbox = leader("inbox", "--team", TEAM, "bob", "--json")
-    assert [m["text"] for m in json.loads(inbox.stdout)] == ["hello bob"]
+    (message,) = json.loads(inbox.stdout)  # (signed by the agent that sent it, not the lead)
+    agent_id = out.stdout.strip()
+    assert message["from"] == agent_id
+    assert message["text"] == f"[message from agent {agent_id}]\nhello bob"
 
 
 def test_agents_lists_definitions_and_type_uses_one(
@@ -444,7 +447,7 @@ def test_mcp_tools_from_a_real_server(leader: Cli, tmp_path: Path) -> None:
     }}))  # fmt: skip
     model = script(tmp_path, MCP_TIME)
     out = leader(
-        "agent", "--team", TEAM, "--model", model, "--mcp-config", str(config), "now?"
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--mcp-config", str(config), "now?"
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     task = ended(leader, out.stdout.strip(), timeout=60)
@@ -505,7 +508,9 @@ def test_an_mcp_server_that_dies_mid_call_is_a_tool_error(leader: Cli, tmp_path:
         json.dumps({"mcpServers": {"dying": {"command": sys.executable, "args": [str(server)]}}})
     )
     model = script(tmp_path, MCP_DYING)
-    out = leader("agent", "--team", TEAM, "--model", model, "--mcp-config", str(config), "go")
+    out = leader(
+        "agent", "--team", TEAM, *BYPASS, "--model", model, "--mcp-config", str(config), "go"
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     task = ended(leader, out.stdout.strip(), timeout=90)
     assert task["status"] == "completed", task

@@ -73,9 +73,10 @@ def test_claude_turns_are_parsed_and_resumed(leader: Cli, tmp_path: Path) -> Non
     assert "<result>DONE: hello</result>" in first
     assert "<total_tokens>351</total_tokens>" in first and "<tool_uses>2</tool_uses>" in first
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
-    assert argvs[0][:1] == ["-p"] and "--resume" not in argvs[0]
-    assert argvs[0][2:5] == ["--output-format", "stream-json", "--verbose"]
-    assert argvs[1][-2:] == ["--resume", SESSION]
+    assert argvs[0][:4] == ["-p", "--output-format", "stream-json", "--verbose"]
+    assert "--resume" not in argvs[0] and argvs[0][-2] == "--"  # (then the prompt, whole)
+    assert argvs[0][-1].endswith("Task #1: first")
+    assert argvs[1][4:] == ["--resume", SESSION, "--", argvs[1][-1]]
     task_id = json.loads(spawned.stdout)["task_id"]
     (output_file,) = leader.home.glob(f"sessions/*/tasks/{task_id}.output")
     output = output_file.read_text()

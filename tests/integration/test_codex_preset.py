@@ -94,7 +94,8 @@ def test_codex_turns_are_parsed_and_resumed(leader: Cli, tmp_path: Path) -> None
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
     assert argvs[0][:3] == ["exec", "--json", "--skip-git-repo-check"]
     assert "resume" not in argvs[0] and argvs[0][-1].endswith("Task #1: first")
-    assert argvs[1][3:5] == ["resume", THREAD]
+    assert argvs[0][-2] == "--"  # (a prompt starting with - is not a flag)
+    assert argvs[1][3:] == ["resume", THREAD, "--", argvs[1][-1]]
     (output_file,) = leader.home.glob(f"sessions/*/tasks/{task_id}.output")
     output = output_file.read_text()
     assert "● Bash(/bin/bash -lc 'echo hello')" in output and "  hello\n  (exit 0)" in output

@@ -341,16 +341,15 @@ final = "worker done"
 """
 
 
-def test_workers_take_the_run_model_and_default_mode_gives_accept_edits(
-    leader: Cli, tmp_path: Path
-) -> None:
+def test_workers_take_the_run_model_and_never_a_wider_mode(leader: Cli, tmp_path: Path) -> None:
     model = script(tmp_path, PERMS)
     coord = coordinate(leader, model, tmp_path, "--backend", "in-process",
                        "--budget-tokens", "50000", "--budget-tool-uses", "30")  # fmt: skip
     task = ended(leader, coord)
     assert task["status"] == "completed", task
     (worker,) = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
-    assert worker["permission_mode"] == "acceptEdits" and worker["model"] == task["model"]
+    # (a coordinator in default gives its workers default: a lease says where, not unasked)
+    assert worker["permission_mode"] == "default" and worker["model"] == task["model"]
     assert not worker["fork"] and not task["fork"]
     assert worker["budget"]["tokens"] <= 50000 and worker["limits"]["max_tool_uses"] <= 30
     shown = leader("ps", "--team", TEAM, "--all").stdout

@@ -27,10 +27,11 @@ from shoal.core.writeset import check_write_set
 from shoal.orchestrator import coordinator
 from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
-from shoal.workers.agent.definitions import PERMISSION_MODES, catalog_of, load_catalog
+from shoal.workers.agent.definitions import catalog_of, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.mcp_tools import McpServer, find_config
 from shoal.workers.agent.models import check_model, choose_model
+from shoal.workers.agent.permissions import BUBBLE, MODES, check_mode, narrowest
 from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS
 from shoal.workers.agent.tools import TOOL_SPECS
 
@@ -80,7 +81,6 @@ class AgentSpec(BaseModel):
     fork: bool | None = None  # Agent without subagent_type forks it (None: config's `fork`)
     subagent: bool = False  # started by an agent's Agent tool (it gets no Agent tool)
     parent_agent: str | None = None  # the agent task whose Agent tool asked (it dies with it)
-    inherit_permission_mode: str | None = None  # a subagent's: its parent's, unless defined
     inherit_model: str | None = None  # a subagent's: its parent's model, unless it names one
     fork_of: str | None = None  # make this a fork of that agent task (its Agent tool asked)
     mcp_config: str | None = None  # an MCP config file (default: the project's .shoal/mcp.json)
@@ -183,7 +183,7 @@ def new_fork_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
             "agent_id": task_id,
             "prompt": prompt,
             "agent_type": "fork",
-            "permission_mode": "bubble",
+            "permission_mode": narrowest(source.permission_mode, BUBBLE),
             "fork": False,
             "forked_from": source.id,
             "parent_agent": spec.parent_agent or source.id,
@@ -207,6 +207,43 @@ def new_fork_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     )
 
 
+def top_mode(host: AgentHost, asked: str | None) -> str:
+    """The mode an agent started by the user (no parent) may have at most: `asked` on the
+    command line, else `permission_mode` in SHOAL_HOME/config.toml, else default."""
+    if asked is not None:
+        return check_mode(asked)
+    configured = config_value(
+        host.layout.home, "permission_mode", str, f"one of {', '.join(MODES)}"
+    )
+    if configured is None:
+        return "default"
+    try:
+        return check_mode(configured)
+    except UsageError as exc:
+        raise UsageError(f"{host.layout.home / 'config.toml'}: permission_mode: {exc}") from None
+
+
+def permission_mode(
+    host: AgentHost,
+    spec: AgentSpec,
+    resumed: LocalAgentTaskState | None,
+    defined: str | None,
+) -> str:
+    """The mode of a new agent task, on the ladder (see permissions.py): never above its
+    parent, whose mode is read from the parent's own record (the agent whose Agent tool
+    asked, the task it resumes), never from what the request says; a definition's
+    `permissionMode` and the spec's mode (a flag, a sender's) only narrow it. Without a
+    parent the ceiling is the user's: the command line, else SHOAL_HOME/config.toml."""
+    ceilings: list[str] = []
+    if spec.parent_agent is not None:
+        ceilings.append(host.find_agent(spec.parent_agent).permission_mode)
+    if resumed is not None:
+        ceilings.append(resumed.permission_mode)
+    if not ceilings:
+        return narrowest(top_mode(host, spec.permission_mode), defined)
+    return narrowest(ceilings[0], *ceilings[1:], spec.permission_mode, defined)
+
+
 def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     """A checked, pending `local_agent` task for `spec` (nothing registered yet)."""
     if not spec.prompt.strip():
@@ -217,11 +254,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         return new_worker_task(host, spec)
     if spec.replay is not None:
         return new_replay_task(host, spec)
-    if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
-        raise UsageError(
-            f"unknown permission mode {spec.permission_mode!r} "
-            f"(choose from {', '.join(PERMISSION_MODES)})"
-        )
+    if spec.permission_mode is not None:
+        check_mode(spec.permission_mode)
     env = _environ(host, spec.env)
     cwd = Path(spec.cwd or os.getcwd())
     if not cwd.is_dir():
@@ -287,10 +321,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         backend=_backend(spec.backend, env),
         cwd=str(cwd),
         env=spec.env or None,
-        permission_mode=spec.permission_mode
-        or definition.permission_mode
-        or spec.inherit_permission_mode
-        or "default",
+        permission_mode=permission_mode(host, spec, parent, definition.permission_mode),
         tools=tools,
         custom=definition.custom,
         fork=False if coordinating else _forking(host, spec, parent),
@@ -365,10 +396,12 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     tools = coordinator.worker_tools(boss.simple)
     if write_set is None:
         tools = tuple(t for t in tools if t not in ("Write", "Edit"))
+    worker_mode: str | None = None
     if spec.agent_type is not None and spec.agent_type != DEFAULT_AGENT_TYPE:
         cwd = Path(boss.cwd or os.getcwd())
         definition = load_catalog(host.layout.home, cwd, boss.trusted).get(spec.agent_type)
         instructions = definition.prompt or None
+        worker_mode = definition.permission_mode  # (it can only narrow the coordinator's)
         if definition.tools is not None:
             tools = tuple(t for t in tools if t in definition.tools)
     else:
@@ -395,7 +428,7 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         backend=boss.backend,
         cwd=boss.cwd,
         env=boss.env,
-        permission_mode=coordinator.worker_permission(boss.permission_mode),
+        permission_mode=coordinator.worker_permission(boss.permission_mode, worker_mode),
         tools=tools,
         subagent=True,
         parent_agent=boss.id,

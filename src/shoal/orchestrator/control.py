@@ -128,6 +128,7 @@ class AgentSendRequest(_Request):
     op: Literal["agent_send"] = "agent_send"
     task_id: str
     text: str = Field(min_length=1)
+    sender: str | None = None  # the agent task whose SendMessage sent it (None: the user)
 
 
 class PermissionRequest(_Request):
@@ -412,8 +413,9 @@ class ControlTarget(Protocol):
         """Check, register and start one agent task (`spec`: an agent_tasks.AgentSpec)."""
         ...
 
-    def send_to_agent(self, task_id: str, text: str) -> dict[str, Any]:
-        """Queue a message for a running agent, or resume a finished one with it."""
+    def send_to_agent(self, task_id: str, text: str, sender: str | None = None) -> dict[str, Any]:
+        """Queue a message for a running agent, or resume a finished one with it (in the
+        lower of its mode and the sending agent's)."""
         ...
 
     def answer_permission(
@@ -568,7 +570,7 @@ class ControlServer:
             done = target.answer_remote(request.task_id, request.approve, request.text)
             answer(done.model_dump(mode="json"), None)
         elif isinstance(request, AgentSendRequest):
-            answer(target.send_to_agent(request.task_id, request.text), None)
+            answer(target.send_to_agent(request.task_id, request.text, request.sender), None)
         elif isinstance(request, QueueRequest):
             answer(target.queue_control(request), None)
         elif isinstance(request, PermissionRequest):

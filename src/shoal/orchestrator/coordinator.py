@@ -3,7 +3,8 @@
 What lives here: the coordinator's system prompt (shoal's own text, the package data file
 `coordinator_prompt.md`), its user-context block (the workers' tools, the MCP servers, the
 scratchpad), where its workers' notifications arrive (a maildir per coordinator agent id, so
-a resumed coordinator reads what came while it was down), the permission mode its workers get,
+a resumed coordinator reads what came while it was down), the permission mode its workers get
+(never above its own),
 and the run budget: what is spent and what an `Agent(budget=...)` may still take.
 """
 
@@ -20,6 +21,7 @@ from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState
 from shoal.workers.agent.filters import ASYNC_AGENT_ALLOWED_TOOLS
 from shoal.workers.agent.kind import SCRATCHPAD
+from shoal.workers.agent.permissions import narrowest
 
 PROMPT_FILE: Final = "coordinator_prompt.md"
 ENV_FLAG: Final = "SHOAL_COORDINATOR_MODE"
@@ -81,9 +83,10 @@ def user_context(simple: bool, mcp_servers: Iterable[str], scratchpad: Path) -> 
     return "\n".join(lines)
 
 
-def worker_permission(coordinator_mode: str) -> str:
-    """A worker runs in its coordinator's mode, but `default` gives workers `acceptEdits`."""
-    return "acceptEdits" if coordinator_mode == "default" else coordinator_mode
+def worker_permission(coordinator_mode: str, defined: str | None = None) -> str:
+    """A worker runs in its coordinator's mode, or the narrower one its definition names:
+    never above it (a lease limits where a worker writes, not whether it asks)."""
+    return narrowest(coordinator_mode, defined)
 
 
 def check_budget(raw: Any, what: str) -> dict[str, float] | None:

@@ -43,6 +43,8 @@ from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
 from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
+from shoal.workers.agent.permissions import narrowest
+from shoal.workers.agent.team_tools import signed
 from shoal.workers.dream.kind import DreamHost, DreamKind, DreamSpec, new_dream_task, release_lock
 from shoal.workers.kinds import TaskKind
 from shoal.workers.monitor import MonitorKind, new_monitor_task
@@ -272,28 +274,39 @@ class LeaderRequests(LeaderStore, ABC):
         assert isinstance(current, LocalAgentTaskState)
         return current
 
-    def send_to_agent(self, task_id: str, text: str) -> dict[str, Any]:
+    def send_to_agent(self, task_id: str, text: str, sender: str | None = None) -> dict[str, Any]:
         """A message for agent task `task_id`: queued when it runs, else it resumes it (a new
-        task continuing the conversation). Returns {"queued": id} or {"resumed": new id}."""
+        task continuing the conversation). Returns {"queued": id} or {"resumed": new id}.
+
+        `sender`: the agent task whose SendMessage sent it (None: the user). Its text then
+        carries that agent's id, and a resume runs in the lower of the two agents' modes (a
+        plan-mode agent cannot wake a bypassPermissions one to act on its words)."""
         if not self._owns():
-            return self.call(lambda: self.send_to_agent(task_id, text)).result()
+            return self.call(lambda: self.send_to_agent(task_id, text, sender)).result()
         task = self.find_agent(task_id)
+        mode = None
+        if sender is not None:
+            mode = self.find_agent(sender).permission_mode
+            text = signed(sender, text)
         if not task.is_terminal and task.status != TaskStatus.PENDING:
-            self.agents.send(task, text, self)
+            self.agents.send(task, text, self, sender=sender)
             return {"queued": task.id, "task_id": task.id}
         if task.status == TaskStatus.PENDING:
             raise TaskError(f"agent {task.id} has not started yet; send again once it runs")
-        resumed = self.resume_agent(task, [text])
+        resumed = self.resume_agent(task, [text], mode)
         return {"resumed": resumed.id, "task_id": resumed.id, "resumed_from": task.id}
 
-    def resume_agent(self, task: LocalAgentTaskState, texts: list[str]) -> LocalAgentTaskState:
-        """A new task that continues `task`'s conversation with `texts` as the next message."""
+    def resume_agent(
+        self, task: LocalAgentTaskState, texts: list[str], mode: str | None = None
+    ) -> LocalAgentTaskState:
+        """A new task that continues `task`'s conversation with `texts` as the next message,
+        in `task`'s mode or the narrower `mode` (its sender's)."""
         spec = AgentSpec(
             prompt="\n\n".join(texts),
             model=task.model,
             agent_type=task.agent_type,
             tools=list(task.tools) if task.tools is not None else None,
-            permission_mode=task.permission_mode,
+            permission_mode=narrowest(task.permission_mode, mode),
             cwd=task.cwd,
             env=task.env,
             backend=task.backend,

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import shlex
 import signal
+import string
 import time
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -113,6 +115,61 @@ class _Missing(dict[str, Any]):
 def render(template: str, ctx: TurnContext) -> str:
     """Fill `{name}`-style fields from the turn (unknown fields are an error, not blanks)."""
     return template.format_map(_Missing(ctx.values()))
+
+
+# A `run` step's `{meta_run}` is the task's own command: shell code by definition (and set only
+# by those whose permission mode may run commands). Every other value is data.
+TASK_COMMAND_FIELD = "meta_run"
+# How a `run` step's values reach its shell: in these variables, never in its text.
+VALUE_VAR = "SHOAL_VALUE_"
+
+
+def render_command(template: str, ctx: TurnContext) -> tuple[str, dict[str, str]]:
+    """A `run` step's command line and the environment it needs: each `{field}` becomes a
+    reference to a variable that holds its value, quoted for where it stands (bare, inside
+    "double" or 'single' quotes), so no value is ever read as shell code: a task subject of
+    `$(touch x)` or `'; touch x; '` is text the command is given, as it would be given
+    `fix the bug`."""
+    values = _Missing(ctx.values())
+    out: list[str] = []
+    env: dict[str, str] = {}
+    quote = ""  # the quote open at this point of the command line: "", "'" or '"'
+    for literal, field_name, spec, conversion in string.Formatter().parse(template):
+        out.append(literal)
+        quote = _quote_after(literal, quote)
+        if field_name is None:
+            continue
+        if not field_name or "." in field_name or "[" in field_name:
+            raise UsageError(f"script uses {{{field_name}}}: name a field, e.g. {{subject}}")
+        value = values[field_name]
+        if conversion:
+            value = string.Formatter().convert_field(value, conversion)
+        text = format(value, spec or "")
+        if field_name == TASK_COMMAND_FIELD:
+            out.append(text)
+            quote = _quote_after(text, quote)
+            continue
+        name = f"{VALUE_VAR}{len(env) + 1}"
+        env[name] = text
+        ref = "${" + name + "}"
+        out.append({"": f'"{ref}"', '"': ref, "'": f"'\"{ref}\"'"}[quote])
+    return "".join(out), env
+
+
+def _quote_after(text: str, quote: str) -> str:
+    """Which quote is open after `text`, given the one open before it (a backslash escapes
+    the next character outside single quotes)."""
+    escaped = False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote == "" and ch in "'\"":
+            quote = ch
+        elif ch == quote:
+            quote = ""
+    return quote
 
 
 class OutputCapExceeded(ShoalError):
@@ -437,9 +494,10 @@ class ScriptedBrain:
             count += 1
             ctx.activity(render(step.describe(), ctx))
             if step.kind == "run":
+                command, values = render_command(step.args["run"], ctx)
                 code, tail = await run_command(
-                    [render(step.args["run"], ctx)],
-                    ctx,
+                    [command],
+                    dataclasses.replace(ctx, env={**ctx.env, **values}),
                     shell=True,
                     final=index == len(steps) - 1,
                     allow_fail=bool(step.args.get("allow_fail")),

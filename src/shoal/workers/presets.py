@@ -2,8 +2,8 @@
 (`--agent claude`) or Codex (`--agent codex`), their JSON event streams parsed into progress,
 usage and the result.
 
-    claude -p PROMPT --output-format stream-json --verbose [--resume SESSION_ID]
-    codex exec --json --skip-git-repo-check [resume THREAD_ID] PROMPT
+    claude -p --output-format stream-json --verbose [--resume SESSION_ID] -- PROMPT
+    codex exec --json --skip-git-repo-check [resume THREAD_ID] -- PROMPT
 
 The first turn's stream names the session (claude's `system/init`, codex's `thread.started`);
 every later turn resumes it, so the teammate keeps one conversation. The raw stream is kept
@@ -214,13 +214,16 @@ class CliAgentBrain:
         self.thread_tokens = 0  # codex: the thread's usage so far (its counts are cumulative)
 
     def argv(self, prompt: str) -> list[str]:
+        """The command of one turn: its options, then `--`, then the prompt as one argument
+        (both CLIs' parsers, commander's and clap's, end options at `--`), so a prompt that
+        starts with `-` is never read as a flag."""
         if self.preset == "codex":
             resume = ["resume", self.session_id] if self.session_id else []
-            return [*self.base, "exec", "--json", "--skip-git-repo-check", *resume, prompt]
-        argv = [*self.base, "-p", prompt, "--output-format", "stream-json", "--verbose"]
+            return [*self.base, "exec", "--json", "--skip-git-repo-check", *resume, "--", prompt]
+        argv = [*self.base, "-p", "--output-format", "stream-json", "--verbose"]
         if self.session_id:
             argv += ["--resume", self.session_id]
-        return argv
+        return [*argv, "--", prompt]
 
     def stream(self) -> EventStream:
         if self.preset == "codex":

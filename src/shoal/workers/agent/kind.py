@@ -40,6 +40,7 @@ from shoal.core.tasks import (
     ToolActivity,
 )
 from shoal.mailbox.router import deliver_to, make_message
+from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.job import (
     AGENTS_DIR,
     EXIT_NO_SPACE,
@@ -289,15 +290,18 @@ class AgentKind:
     def running(self) -> int:
         return len(self.runs)
 
-    def send(self, task: LocalAgentTaskState, text: str, store: TaskStore) -> None:
-        """Queue `text` for a running agent: drained at its next tool-round boundary."""
+    def send(
+        self, task: LocalAgentTaskState, text: str, store: TaskStore, *, sender: str | None = None
+    ) -> None:
+        """Queue `text` for a running agent: drained at its next tool-round boundary. `sender`:
+        the agent that sent it (None: the lead)."""
         live = self.runs.get(task.id)
         if live is not None and live.feed is not None:
             live.feed.put(text)
         else:
             deliver_to(
                 live.inbox if live is not None else job_paths(session_dir_of(task), task.id)[2],
-                make_message(sender="team-lead", to=task.id, kind="text", text=text),
+                make_message(sender=sender or LEAD_NAME, to=task.id, kind="text", text=text),
             )
         pending = (*task.pending_messages, text)[-PENDING_CAP:]
         store.set_task(task.id, pending_messages=pending)
@@ -327,7 +331,12 @@ class AgentKind:
                     data={"request_id": request_id, "approve": approve, "reason": reason},
                 ),
             )
-        store.set_task(task.id, waiting_for=None)
+        if approve and task.permission_mode == "plan" and _asked_tool(live, task) == "ExitPlanMode":
+            # Its plan approved, the agent goes on in default: so may the agents it starts
+            # from now on (their ceiling is read from this record).
+            store.set_task(task.id, waiting_for=None, permission_mode="default")
+        else:
+            store.set_task(task.id, waiting_for=None)
 
     def abort_turn(self, task: LocalAgentTaskState) -> None:
         """Stop the agent's turn in progress (`shoal stop --turn`); it then waits for the
@@ -664,6 +673,17 @@ def coordinator_inbox(session_dir: Path, agent_id: str) -> Path:
 def transcript_path(session_dir: Path, agent_id: str) -> Path:
     """Where agent `agent_id`'s transcript (sidechain) is kept."""
     return session_dir / "transcripts" / f"{agent_id}.jsonl"
+
+
+def _asked_tool(live: _Live, task: LocalAgentTaskState) -> str | None:
+    """The tool of the permission request a running agent waits on (from its record, else
+    from its status file, written before the request was sent)."""
+    waiting = task.waiting_for
+    if waiting is None:
+        status = AgentStatus.load(live.status_file)
+        waiting = status.waiting if status is not None else None
+    tool = (waiting or {}).get("tool")
+    return tool if isinstance(tool, str) else None
 
 
 def _unread(inbox: Path) -> list[str]:

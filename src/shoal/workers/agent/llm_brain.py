@@ -3,7 +3,10 @@ model (or the scripted one), with the file and shell tools and the team tools â€
 (sent as the teammate), TaskCreate, TaskGet, TaskList, TaskUpdate.
 
 The conversation lives as long as the teammate (in memory); its readable text goes to the
-teammate's output file like any brain's.
+teammate's output file like any brain's. A teammate started with `--plan-mode` works in plan
+mode: Write, Edit, Bash, a task's `metadata.run` are refused until ExitPlanMode's plan is
+approved by the lead (the teammate's plan-approval request); then it goes on as a teammate
+started without it does (nothing asks).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import resolve_home
 from shoal.workers.agent.loop import AgentLoop, Output, make_tools
 from shoal.workers.agent.models import ModelSpec, build_model, check_model, choose_model
+from shoal.workers.agent.permissions import Gate
 from shoal.workers.agent.team_tools import TeamTools
 from shoal.workers.agent.tools import ToolFailure, Workspace
 from shoal.workers.brains import TurnContext, TurnResult
@@ -25,6 +29,8 @@ LLM_TEAMMATE_TOOLS = (
     "Read", "Write", "Edit", "Glob", "Grep", "Bash",
     "SendMessage", "TaskCreate", "TaskGet", "TaskList", "TaskUpdate",
 )  # fmt: skip
+# A teammate's mode without --plan-mode (it was started by the user), and after its plan.
+TEAMMATE_MODE = "bypassPermissions"
 
 
 class _NoLeader:
@@ -58,6 +64,15 @@ class LlmBrain:
         check_model(self.spec, env)  # a missing key or script: refused before it joins
         self.loop: AgentLoop | None = None
         self.tools: _TeammateTools | None = None
+        self.gate: Gate | None = None
+
+    async def _ask(self, tool: str, shown: dict[str, Any]) -> tuple[bool, str | None]:
+        """The gate's question: only a plan is ever asked (a teammate's plan approval)."""
+        assert self.tools is not None
+        ctx = self.tools.ctx
+        if tool != "ExitPlanMode" or ctx is None:
+            return False, f"a teammate cannot ask the lead to run {tool}"
+        return await ctx.approve_plan(str(shown.get("plan") or ""))
 
     def _loop_for(self, ctx: TurnContext) -> AgentLoop:
         if self.loop is None:
@@ -66,6 +81,9 @@ class LlmBrain:
             self.tools = _TeammateTools(
                 resolve_home(), ctx.team, ctx.name, _NoLeader(), cwd=ctx.cwd
             )
+            mode = "plan" if ctx.plan_mode else TEAMMATE_MODE
+            self.gate = Gate(mode, self._ask, approved=TEAMMATE_MODE)
+            allowed = (*LLM_TEAMMATE_TOOLS, "ExitPlanMode") if ctx.plan_mode else LLM_TEAMMATE_TOOLS
             self.loop = AgentLoop(
                 build_model(self.spec, env, cwd),
                 instructions=(
@@ -74,9 +92,10 @@ class LlmBrain:
                     "(team-lead) when it helps."
                 ),
                 tools=make_tools(
-                    Workspace(cwd=cwd, mode="bypassPermissions", env=dict(ctx.env)),
-                    LLM_TEAMMATE_TOOLS,
+                    Workspace(cwd=cwd, mode=mode, env=dict(ctx.env)),
+                    allowed,
                     self.tools,
+                    self.gate,
                 ),
                 # (its readable transcript is also what its pane shows, as it is written)
                 output=Output(

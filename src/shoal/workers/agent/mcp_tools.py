@@ -39,6 +39,9 @@ STDERR_TAIL_CHARS: Final = 500
 
 Guard = Callable[[str, Callable[[], Awaitable[str]]], Awaitable[str]]
 """Wraps one tool call: (the tool's name, the call) -> its result."""
+Check = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""The permission check before a call: (the tool's name, its arguments); raises a
+ToolFailure (the call's tool error) when the call may not run."""
 
 
 class McpServer(BaseModel):
@@ -129,11 +132,13 @@ async def open_servers(
     note: Callable[[str], None],
     guard: Guard | None = None,
     sandbox: Policy | None = None,
+    check: Check | None = None,
 ) -> list[Tool[Any]]:
     """Start every server inside `stack` and return their tools (a failed one is noted).
     `guard`, when given, wraps every call (a worker's lease check: what the server changed
-    outside the worker's write set is reported with the result). With `sandbox` each server
-    runs confined to that policy, as the agent's commands do."""
+    outside the worker's write set is reported with the result); `check` comes first (the
+    agent's permission mode: an MCP tool asks, or is refused, as Bash is). With `sandbox`
+    each server runs confined to that policy, as the agent's commands do."""
     import asyncio
 
     from mcp import ClientSession
@@ -172,7 +177,7 @@ async def open_servers(
         for tool in listed.tools:
             tools.append(
                 Tool.from_schema(
-                    _caller(session, name, tool.name, tool_error, errlog, guard),
+                    _caller(session, name, tool.name, tool_error, errlog, guard, check),
                     f"mcp__{name}__{tool.name}",
                     tool.description or "",
                     dict(tool.input_schema or {"type": "object", "properties": {}}),
@@ -198,10 +203,18 @@ def _caller(
     tool_error: Callable[[str], str],
     errlog: Any,
     guard: Guard | None,
+    check: Check | None = None,
 ) -> Any:
     import asyncio
 
+    from shoal.workers.agent.tools import ToolFailure
+
     async def call(**kwargs: Any) -> str:
+        if check is not None:
+            try:
+                await check(f"mcp__{server}__{tool}", kwargs)
+            except ToolFailure as exc:
+                return tool_error(str(exc))
         if guard is None:
             return await plain(**kwargs)
         return await guard(f"mcp__{server}__{tool}", lambda: plain(**kwargs))

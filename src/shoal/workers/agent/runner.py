@@ -531,6 +531,7 @@ async def run_job(
             status.note = loaded.problem
             if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):
                 status.note = None  # (a fork is copied mid-round: the round in flight is its own)
+        gate = Gate(job.permission_mode, Consent(job, feed, status).ask)
         async with contextlib.AsyncExitStack() as stack:
             mcp = await open_servers(
                 {k: McpServer.model_validate(v) for k, v in job.mcp_servers.items()},
@@ -540,6 +541,7 @@ async def run_job(
                 notes.append,
                 workspace.lease_guard if workspace.write_set is not None else None,
                 policy,
+                gate.check,  # (an MCP tool is a command: it asks, or is refused, as Bash is)
             )
             if job.coordinator:
                 tools = coordinator_tools(job, leader)
@@ -561,14 +563,13 @@ async def run_job(
                             leader,
                             cwd=job.cwd,
                             model=job.model,
-                            permission_mode=job.permission_mode,
                             fork=job.fork,
                             in_fork=FORK_TAG in job.prompt
                             or any(FORK_TAG in str(m) for m in history),
                         ),
-                        Gate(job.permission_mode, Consent(job, feed, status).ask),
+                        gate,
                     ),
-                    *mcp,  # (MCP tools are always allowed)
+                    *mcp,  # (offered in every mode; each call passes the gate)
                 ]
             loop = AgentLoop(
                 model,

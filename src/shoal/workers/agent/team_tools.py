@@ -19,7 +19,6 @@ from pydantic import AliasChoices, Field
 
 from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
-from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.tools import ToolFailure, _Args
 
 TASK_OUTPUT_MAX_CHARS: Final = 30_000
@@ -117,6 +116,12 @@ TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
 )
 
 
+def signed(sender: str, text: str) -> str:
+    """An agent's message as its recipient reads it: headed by the sending agent's id, so no
+    agent's words pass for the lead's (or another agent's)."""
+    return f"[message from agent {sender}]\n{text}"
+
+
 def _list_id(raw: str) -> int:
     text = raw.strip().lstrip("#")
     if not text.isdigit():
@@ -134,7 +139,6 @@ class TeamTools:
     leader: LeaderPort
     cwd: str = "."
     model: str | None = None  # what a subagent inherits
-    permission_mode: str | None = None  # what a subagent inherits (unless defined)
     fork: bool = False  # Agent without subagent_type forks this agent
     in_fork: bool = False  # this agent is a fork (it cannot fork again)
 
@@ -153,7 +157,9 @@ class TeamTools:
 
         if TASK_ID_PATTERN.fullmatch(args.to) and args.to[0] == "a":
             answer = await asyncio.to_thread(
-                self.leader.call, "agent_send", {"task_id": args.to, "text": args.message}
+                self.leader.call,
+                "agent_send",
+                {"task_id": args.to, "text": args.message, "sender": self.task_id},
             )
             return f"sent to agent {args.to} (task {answer['task_id']})"
         from shoal.mailbox.router import send
@@ -163,8 +169,8 @@ class TeamTools:
             send,
             Teams(self.layout).directory(self.team),
             to=args.to,
-            sender=LEAD_NAME,
-            text=args.message,
+            sender=self.task_id,  # (signed as this agent: never as the lead)
+            text=signed(self.task_id, args.message),
             summary=f"from agent {self.task_id}",
         )
         return f"sent to {', '.join(result.recipients) or args.to} (message {result.id})"
@@ -254,7 +260,6 @@ class TeamTools:
             "backend": "in-process",
             "inherit_model": self.model,
             "parent_agent": self.task_id,
-            "inherit_permission_mode": self.permission_mode,
         }
         if args.subagent_type is None and self.in_fork:
             raise ToolFailure("a fork cannot fork again; give subagent_type to start an agent")
