@@ -398,6 +398,11 @@ tool = "Write"
 args = { file_path = "a.txt", content = "planned" }
 
 [[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { command = "echo commanded > b.txt" }
+
+[[turn]]
 text = "before: {result_1}"
 """
 
@@ -417,9 +422,16 @@ def test_plan_mode_refuses_writes_until_the_plan_is_approved(leader: Cli, tmp_pa
         what="the write after the plan to ask (default mode now)",
     )
     assert leader("approve", "--team", TEAM, write["request_id"]).returncode == 0
+    # Its commands leave plan's sandbox (nothing writable) for default's (the tree) too.
+    bash = wait_until(
+        lambda: (w := record(leader, task_id).get("waiting_for")) and w["tool"] == "Bash" and w,
+        what="the command after the plan to ask",
+    )
+    assert leader("approve", "--team", TEAM, bash["request_id"]).returncode == 0
     task = ended(leader, task_id)
     assert "plan" in task["result"] and "refused" in task["result"]
     assert (tmp_path / "a.txt").read_text() == "planned"
+    assert (tmp_path / "b.txt").read_text() == "commanded\n"
 
 
 MCP_TIME = """

@@ -153,10 +153,19 @@ class Gate:
     an approved plan leaves the agent in (`default` for an agent; a teammate goes back to
     what it was started with)."""
 
-    def __init__(self, mode: str, ask: Asker | None, approved: str = "default") -> None:
+    def __init__(
+        self,
+        mode: str,
+        ask: Asker | None,
+        approved: str = "default",
+        on_approved: Callable[[str], None] | None = None,
+    ) -> None:
         self.mode = mode
         self.ask = ask
         self.approved = approved
+        # Told the new mode once a plan is approved (what the mode decides besides this gate,
+        # such as the command sandbox, follows it).
+        self.on_approved = on_approved
 
     async def check(self, tool: str, args: dict[str, Any]) -> None:
         """Return when `tool` may run; a ToolFailure (for the model) when it may not."""
@@ -189,8 +198,10 @@ class Gate:
             return "not in plan mode; go ahead"
         if self.ask is None:
             raise ToolFailure("no one to approve the plan")
-        approved, reason = await self.ask("ExitPlanMode", {"plan": plan[:8000]})
+        approved, reason = await self.ask("ExitPlanMode", describe("ExitPlanMode", {"plan": plan}))
         if not approved:
             raise ToolFailure(f"the lead rejected the plan{': ' + reason if reason else ''}")
         self.mode = self.approved
+        if self.on_approved is not None:
+            self.on_approved(self.mode)
         return "the plan was approved; carry it out" + (f" ({reason})" if reason else "")

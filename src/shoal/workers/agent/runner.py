@@ -453,8 +453,11 @@ def _background_starter(
     return start
 
 
-def command_sandbox(job: AgentJob, env: dict[str, str], notes: list[str]) -> Policy | None:
-    """The sandbox of the agent's commands, with its private tmp made and named in `env`
+def command_sandbox(
+    job: AgentJob, env: dict[str, str], notes: list[str]
+) -> Callable[[str], Policy] | None:
+    """The sandbox of the agent's commands, as a function of its permission mode (a plan, once
+    approved, moves the agent to another mode), with its private tmp made and named in `env`
     (TMPDIR); None, said in `notes`, when sandboxes are off or the kernel has none (its
     commands are then checked after the fact only, as a worker's always are as well)."""
     from shoal.core import sandbox
@@ -472,22 +475,25 @@ def command_sandbox(job: AgentJob, env: dict[str, str], notes: list[str]) -> Pol
             + (", checked against the lease after they end" if job.worker else "")
         )
         return None
-    tmp = None
-    if job.permission_mode != "plan":
-        tmp = Path(tempfile.mkdtemp(prefix=f"shoal-{job.task_id}-"))
-        env["TMPDIR"] = str(tmp)
-    policy = agent_policy(
-        Path(job.cwd),
-        job.permission_mode,
-        (job.write_set or ()) if job.worker else None,
-        scratchpad=Path(job.scratchpad) if job.scratchpad else None,
-        tmp=tmp,
-        network=job.allow_network if job.worker else None,
-        extra=writable,
-    )
+    # (made in plan mode too, where it is not writable, for the mode an approved plan gives)
+    tmp = Path(tempfile.mkdtemp(prefix=f"shoal-{job.task_id}-"))
+    env["TMPDIR"] = str(tmp)
+
+    def for_mode(mode: str) -> Policy:
+        return agent_policy(
+            Path(job.cwd),
+            mode,
+            (job.write_set or ()) if job.worker else None,
+            scratchpad=Path(job.scratchpad) if job.scratchpad else None,
+            tmp=tmp,
+            network=job.allow_network if job.worker else None,
+            extra=writable,
+        )
+
+    policy = for_mode(job.permission_mode)
     if policy.notes:
         notes.append("sandbox: " + "; ".join(policy.notes))
-    return policy
+    return for_mode
 
 
 async def run_job(
@@ -507,7 +513,8 @@ async def run_job(
         if job.scratchpad:
             Path(job.scratchpad).mkdir(mode=0o700, parents=True, exist_ok=True)
         notes: list[str] = list(job.notes)
-        policy = command_sandbox(job, tmp_env, notes)
+        sandbox_for = command_sandbox(job, tmp_env, notes)
+        policy = sandbox_for(job.permission_mode) if sandbox_for is not None else None
         workspace = Workspace(
             cwd=cwd,
             mode=job.permission_mode,
@@ -531,7 +538,12 @@ async def run_job(
             status.note = loaded.problem
             if FORK_TAG in job.prompt and (loaded.problem or "").endswith(IN_FLIGHT_NOTE):
                 status.note = None  # (a fork is copied mid-round: the round in flight is its own)
-        gate = Gate(job.permission_mode, Consent(job, feed, status).ask)
+
+        def approved(mode: str) -> None:  # (a plan approved: its commands get the new mode's box)
+            if sandbox_for is not None:
+                workspace.sandbox = sandbox_for(mode)
+
+        gate = Gate(job.permission_mode, Consent(job, feed, status).ask, on_approved=approved)
         async with contextlib.AsyncExitStack() as stack:
             mcp = await open_servers(
                 {k: McpServer.model_validate(v) for k, v in job.mcp_servers.items()},
