@@ -164,19 +164,33 @@ async def off_loop(call: Callable[[], T]) -> T:
 
 
 class InOrder:
-    """One agent's file tool calls, one at a time in the order they were made: a model's
-    parallel calls (a Write, then an Edit of that file) keep the order they had when they
-    ran on the event loop itself. (One lock per running loop: a lock is bound to its loop.)"""
+    """One agent's tool calls of a turn, kept in the order the model made them where a file
+    tool is involved: a call starts its work only once every file tool call made before it
+    has finished (a Write, then a Bash that reads the file, see the file written), as when
+    the file tools ran on the event loop itself. Commands do not wait for one another (two
+    Bash calls of one turn still run side by side)."""
 
     def __init__(self) -> None:
-        self._lock: asyncio.Lock | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._earlier: list[asyncio.Future[None]] = []  # the file tool calls not yet done
 
-    def lock(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._loop is not loop:
-            self._lock, self._loop = asyncio.Lock(), loop
-        return self._lock
+    def take(
+        self, file_tool: bool
+    ) -> tuple[list[asyncio.Future[None]], asyncio.Future[None] | None]:
+        """(the file tool calls to wait for, this call's own end when it is one). Taken
+        before the call's first await, so the order is the order the calls were made in."""
+        self._earlier = [f for f in self._earlier if not f.done()]
+        earlier = list(self._earlier)
+        mine: asyncio.Future[None] | None = None
+        if file_tool:
+            mine = asyncio.get_running_loop().create_future()
+            self._earlier.append(mine)
+        return earlier, mine
+
+    @staticmethod
+    def done(mine: asyncio.Future[None] | None) -> None:
+        if mine is not None and not mine.done():
+            with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
+                mine.set_result(None)
 
 
 def _tool_function(
@@ -193,17 +207,21 @@ def _tool_function(
 
     handler = next(getattr(h, name.lower()) for h in handlers if hasattr(h, name.lower()))
 
+    file_tool = name in FILE_TOOLS and not inspect.iscoroutinefunction(handler)
+
     async def run(**kwargs: Any) -> str:
+        earlier, mine = (in_order or InOrder()).take(file_tool)
         try:
-            args = parse_args(model, kwargs)
-        except ValueError as exc:
-            raise ModelRetry(f"{name}: {exc}") from None
-        try:
+            try:
+                args = parse_args(model, kwargs)
+            except ValueError as exc:
+                raise ModelRetry(f"{name}: {exc}") from None
             if gate is not None:
                 await gate.check(name, kwargs)
-            if name in FILE_TOOLS and not inspect.iscoroutinefunction(handler):
-                async with (in_order or InOrder()).lock():
-                    result = await off_loop(functools.partial(handler, args))
+            if earlier:
+                await asyncio.wait(earlier)
+            if file_tool:
+                result = await off_loop(functools.partial(handler, args))
             else:
                 result = handler(args)
             if asyncio.iscoroutine(result):
@@ -212,6 +230,8 @@ def _tool_function(
             return tool_error(str(exc))
         except OSError as exc:
             return tool_error(f"{name}: {exc}")
+        finally:
+            InOrder.done(mine)
         return str(result)
 
     return run
