@@ -65,7 +65,7 @@ SLOW_SCRIPT = """
 [[turn]]
 [[turn.call]]
 tool = "Bash"
-args = { description = "wait", command = "echo $$ > {prompt}; exec sleep 300" }
+args = { description = "wait", command = "exec sleep 300.{prompt}" }
 
 [[turn]]
 text = "slept"
@@ -543,16 +543,16 @@ def test_stopping_an_agent_job_brings_its_private_leader_down(
     the work tree): the task is killed, the job is STOPPED, the command and the private leader
     the job started on the node (in a session of its own, out of the stop's reach) are gone,
     and so is the job's temp dir (its home and its copy of the tree)."""
-    pid_file = tmp_path / "agent-command.pid"
-    task_id = submit(leader, repo, "--model", "scripted:slow.toml", str(pid_file))
+    # The command is found by its unique argument: it runs in the command sandbox, where only
+    # its private copy of the tree is writable (no pid file outside it).
+    marker = str(os.getpid()) + str(time.monotonic_ns() % 10**6)
+    task_id = submit(leader, repo, "--model", "scripted:slow.toml", marker)
 
     def command() -> psutil.Process | None:
-        text = pid_file.read_text().strip() if pid_file.exists() else ""
-        try:
-            proc = psutil.Process(int(text)) if text else None
-            return proc if proc is not None and proc.name() == "sleep" else None
-        except psutil.NoSuchProcess:
-            return None
+        for proc in psutil.process_iter(["name", "cmdline"]):
+            if proc.info["name"] == "sleep" and proc.info["cmdline"] == ["sleep", f"300.{marker}"]:
+                return proc
+        return None
 
     sleeping = wait_until(command, timeout=JOB_S, interval=0.1, what="the agent's command")
     ancestors = sleeping.parents()
