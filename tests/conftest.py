@@ -72,9 +72,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh SHOAL_HOME for this test (exported, so child processes use it too)."""
-    path = tmp_path / "home"
-    path.mkdir()
+    """A fresh SHOAL_HOME for this test (exported, so child processes use it too), beside
+    the test's tmp_path rather than in it: agents work in tmp_path, and a home inside an
+    agent's tree is carved out of what its sandboxed commands may write (no new top-level
+    files there), as for a user who runs shoal in ~ with ~/.shoal."""
+    path = tmp_path.with_name(tmp_path.name + "-home")
+    path.mkdir(mode=0o700)
     monkeypatch.setenv("SHOAL_HOME", str(path))
     monkeypatch.delenv("SHOAL_TEAM", raising=False)
     monkeypatch.delenv("SHOAL_WATCHER", raising=False)

@@ -130,7 +130,8 @@ def test_a_shipped_bypass_definition_does_not_widen_accept_edits(
     leader: Cli, tmp_path: Path
 ) -> None:
     repo = hostile_repo(tmp_path)
-    parent = start(leader, tmp_path, CALLS_HELPER, repo, "acceptEdits")
+    # (trusted, so the definition is used at all: trust lets it narrow, never widen)
+    parent = start(leader, tmp_path, CALLS_HELPER, repo, "acceptEdits", "--trust")
     child = wait_until(lambda: children(leader, parent), what="the subagent")[0]
     assert child["permission_mode"] == "acceptEdits", child  # (the definition said bypass)
     request = asking(leader, child["id"], "Bash")  # Bash asks in acceptEdits
@@ -169,7 +170,7 @@ def test_a_plan_agents_subagent_is_plan_until_the_plan_is_approved(
     """Before the plan: the bypass definition's subagent runs in plan (its Bash refused).
     After it is approved: in default (its Bash asks), never in bypassPermissions."""
     repo = hostile_repo(tmp_path)
-    parent = start(leader, tmp_path, PLANNING, repo, "plan")
+    parent = start(leader, tmp_path, PLANNING, repo, "plan", "--trust")
     plan = asking(leader, parent, "ExitPlanMode")
     (first,) = children(leader, parent)
     assert first["permission_mode"] == "plan" and first["status"] == "completed", first

@@ -111,7 +111,11 @@ def test_the_exec_wrapper_confines_what_it_runs(tmp_path: Path) -> None:
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 1 and "Permission denied" in done.stderr
     assert (tmp_path / "in" / "ok").exists() and not (tmp_path / "out").exists()
-    bad = subprocess.run([*argv[:3], "{not json", "--", "true"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [*argv[: argv.index("shoal.core.sandbox") + 1], "{not json", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "bad policy" in bad.stderr
 
 

@@ -95,3 +95,16 @@ def sandbox_settings(home: Path) -> tuple[bool, tuple[str, ...]]:
             f"not {writable!r}"
         )
     return enabled, tuple(os.path.expanduser(p) for p in writable)
+
+
+def sandbox_unix_sockets(home: Path) -> bool:
+    """`unix_sockets` of the `[sandbox]` table: whether confined commands may make unix
+    sockets (off by default: a socket of your tmux server, D-Bus or ssh-agent reaches out of
+    the box; on, say, for a build that talks to a local database through one)."""
+    table = config_file(home).get("sandbox", {})
+    value = table.get("unix_sockets", False) if isinstance(table, dict) else False
+    if not isinstance(value, bool):
+        raise UsageError(
+            f"{home / 'config.toml'}: sandbox.unix_sockets must be true or false, not {value!r}"
+        )
+    return value

@@ -57,10 +57,12 @@ def safe_env() -> dict[str, str]:
 _env = safe_env
 
 
-def no_filters(cwd: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -> list[str]:
-    """`-c` options that empty every filter driver the config of `cwd`'s repository defines
-    (a `.gitattributes` `filter=x` runs `filter.x.clean` on a `git status`): for the commands
-    that only look, so that what a tree's config says is never run."""
+def no_filters(cwd: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -> dict[str, str]:
+    """Environment variables that empty every filter driver the config of `cwd`'s repository
+    defines (a `.gitattributes` `filter=x` runs `filter.x.clean` on a `git status`, and
+    `filter.x.smudge` on a checkout): for the commands that only look or check out, so that
+    what a tree's config says is never run. Given as GIT_CONFIG_KEY_n/VALUE_n, not `-c`, so a
+    driver whose name holds a `=` cannot split its key from its value."""
     try:
         proc = subprocess.run(
             ["git", "-C", os.fspath(cwd), *SAFE_CONFIG, "config", "-z", "--get-regexp",
@@ -69,28 +71,40 @@ def no_filters(cwd: str | os.PathLike[str], *, timeout: float = QUERY_TIMEOUT) -
             check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return {}
     names: set[str] = set()
     for entry in os.fsdecode(proc.stdout).split("\0"):
         key = entry.split("\n", 1)[0]
         if key.startswith("filter.") and key.count(".") >= 2:
             names.add(key[len("filter.") : key.rindex(".")])
-    args: list[str] = []
+    env: dict[str, str] = {}
+    count = 0
     for name in sorted(names):
         for part, value in (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")):
-            args += ["-c", f"filter.{name}.{part}={value}"]
-    return args
+            env[f"GIT_CONFIG_KEY_{count}"] = f"filter.{name}.{part}"
+            env[f"GIT_CONFIG_VALUE_{count}"] = value
+            count += 1
+    if count:
+        env["GIT_CONFIG_COUNT"] = str(count)
+    return env
 
 
-def _run(cwd: str | os.PathLike[str], args: Sequence[str], *, timeout: float) -> str:
-    """Run `git -C cwd *args`; its stdout, or GitError with its stderr."""
+def _run(
+    cwd: str | os.PathLike[str],
+    args: Sequence[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run `git -C cwd *args` (with `env` added to its environment); its stdout, or GitError
+    with its stderr."""
     argv = ["git", "-C", os.fspath(cwd), *SAFE_CONFIG, *args]
     try:
         proc = subprocess.run(
             argv,
             stdin=subprocess.DEVNULL,
             capture_output=True,
-            env=_env(),
+            env={**_env(), **(env or {})},
             timeout=timeout,
             check=False,
         )
@@ -128,7 +142,8 @@ def worktree_add(
     """Check `repo`'s HEAD out into a new worktree at `path` (detached: no branch is created or
     taken, so any number of worktrees can share one commit). Returns `path`."""
     args = ["worktree", "add", *(["--detach"] if detach else []), os.fspath(path)]
-    _run(repo, args, timeout=timeout)
+    # (a checkout runs smudge filters: the repository's own config names none that runs)
+    _run(repo, args, timeout=timeout, env=no_filters(repo))
     return Path(path)
 
 

@@ -60,6 +60,7 @@ FS_MAKE_BLOCK: Final = 1 << 11
 FS_MAKE_SYM: Final = 1 << 12
 FS_REFER: Final = 1 << 13  # ABI 2: rename/link across directories
 FS_TRUNCATE: Final = 1 << 14  # ABI 3
+FS_IOCTL_DEV: Final = 1 << 15  # ABI 5: ioctl on a device (TIOCSTI into a terminal, say)
 NET_BIND_TCP: Final = 1 << 0  # ABI 4
 NET_CONNECT_TCP: Final = 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET: Final = 1 << 0  # ABI 6
@@ -77,6 +78,9 @@ _WRITE_V1: Final = (
     | FS_MAKE_BLOCK
     | FS_MAKE_SYM
 )
+# Handled but granted nowhere: a confined command never makes a device node (as root it could
+# otherwise make one for the disk beneath every rule and write through it).
+_NEVER_GRANTED: Final = FS_MAKE_CHAR | FS_MAKE_BLOCK
 # Devices a confined command may still write to (never create, remove or truncate).
 DEVICES: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom")
 
@@ -102,6 +106,109 @@ try:
     _prctl.restype = ctypes.c_int
 except (OSError, AttributeError):  # (no libc to call: no sandbox)
     _syscall = _prctl = None
+
+# -- capabilities and seccomp: what Landlock does not cover ---------------------------------------
+
+_PR_CAPBSET_DROP: Final = 24
+_PR_CAP_AMBIENT: Final = 47
+_PR_CAP_AMBIENT_CLEAR_ALL: Final = 4
+_PR_SET_SECCOMP: Final = 22
+_SECCOMP_MODE_FILTER: Final = 2
+_CAP_VERSION_3: Final = 0x20080522
+# (architecture seen by seccomp, capset's number, socket's number)
+_ARCHES: Final = {"x86_64": (0xC000003E, 126, 41), "aarch64": (0xC00000B7, 91, 198)}
+_ARCH = _ARCHES.get(os.uname().machine) if hasattr(os, "uname") else None
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _last_cap() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        return 40
+
+
+_LAST_CAP: Final = _last_cap()
+_CAPS_EMPTY = (_CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)())
+
+
+def _no_unix_sockets_filter() -> _SockFprog | None:
+    """A seccomp program refusing `socket(AF_UNIX, ...)` with EACCES, and every system call
+    of a foreign architecture (an x32 or i386 call would go round the check). Landlock does
+    not govern connecting to a socket file, and a socket of the user's tmux server, D-Bus or
+    ssh-agent would run anything outside the box. `socketpair` stays allowed."""
+    if _ARCH is None:
+        return None
+    arch, _, socket_nr = _ARCH
+    ld_abs = 0x20  # BPF_LD | BPF_W | BPF_ABS
+    jeq, jge, ret = 0x15, 0x35, 0x06  # BPF_JMP | BPF_JEQ / BPF_JGE | BPF_K, BPF_RET | BPF_K
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EACCES  # SECCOMP_RET_ALLOW, RET_ERRNO
+    code = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, deny),
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge, 0, 1, 0x40000000),  # (x32 calls)
+        (ret, 0, 0, deny),
+        (jeq, 0, 3, socket_nr),
+        (ld_abs, 0, 0, 16),  # seccomp_data.args[0], low half (little-endian)
+        (jeq, 0, 1, 1),  # AF_UNIX
+        (ret, 0, 0, deny),
+        (ret, 0, 0, allow),
+    ]
+    program = (_SockFilter * len(code))(*(_SockFilter(*c) for c in code))
+    prog = _SockFprog(len(code), program)
+    prog._keep = program  # (kept alive as long as the program)
+    return prog
+
+
+_UNIX_FILTER = _no_unix_sockets_filter()
+
+
+def _drop_privileges(unix: bool) -> int:
+    """On the calling thread (and so on what it starts): no capability left, root's
+    included (a root command would otherwise make device nodes, inject keystrokes with
+    TIOCSTI, or chown its way round the rules), and with `unix` False no unix socket to make.
+    0, or the errno of the step that failed. Only system calls through objects made at
+    import: safe between fork and exec."""
+    if _ARCH is not None:
+        for cap in range(_LAST_CAP + 1):  # (EPERM without CAP_SETPCAP: there is nothing to drop)
+            _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+        _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        header, data = _CAPS_EMPTY
+        if _syscall(_ARCH[1], ctypes.byref(header), ctypes.byref(data)) != 0:
+            return ctypes.get_errno() or errno.EPERM
+    if (
+        not unix
+        and _UNIX_FILTER is not None
+        and _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_UNIX_FILTER), 0, 0) != 0
+    ):
+        return ctypes.get_errno() or errno.EPERM
+    return 0
 
 
 class SandboxError(OSError):
@@ -148,6 +255,7 @@ class Policy:
     network: bool = True
     scoped: bool = True
     notes: tuple[str, ...] = field(default=(), compare=False)  # what the lease could not map
+    unix: bool = False  # may make unix sockets (`[sandbox] unix_sockets = true`)
 
     def widened(self, dirs: Iterable[str] = (), files: Iterable[str] = ()) -> Policy:
         """The same policy with more writable paths (a task's own side files, say)."""
@@ -157,6 +265,7 @@ class Policy:
             self.network,
             self.scoped,
             self.notes,
+            self.unix,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -165,6 +274,7 @@ class Policy:
             "files": list(self.files),
             "network": self.network,
             "scoped": self.scoped,
+            "unix": self.unix,
         }
 
     @classmethod
@@ -177,24 +287,39 @@ class Policy:
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
                 raise ValueError(f"sandbox policy: {name} must be a list of paths")
         network, scoped = raw.get("network", True), raw.get("scoped", True)
-        if not isinstance(network, bool) or not isinstance(scoped, bool):
-            raise ValueError("sandbox policy: network and scoped must be true or false")
-        return cls(tuple(dirs), tuple(files), network, scoped)
+        unix = raw.get("unix", False)
+        if not all(isinstance(v, bool) for v in (network, scoped, unix)):
+            raise ValueError("sandbox policy: network, scoped and unix must be true or false")
+        return cls(tuple(dirs), tuple(files), network, scoped, unix=unix)
 
 
 class Prepared:
     """A ruleset built in the parent, ready for a child to restrict itself with (`preexec`).
     Close it once the child is started (its descriptor is close-on-exec either way)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, unix: bool = False) -> None:
         self.fd = fd
+        self.unix = unix
 
     def preexec(self) -> None:
-        """Between fork and exec: confine this process for good (two system calls)."""
-        if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or _syscall(
-            _SYS_RESTRICT_SELF, self.fd, 0
+        """Between fork and exec: confine this process for good (system calls only)."""
+        if (
+            _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            or _syscall(_SYS_RESTRICT_SELF, self.fd, 0)
+            or _drop_privileges(self.unix)
         ):
             os._exit(126)  # (a command that cannot be confined never runs)
+
+    def restrict(self) -> None:
+        """Confine the calling thread (and what it starts) for good; SandboxError if not."""
+        if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise SandboxError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if _syscall(_SYS_RESTRICT_SELF, self.fd, 0) != 0:
+            err = ctypes.get_errno()
+            raise SandboxError(err, f"landlock_restrict_self: {os.strerror(err)}")
+        failed = _drop_privileges(self.unix)
+        if failed:
+            raise SandboxError(failed, f"dropping capabilities: {os.strerror(failed)}")
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -208,13 +333,19 @@ class Prepared:
         self.close()
 
 
-def _add_path(ruleset: int, path: str, rights: int) -> bool:
-    """One path-beneath rule; False when the path is not there (it is left out)."""
+def _add_path(ruleset: int, path: str, rights: int, *, file: bool = False) -> bool:
+    """One path-beneath rule; False when the path is not there (it is left out). The last
+    component is never followed (a symlink swapped in since the policy was made grants
+    nothing), and a file whose real path lies in a `.git` or `.shoal` directory is left out
+    (a leased `cfg -> .git/config`)."""
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}")) if os.path.isdir("/proc/self/fd") else None
+        if real is not None and (".git" in real.parts or (file and PROTECTED[1] in real.parts)):
+            return False
         rule = _PathBeneath(rights, fd)
         if _syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
             err = ctypes.get_errno()
@@ -234,7 +365,8 @@ def prepare(policy: Policy) -> Prepared:
     version = abi()
     if version < 1:
         raise SandboxError(errno.ENOSYS, "this kernel offers no Landlock sandbox")
-    attr = _RulesetAttr(_write_rights(version), 0, 0)
+    handled = _write_rights(version) | (FS_IOCTL_DEV if version >= 5 else 0)
+    attr = _RulesetAttr(handled, 0, 0)
     size = 8
     if version >= 4 and not policy.network:
         attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP  # (no rule: none allowed)
@@ -248,23 +380,21 @@ def prepare(policy: Policy) -> Prepared:
         raise SandboxError(err, f"landlock_create_ruleset: {os.strerror(err)}")
     try:
         for path in policy.dirs:
-            _add_path(fd, path, _write_rights(version))
-        for path in (*policy.files, *DEVICES):
-            _add_path(fd, path, _file_rights(version))
+            _add_path(fd, path, _write_rights(version) & ~_NEVER_GRANTED)
+        for path in policy.files:
+            _add_path(fd, path, _file_rights(version), file=True)
+        for path in DEVICES:
+            _add_path(fd, path, _file_rights(version) | (FS_IOCTL_DEV if version >= 5 else 0))
     except BaseException:
         os.close(fd)
         raise
-    return Prepared(fd)
+    return Prepared(fd, policy.unix)
 
 
 def restrict_self(policy: Policy) -> None:
     """Confine this very process (and what it starts) to `policy`, for good."""
     with prepare(policy) as ready:
-        if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise SandboxError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        if _syscall(_SYS_RESTRICT_SELF, ready.fd, 0) != 0:
-            err = ctypes.get_errno()
-            raise SandboxError(err, f"landlock_restrict_self: {os.strerror(err)}")
+        ready.restrict()
 
 
 def spawn_confined(policy: Policy, spawn: Callable[[], _T]) -> _T:
@@ -279,11 +409,7 @@ def spawn_confined(policy: Policy, spawn: Callable[[], _T]) -> _T:
     def run() -> None:
         try:
             with prepare(policy) as ready:
-                if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-                    raise SandboxError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-                if _syscall(_SYS_RESTRICT_SELF, ready.fd, 0) != 0:
-                    err = ctypes.get_errno()
-                    raise SandboxError(err, f"landlock_restrict_self: {os.strerror(err)}")
+                ready.restrict()
             outcome.append((True, spawn()))
         except BaseException as exc:  # (handed to the caller's thread)
             outcome.append((False, exc))
@@ -307,7 +433,11 @@ def popen_confined(policy: Policy, argv: Sequence[str], **options: Any) -> Any:
 
 def wrapper_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
     """An argv that runs `argv` confined to `policy`, for spawns without a pre-exec hook."""
-    return [sys.executable, "-m", "shoal.core.sandbox", json.dumps(policy.to_json()), "--", *argv]
+    # -P: the working directory (a project's, perhaps with a `shoal/` of its own) is not put on
+    # sys.path, so what is imported before the confinement is shoal's own code.
+    return [
+        sys.executable, "-P", "-m", "shoal.core.sandbox", json.dumps(policy.to_json()), "--", *argv
+    ]  # fmt: skip
 
 
 # -- from a lease to a policy ---------------------------------------------------------------------
@@ -410,22 +540,70 @@ def agent_policy(
     tmp: Path | None = None,
     network: bool | None = None,
     extra: Sequence[str] = (),
+    unix: bool = False,
+    home: Path | None = None,
 ) -> Policy:
     """The sandbox of an agent's commands. Plan mode: nothing writable but the devices. A
     worker (`write_set` not None): its lease, the scratchpad, its tmp and `extra`, and no TCP
     unless `network`. Any other agent: its whole working tree, the scratchpad, its tmp and
     `extra`, with network."""
     if mode == "plan":
-        return Policy(network=bool(network) if write_set is not None else True)
+        return Policy(network=bool(network) if write_set is not None else True, unix=unix)
     own = [str(p) for p in (scratchpad, tmp) if p is not None] + [
         os.path.expanduser(p) for p in extra
     ]
+    dirs: list[str]
+    files: list[str]
+    notes: list[str]
     if write_set is None:
-        return Policy((str(cwd.resolve()), *own), network=True if network is None else network)
-    dirs, files, notes = lease_paths(cwd, write_set)
+        dirs, files, notes = [str(cwd.resolve())], [], []
+        network = True if network is None else network
+    else:
+        dirs, files, notes = lease_paths(cwd, write_set)
+    if home is not None:
+        dirs, files, cut = without_home(dirs, files, home)
+        notes += cut
     return Policy(
-        tuple(dict.fromkeys([*dirs, *own])), tuple(files), bool(network), notes=tuple(notes)
+        tuple(dict.fromkeys([*dirs, *own])),
+        tuple(files),
+        bool(network),
+        notes=tuple(notes),
+        unix=unix,
     )
+
+
+def without_home(
+    dirs: Sequence[str], files: Sequence[str], home: Path
+) -> tuple[list[str], list[str], list[str]]:
+    """`dirs` and `files` less SHOAL_HOME (the control channel: a command that could write
+    there could drive the leader): a granted directory that holds the home is granted entry by
+    entry along the way down to it instead, and a note says where new entries then cannot be
+    made. (The scratchpad, kept in the home, is granted on its own.)"""
+    real = Path(os.path.realpath(home))
+    kept_dirs: list[str] = []
+    notes: list[str] = []
+    for raw in dirs:
+        granted = Path(os.path.realpath(raw))
+        if granted != real and real not in granted.parents and granted not in real.parents:
+            kept_dirs.append(raw)
+            continue
+        if granted == real or real in granted.parents:
+            continue  # (inside the home: never)
+        current = granted
+        for part in real.relative_to(granted).parts:
+            try:
+                entries = sorted(os.listdir(current))
+            except OSError:
+                break
+            kept_dirs += [str(current / e) for e in entries if e != part]
+            notes.append(f"{current}: no new entries (SHOAL_HOME {real} lies beneath)")
+            current = current / part
+    kept_files = [
+        f
+        for f in files
+        if not (Path(os.path.realpath(f)) == real or real in Path(os.path.realpath(f)).parents)
+    ]
+    return kept_dirs, kept_files, notes
 
 
 # -- the exec wrapper ------------------------------------------------------------------------------

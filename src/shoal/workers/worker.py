@@ -73,7 +73,7 @@ def teammate_sandbox(layout: Layout, opts: WorkerOptions, cwd: str) -> Policy | 
     network on. None when sandboxes are off or the kernel has none: said once, here, on
     stderr (its commands then run unconfined)."""
     from shoal.core import sandbox
-    from shoal.core.config import sandbox_settings
+    from shoal.core.config import sandbox_settings, sandbox_unix_sockets
 
     enabled, writable = sandbox_settings(layout.home)
     if not enabled or sandbox.abi() < 1:
@@ -82,7 +82,14 @@ def teammate_sandbox(layout: Layout, opts: WorkerOptions, cwd: str) -> Policy | 
         return None
     tmp = layout.ensure(layout.team_dir(opts.team) / "tmp" / opts.name)
     return sandbox.agent_policy(
-        Path(cwd), "acceptEdits", None, tmp=tmp, network=True, extra=writable
+        Path(cwd),
+        "acceptEdits",
+        None,
+        tmp=tmp,
+        network=True,
+        extra=writable,
+        unix=sandbox_unix_sockets(layout.home),
+        home=layout.home,
     )
 
 

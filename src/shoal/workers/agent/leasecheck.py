@@ -45,14 +45,18 @@ def _git(root: Path, args: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
     kernel has Landlock, confined too: nothing writable, no network."""
     from shoal.core import sandbox
     from shoal.core.git import SAFE_CONFIG, no_filters, safe_env
+    from shoal.core.secretenv import is_secret
 
-    argv = ["git", *SAFE_CONFIG, *no_filters(root, timeout=GIT_TIMEOUT_S), *args]
+    argv = ["git", *SAFE_CONFIG, *args]
+    # (no secret in its environment either: whatever it might still run has none to leak)
+    env = {k: v for k, v in safe_env().items() if not is_secret(k)}
+    env.update(no_filters(root, timeout=GIT_TIMEOUT_S))
     if sandbox.abi() < 1:
         return subprocess.run(argv, cwd=root, stdin=subprocess.DEVNULL, capture_output=True,
-                              env=safe_env(), timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
+                              env=env, timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
     with sandbox.popen_confined(
         sandbox.Policy(network=False), argv, cwd=root, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=safe_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     ) as proc:  # fmt: skip
         try:
             out, err = proc.communicate(timeout=GIT_TIMEOUT_S)
@@ -66,7 +70,9 @@ def _git(root: Path, args: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
 def _git_dirty(root: Path) -> list[str] | None:
     """The paths `git status --porcelain` lists (relative to `root`), or None outside git."""
     try:
-        done = _git(root, ["status", "--porcelain", "-z", "--untracked-files=all", "."])
+        # (submodules not entered: their own config, filters included, is never read)
+        done = _git(root, ["status", "--porcelain", "-z", "--untracked-files=all",
+                           "--ignore-submodules=all", "."])  # fmt: skip
         if done.returncode != 0:
             return None
         prefix = os.fsdecode(_git(root, ["rev-parse", "--show-prefix"]).stdout).strip()

@@ -461,9 +461,10 @@ def command_sandbox(
     (TMPDIR); None, said in `notes`, when sandboxes are off or the kernel has none (its
     commands are then checked after the fact only, as a worker's always are as well)."""
     from shoal.core import sandbox
-    from shoal.core.config import sandbox_settings
+    from shoal.core.config import sandbox_settings, sandbox_unix_sockets
 
     enabled, writable = sandbox_settings(Path(job.home))
+    unix = sandbox_unix_sockets(Path(job.home))
     if not enabled:
         notes.append(
             "sandbox: off (enabled = false in SHOAL_HOME/config.toml); commands run unconfined"
@@ -488,6 +489,8 @@ def command_sandbox(
             tmp=tmp,
             network=job.allow_network if job.worker else None,
             extra=writable,
+            unix=unix,
+            home=Path(job.home),
         )
 
     policy = for_mode(job.permission_mode)
