@@ -23,7 +23,8 @@ TEAM = "t"
 COMMAND = "echo pane-check-$((6*7))"
 OUTPUT = "pane-check-42"
 # The brain runs each message it gets as a shell command.
-SCRIPT = '[[step]]\nwhen = "message"\nrun = "{prompt}"\n'
+# (a placeholder is one quoted word: running the message as a command is said, with sh -c)
+SCRIPT = '[[step]]\nwhen = "message"\nrun = "sh -c {prompt}"\n'
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -77,7 +78,7 @@ def in_order(seen: list[str], expected: list[str]) -> bool:
 EXPECTED = [
     f"received text from team-lead: {COMMAND}",
     f"busy working on {COMMAND}",
-    f"step run: {COMMAND}",
+    f"step run: sh -c {COMMAND}",
     f"output {OUTPUT}",
     "exit exit code 0",
     f"sent task_notification to team-lead: completed: {OUTPUT}",
@@ -236,14 +237,14 @@ def test_a_plan_approval_request_and_its_answer_are_shown(
 
     wait_until(lambda: any(line.startswith("ready fay") for line in shown()))
     send(cli, "fay", "echo planned")
-    asks = "plan asks team-lead to approve (shoal approve fay): - run: echo planned"
+    asks = "plan asks team-lead to approve (shoal approve fay): - run: sh -c echo planned"
     wait_until(lambda: asks in shown(), what=lambda: log.read_text())
     assert "output planned" not in shown()  # (nothing ran before the approval)
     approved = cli("approve", "--team", TEAM, "fay")
     assert approved.returncode == 0, approved.stderr
     wait_until(lambda: "idle" in shown(), what=lambda: log.read_text())
     assert in_order(
-        shown(), [asks, "approval plan approved", "step run: echo planned", "output planned"]
+        shown(), [asks, "approval plan approved", "step run: sh -c echo planned", "output planned"]
     ), log.read_text()
 
 
