@@ -176,3 +176,25 @@ def test_unix_sockets_can_be_allowed_by_the_user(tmp_path: Path) -> None:
     assert confined(Policy(dirs=(str(tree),)), make)[0] != 0
     assert confined(Policy(dirs=(str(tree),), unix=True), make)[0] == 0
     assert os.environ.get("SHOAL_SANDBOX_PRETEND_ABSENT") in (None, "", "0")
+
+
+def test_shoal_run_inside_the_sandbox_says_it_cannot_write_its_home(tmp_path: Path) -> None:
+    """An agent's command that runs `shoal task add` (a write under SHOAL_HOME) gets one line
+    naming the file, not an internal error."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    made = subprocess.run(
+        [sys.executable, "-m", "shoal", "--home", str(home), "team", "create", "t"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    code, out = confined(
+        Policy(dirs=(str(tree),)),
+        f"{sys.executable} -m shoal --home {home} task add --team t x",
+        tree,
+    )
+    assert code == 1, out
+    assert out.startswith(f"shoal: error: cannot write {home}/"), out
+    assert "may not write SHOAL_HOME" in out and "internal error" not in out

@@ -75,6 +75,15 @@ class ShoalGroup(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
+        except PermissionError as exc:  # (an agent's command, say: its sandbox keeps the home)
+            where = exc.filename or "a file under SHOAL_HOME"
+            click.echo(
+                f"shoal: error: cannot write {where}: {exc.strerror or 'permission denied'} "
+                "(a command an agent runs may not write SHOAL_HOME; otherwise check the "
+                "owner and mode of that file)",
+                err=True,
+            )
+            sys.exit(1)
         except OSError as exc:
             if not is_no_space(exc):
                 raise_or_report(exc)
