@@ -453,3 +453,21 @@ def test_a_bypass_agent_cannot_plant_hooks_or_definitions(
     assert list((clone / ".git" / "hooks").iterdir()) == []
     assert list((clone / ".shoal" / "agents").iterdir()) == []
     assert (clone / "ok.txt").read_text() == "fine"
+
+
+def test_grep_reads_a_huge_line_in_pieces_and_numbers_lines_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of one enormous line (a minified bundle, or an attack on the agent's memory) is
+    searched a piece at a time; every piece carries its line's number."""
+    from shoal.workers.agent import tools
+
+    monkeypatch.setattr(tools, "GREP_LINE_BYTES", 16)
+    (tmp_path / "f.txt").write_text("short\n" + "x" * 40 + "needle" + "y" * 40 + "\nneedle\n")
+    ws = tools.Workspace(tmp_path, mode="plan")
+    found = ws.grep(tools.GrepArgs.model_validate(
+        {"pattern": "needle|xx", "output_mode": "content", "-n": True}
+    ))  # fmt: skip
+    numbers = [line.split(":")[1] for line in found.splitlines()]
+    assert set(numbers) == {"2", "3"}, found
+    assert numbers[-1] == "3"

@@ -445,6 +445,9 @@ def _grep(gate: PathGate, args: GrepArgs, regex: re.Pattern[str]) -> list[str]:
     return lines
 
 
+GREP_LINE_BYTES: Final = 1 << 20  # how much of one line Grep holds at a time
+
+
 def _search(fd: int, path: Path, regex: re.Pattern[str], args: GrepArgs, out: list[str]) -> None:
     """Append the matches of the file open at `fd` (closed here; a binary file has none)."""
     with os.fdopen(fd, "rb") as stream:
@@ -452,7 +455,13 @@ def _search(fd: int, path: Path, regex: re.Pattern[str], args: GrepArgs, out: li
             return
         stream.seek(0)
         hits = 0
-        for n, raw in enumerate(stream, 1):
+        n = 0
+        fresh = True  # the next piece read begins a line
+        # (a line is read GREP_LINE_BYTES at a time: one huge line never sits whole in memory;
+        # its pieces are searched, and shown, each with that line's number)
+        while raw := stream.readline(GREP_LINE_BYTES):
+            n += fresh
+            fresh = raw.endswith(b"\n")
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if not regex.search(line):
                 continue
