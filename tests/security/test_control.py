@@ -21,9 +21,9 @@ from shoal.core.paths import Layout
 from shoal.orchestrator.client import REPLY_PREFIX, request_message
 from tests.conftest import Cli
 from tests.polling import wait_until
+from tests.security.support import FAST, Records, running_leader
 
 TEAM = "ctl"
-FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
 NOBODY = 65534
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="a second uid needs root (setuid/chown); run the suite as root"
@@ -32,12 +32,8 @@ needs_root = pytest.mark.skipif(
 
 @pytest.fixture
 def leader(cli: Cli, home: Path) -> Iterator[Cli]:
-    up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
-    assert up.returncode == 0, up.stderr
-    try:
+    with running_leader(cli, TEAM):
         yield cli
-    finally:
-        cli("down", "--team", TEAM)
 
 
 def script(tmp_path: Path, text: str) -> str:
@@ -46,11 +42,7 @@ def script(tmp_path: Path, text: str) -> str:
     return f"scripted:{path}"
 
 
-def record(cli: Cli, task_id: str) -> dict[str, Any]:
-    out = cli("ps", "--team", TEAM, "--all", "--json")
-    assert out.returncode == 0, out.stderr
-    (task,) = [t for t in json.loads(out.stdout) if t["id"] == task_id]
-    return dict(task)
+record = Records(TEAM).one
 
 
 def waiting_on(cli: Cli, task_id: str, n: int) -> dict[str, Any]:
@@ -280,7 +272,7 @@ def test_a_long_command_is_shown_whole_by_ps_show_and_the_prompt(
     )
     try:
         child.expect(r"Allow this Bash\?")
-        prompt = child.before
+        prompt = str(child.before)  # (text: the child is spawned with an encoding)
         tasks = json.loads(leader("ps", "--team", TEAM, "--json").stdout)
         (task,) = tasks
         request_id = f"{task['id']}.1"

@@ -13,6 +13,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def test_grep_with_a_parent_glob_reads_nothing_outside(clone: Path, mode: str) -
     ws = Workspace(clone, mode=mode)
     for glob in ("../../../../etc/hostname", "../outside/secret.txt", "/etc/hostname"):
         args = GrepArgs(pattern=".", glob=glob, output_mode="content")
-        _refused(lambda a=args: ws.grep(a), "glob pattern")
+        _refused(partial(ws.grep, args), "glob pattern")
 
 
 @pytest.mark.parametrize("mode", CONFINED)
@@ -119,7 +120,7 @@ def test_grep_does_not_read_through_links_read_refuses(clone: Path, mode: str) -
     _refused(lambda: ws.grep(GrepArgs(pattern="secret", path="docs")), "symlink outside")
     _refused(lambda: ws.grep(GrepArgs(pattern="secret", path="notes.txt")), "symlink outside")
     for mode_ in ("content", "files_with_matches", "count"):
-        found = ws.grep(GrepArgs(pattern="secret|hello", output_mode=mode_))  # type: ignore[arg-type]
+        found = ws.grep(GrepArgs.model_validate({"pattern": "secret|hello", "output_mode": mode_}))
         _no_secret(found)
         assert "notes.txt" not in found and "docs" not in found
         assert "app.py" in found
@@ -182,7 +183,7 @@ def test_devices_are_never_read(clone: Path) -> None:
     _refused(lambda: confined.read(ReadArgs(file_path="dev-null")), "device")
     bypass = Workspace(clone, mode="bypassPermissions")  # (links followed: still no device)
     for name in ("zero", "null", "dev-null"):
-        _refused(lambda n=name: _in_thread(lambda: bypass.read(ReadArgs(file_path=n))), "device")
+        _refused(partial(_in_thread, partial(bypass.read, ReadArgs(file_path=name))), "device")
 
 
 def test_read_is_capped_and_says_the_cap(clone: Path) -> None:
@@ -237,7 +238,7 @@ def test_a_hard_link_is_not_written_in_place(clone: Path, tmp_path: Path, mode: 
 def test_a_write_through_a_linked_directory_is_refused(clone: Path, tmp_path: Path) -> None:
     for mode in CONFINED:
         ws = Workspace(clone, mode=mode)
-        _refused(lambda w=ws: w.write(WriteArgs(file_path="docs/new.txt", content="x")), "outside")
+        _refused(partial(ws.write, WriteArgs(file_path="docs/new.txt", content="x")), "outside")
     assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["secret.txt"]
 
 
@@ -253,11 +254,11 @@ def test_git_shoal_and_the_home_are_never_written(clone: Path, tmp_path: Path, m
     ws = Workspace(clone, mode=mode, home=home, write_set=("**",))
     ws.read(ReadArgs(file_path=".git/config"))  # (reading them is allowed)
     for name in PROTECTED:
-        _refused(lambda n=name: ws.write(WriteArgs(file_path=n, content="x")), "may not be written")
+        _refused(partial(ws.write, WriteArgs(file_path=name, content="x")), "may not be written")
     if mode == "bypassPermissions":  # (elsewhere the home is outside, and refused as such)
         free = Workspace(clone, mode=mode, home=home)
         for name in (str(home / "agents" / "x.md"), str(home / "config.toml")):
-            _refused(lambda n=name: free.write(WriteArgs(file_path=n, content="x")), str(home))
+            _refused(partial(free.write, WriteArgs(file_path=name, content="x")), str(home))
     _refused(
         lambda: ws.edit(EditArgs(file_path=".git/config", old_string="false", new_string="true")),
         "may not be written",

@@ -17,40 +17,17 @@ import pytest
 
 from tests.conftest import Cli
 from tests.polling import wait_until
+from tests.security.support import Records, running_leader
 
 TEAM = "sec"
-FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
-TERMINAL = ("completed", "failed", "killed")
+RECORDS = Records(TEAM)
+tasks, record, ended = RECORDS.all, RECORDS.one, RECORDS.ended
 
 
 @pytest.fixture
 def leader(cli: Cli, home: Path) -> Iterator[Cli]:
-    up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
-    assert up.returncode == 0, up.stderr
-    try:
+    with running_leader(cli, TEAM):
         yield cli
-    finally:
-        cli("down", "--team", TEAM)
-
-
-def tasks(cli: Cli) -> list[dict[str, Any]]:
-    out = cli("ps", "--team", TEAM, "--all", "--json")
-    assert out.returncode == 0, out.stderr
-    rows: list[dict[str, Any]] = json.loads(out.stdout)
-    return rows
-
-
-def record(cli: Cli, task_id: str) -> dict[str, Any]:
-    (task,) = [t for t in tasks(cli) if t["id"] == task_id]
-    return task
-
-
-def ended(cli: Cli, task_id: str, timeout: float = 60) -> dict[str, Any]:
-    def final() -> dict[str, Any] | None:
-        task = record(cli, task_id)
-        return task if task["status"] in TERMINAL else None
-
-    return wait_until(final, timeout=timeout, what=f"agent {task_id} to end")
 
 
 def children(cli: Cli, parent: str) -> list[dict[str, Any]]:

@@ -26,9 +26,11 @@ from tests.conftest import Cli
 from tests.integration.test_agent_tasks import BYPASS, FAST, script
 from tests.integration.test_coordinator import SCRIBBLER
 from tests.polling import wait_until
+from tests.security.support import TERMINAL, Records, running_leader
 
 TEAM = "box"
-TERMINAL = ("completed", "failed", "killed")
+RECORDS = Records(TEAM)
+tasks = RECORDS.all
 GIT_ID = ("-c", "user.email=t@example.com", "-c", "user.name=t")
 
 
@@ -53,12 +55,8 @@ def make_repo(root: Path) -> Path:
 
 @pytest.fixture
 def leader(cli: Cli, home: Path) -> Iterator[Cli]:
-    up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
-    assert up.returncode == 0, up.stderr
-    try:
+    with running_leader(cli, TEAM):
         yield cli
-    finally:
-        cli("down", "--team", TEAM)
 
 
 @pytest.fixture
@@ -70,19 +68,8 @@ def listener() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def tasks(cli: Cli) -> list[dict[str, Any]]:
-    out = cli("ps", "--team", TEAM, "--all", "--json")
-    assert out.returncode == 0, out.stderr
-    rows: list[dict[str, Any]] = json.loads(out.stdout)
-    return rows
-
-
 def ended(cli: Cli, task_id: str, timeout: float = 90) -> dict[str, Any]:
-    def final() -> dict[str, Any] | None:
-        (task,) = [t for t in tasks(cli) if t["id"] == task_id]
-        return task if task["status"] in TERMINAL else None
-
-    return wait_until(final, timeout=timeout, what=f"agent {task_id} to end")
+    return RECORDS.ended(cli, task_id, timeout)
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -145,8 +132,8 @@ def test_a_lease_maps_to_paths_that_never_include_git_or_shoal(tmp_path: Path) -
     (repo / "src" / "out.py").symlink_to(tmp_path / "elsewhere.py")
     (tmp_path / "elsewhere.py").write_text("")
     dirs, files, notes = sandbox.lease_paths(repo, ["escape/**", "escape", "src/*.py", "**"])
-    granted = [*dirs, *files]
-    assert all(Path(p).is_relative_to(repo) for p in granted), granted
+    every = [*dirs, *files]
+    assert all(Path(p).is_relative_to(repo) for p in every), every
     assert sum("leads outside the tree" in n for n in notes) >= 3, notes
 
 

@@ -15,19 +15,16 @@ import pytest
 
 from tests.conftest import Cli
 from tests.polling import wait_until
-from tests.security.test_modes import FAST, asking, ended, tasks
+from tests.security.support import running_leader
+from tests.security.test_modes import asking, ended, tasks
 
 TEAM = "sec"
 
 
 @pytest.fixture
 def leader(cli: Cli, home: Path) -> Iterator[Cli]:
-    up = cli("up", "--team", TEAM, "--detach", "--quiet", env=FAST)
-    assert up.returncode == 0, up.stderr
-    try:
+    with running_leader(cli, TEAM):
         yield cli
-    finally:
-        cli("down", "--team", TEAM)
 
 
 def agent(cli: Cli, tmp_path: Path, text: str, mode: str, name: str = "agent.toml") -> str:
