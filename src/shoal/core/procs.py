@@ -6,6 +6,7 @@ import functools
 import os
 import signal
 import time
+from collections.abc import Callable
 
 # psutil's create_time is a float derived from jiffies; allow for rounding between reads.
 START_TIME_TOLERANCE_S = 0.05
@@ -75,6 +76,55 @@ def is_alive(pid: int | None, started_at: float | None) -> bool:
         except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
             return False
     return started_at is None or abs(created - started_at) <= START_TIME_TOLERANCE_S
+
+
+def find_by_argument(needle: str, since: float) -> tuple[int, float] | None:
+    """(pid, start time) of the oldest live process of this user started at `since` or later
+    whose command line holds `needle` (a whole argument, or part of one: a shell's `-c`
+    string), or None. How a leader finds a runner its predecessor spawned but died before
+    recording: the job file's path is in the runner's command line and nowhere else."""
+    want = os.fsencode(needle)
+
+    def matches(pid: str) -> bool:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return want in fh.read()
+
+    return _oldest(matches, since)
+
+
+def find_by_stdout(path: str, since: float) -> tuple[int, float] | None:
+    """As `find_by_argument`, for the process whose standard output is the file `path` (a
+    runner or monitor spawned with its output file, or its log, as stdout)."""
+    want = os.path.realpath(path)
+
+    def matches(pid: str) -> bool:
+        return os.readlink(f"/proc/{pid}/fd/1") == want
+
+    return _oldest(matches, since)
+
+
+def _oldest(matches: Callable[[str], bool], since: float) -> tuple[int, float] | None:
+    """The oldest live process of this user started at `since` or later that `matches`."""
+    uid = os.getuid()
+    found: list[tuple[float, int]] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid or not matches(entry.name):
+                continue
+        except OSError:
+            continue
+        pid = int(entry.name)
+        started = process_start_time(pid)
+        if started is None or started < since - START_TIME_TOLERANCE_S:
+            continue
+        if is_alive(pid, started):
+            found.append((started, pid))
+    if not found:
+        return None
+    started, pid = min(found)
+    return pid, started
 
 
 def lineage(pid: int | None = None) -> list[tuple[int, float]]:

@@ -30,6 +30,7 @@ from typing import Any, Final
 from shoal.core.config import Limits
 from shoal.core.errors import ShoalError, TaskError
 from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived
+from shoal.core.faults import pause_point
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
 from shoal.core.tasks import STOPPED_ON_REQUEST, AnyTaskState, TaskStatus, TaskType
@@ -38,6 +39,7 @@ from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.agent_runner import ControlPort
 from shoal.orchestrator.control import ControlServer
+from shoal.orchestrator.leases import LEASES_FILE
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
 from shoal.orchestrator.requests import LeaderRequests
 from shoal.orchestrator.scheduling import Scheduler
@@ -125,6 +127,8 @@ class Leader(LeaderRequests):
         if resumed:
             with contextlib.suppress(ShoalError):
                 self.scheduler.restore(self.session.read_state().groups)
+            if (self.session.dir / LEASES_FILE).exists():
+                self.lease_policy()  # (leases of ended holders released at its first step)
         self.teams.update(
             self.team, lambda t: t.model_copy(update={"lead_session_id": self.session_id})
         )
@@ -395,13 +399,31 @@ class Leader(LeaderRequests):
         settled = self.snapshot.dirty and self.registry.live == 0
         if not force and not settled and not self.snapshot.due(PERSIST_INTERVAL_S):
             return
+        self.write_snapshot(self._leader_record(), groups=self.scheduler.dump())
+
+    def _leader_record(self) -> dict[str, Any] | None:
+        """state.json's `leader`: who leads (None once it has stopped its last task)."""
         me, started = self._identity
-        leader = (
-            None
-            if self._stopping and not self.shell.running()
-            else {"pid": me, "started_at": started, "jobs": self.jobs}
+        if self._stopping and not self.shell.running():
+            return None
+        return {"pid": me, "started_at": started, "jobs": self.jobs}
+
+    def write_ahead(self, task_id: str) -> bool:
+        """Move `task_id` to running and write state.json now, before its kind spawns anything
+        for it: a leader killed after this point is followed by one that adopts the runner or
+        ends the attempt, and never starts it a second time (with the lease it holds, set when
+        it was admitted). False, with the task failed and the reason, when the disk refused."""
+        self.move_task(task_id, TaskStatus.RUNNING, start_time=time.time())
+        if self.write_snapshot(self._leader_record(), groups=self.scheduler.dump()):
+            pause_point("started-ahead")
+            return True
+        self.move_task(
+            task_id,
+            TaskStatus.FAILED,
+            error=f"not started: its start could not be recorded (no space left on device "
+            f"writing {self.session.state_file})",
         )
-        self.write_snapshot(leader, groups=self.scheduler.dump())
+        return False
 
     def flush_state(self) -> None:
         """Write state.json now if anything changed (before a control reply: what a request

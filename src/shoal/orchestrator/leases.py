@@ -24,7 +24,8 @@ from typing import Any, Final
 
 import orjson
 
-from shoal.core.errors import CorruptFileError
+from shoal.core.errors import CorruptFileError, ShoalError
+from shoal.core.faults import pause_point
 from shoal.core.jsonio import atomic_write, lock_for
 from shoal.core.tasks import LocalAgentTaskState, TaskStatus, TaskType
 from shoal.core.writeset import overlaps
@@ -123,6 +124,7 @@ class LeasePolicy:
         self.leases = leases
         self.waiting: list[str] = []  # worker task ids, in the order they asked
         self.holders: set[str] = set()
+        self._synced = False
 
     def admit(self, leader: Any, task: LocalAgentTaskState) -> bool:
         """Take `task`'s lease now (True: start it) or list it as waiting (False)."""
@@ -140,12 +142,19 @@ class LeasePolicy:
             return False
         self.holders.add(task.id)
         leader.set_task(task.id, lease=lease, waiting_for=None)
+        pause_point("lease-taken")
         return True
 
     def on_event(self, event: Any) -> None:
         pass
 
     def step(self, leader: Any, now: float) -> None:
+        if not self._synced:  # (a resumed session's leases: released as their holders end)
+            self._synced = True
+            try:
+                self.holders.update(self.leases.held())
+            except ShoalError as exc:
+                leader.note(f"could not read the session's leases: {exc}")
         ended = [h for h in self.holders if not _alive(leader, h)]
         for holder in ended:
             self.holders.discard(holder)

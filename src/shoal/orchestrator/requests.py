@@ -84,6 +84,10 @@ class LeaderRequests(LeaderStore, ABC):
         """The loop's `persist` step."""
 
     @abstractmethod
+    def write_ahead(self, task_id: str) -> bool:
+        """Record a task's start on disk before anything is spawned for it."""
+
+    @abstractmethod
     def notify(self) -> None:
         """The loop's `notify` step."""
 

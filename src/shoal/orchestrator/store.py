@@ -256,16 +256,18 @@ class LeaderStore:
 
     def write_snapshot(
         self, leader: dict[str, Any] | None, groups: dict[str, Any] | None = None
-    ) -> None:
-        """Write state.json; on a full disk the old one stays and the next persist retries."""
+    ) -> bool:
+        """Write state.json (True); on a full disk the old one stays and the next persist
+        retries (False)."""
         try:
             self.snapshot.write(
                 self.session, self.team, self.created_at, leader, self.registry, groups
             )
         except NoSpaceError as exc:
             self._no_space("state", exc)
-        else:
-            self._written("state")
+            return False
+        self._written("state")
+        return True
 
     def evict_to_history(self, now: float) -> None:
         """Drop terminal, notified tasks (after their grace) once their final record is in

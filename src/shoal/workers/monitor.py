@@ -35,7 +35,7 @@ import orjson
 
 from shoal.core.errors import UsageError
 from shoal.core.events import task_started, task_terminated
-from shoal.core.procs import Termination, is_alive, process_start_time
+from shoal.core.procs import Termination, find_by_stdout, is_alive, process_start_time
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -343,6 +343,9 @@ class MonitorKind:
             argv += ["--args", orjson.dumps(task.tool_args).decode()]
         if task.cwd:
             argv += ["--cwd", task.cwd]
+        if not store.write_ahead(task.id):
+            store.emit(task_started(store.get(task.id) or task))
+            return
         try:
             pid = spawn_logged(argv, dict(store.environ), task.output_file)
         except OSError as exc:
@@ -351,9 +354,7 @@ class MonitorKind:
             return
         started = process_start_time(pid)
         self.procs[task.id] = _Live(task.id, pid, started, child=True)
-        store.move_task(
-            task.id, TaskStatus.RUNNING, start_time=time.time(), pid=pid, pid_started_at=started
-        )
+        store.move_task(task.id, TaskStatus.RUNNING, pid=pid, pid_started_at=started)
         store.watch_pid(task.id, pid)
         store.emit(task_started(store.get(task.id) or task))
 
@@ -403,8 +404,20 @@ class MonitorKind:
         """A monitor a crashed leader left running is taken back; one that ended meanwhile
         is settled from its last line."""
         assert isinstance(task, MonitorMcpTaskState)
-        if task.is_terminal or task.status == TaskStatus.PENDING or task.pid is None:
+        if task.is_terminal or task.status == TaskStatus.PENDING:
             return
+        if task.pid is None:  # (written ahead as running; its leader died before the pid)
+            found = find_by_stdout(task.output_file, since=task.start_time or 0.0)
+            if found is None:
+                store.move_task(
+                    task.id,
+                    TaskStatus.FAILED,
+                    error="its leader stopped while starting it, and it was not started again",
+                )
+                return
+            store.set_task(task.id, pid=found[0], pid_started_at=found[1])
+            task = store.get(task.id) or task
+            assert isinstance(task, MonitorMcpTaskState) and task.pid is not None
         live = _Live(
             task.id, task.pid, task.pid_started_at, child=False, size=_size(Path(task.output_file))
         )

@@ -560,14 +560,14 @@ class RemoteKind:
             store.move_task(task.id, TaskStatus.FAILED, error=str(exc))
             store.emit(task_started(store.get(task.id) or task))
             return
+        if not store.write_ahead(task.id):
+            store.emit(task_started(store.get(task.id) or task))
+            return
         self.jobs[task.id] = job
         job.output.touch(exist_ok=True)  # (a job that prints nothing has an empty output)
-        now = time.time()
-        store.move_task(
+        store.set_task(
             task.id,
-            TaskStatus.RUNNING,
-            start_time=now,
-            poll_started_at=now,
+            poll_started_at=time.time(),
             log=_logged(task, "submitting", f"to {meta.get('address')}"),
         )
         current = store.get(task.id)

@@ -26,9 +26,10 @@ from typing import Any, Final
 from shoal.core.config import worker_stall_s
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.events import TaskProgress, task_started, task_terminated
+from shoal.core.faults import pause_point
 from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
-from shoal.core.procs import Termination, is_alive, process_start_time
+from shoal.core.procs import Termination, find_by_argument, is_alive, process_start_time
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AgentProgress,
@@ -149,6 +150,9 @@ class AgentKind:
             job = self._job(task, status_file, inbox)
             job_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             job.save(job_file)
+            if not store.write_ahead(task.id):
+                store.emit(task_started(store.get(task.id) or task))
+                return
             if task.backend == "in-process":
                 self._start_in_process(live, job, store)
                 changes: dict[str, Any] = {"pid": os.getpid()}
@@ -160,8 +164,9 @@ class AgentKind:
             store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the agent: {exc}")
             store.emit(task_started(store.get(task.id) or task))
             return
+        pause_point("spawned")
         self.runs[task.id] = live
-        store.move_task(task.id, TaskStatus.RUNNING, start_time=time.time(), **changes)
+        store.move_task(task.id, TaskStatus.RUNNING, **changes)
         if live.proc is not None:
             store.watch_pid(task.id, live.proc.pid)
         store.emit(task_started(store.get(task.id) or task))
@@ -241,8 +246,13 @@ class AgentKind:
         the status it left (a runner that died mid-run leaves a failed task and its transcript,
         from which `shoal agent --resume` continues)."""
         assert isinstance(task, LocalAgentTaskState)
-        _job, status_file, inbox = job_paths(session_dir_of(task), task.id)
+        job_file, status_file, inbox = job_paths(session_dir_of(task), task.id)
         live = _Live(task.id, status_file, inbox)
+        if task.status == TaskStatus.RUNNING and task.pid is None:
+            found = self._find_runner(task, job_file, status_file, store)
+            if found is None:
+                return
+            task = found
         if (
             task.backend != "in-process"
             and task.pid is not None
@@ -257,6 +267,30 @@ class AgentKind:
             return  # (queued again by the caller)
         self.runs[task.id] = live
         self._settle(live, store, unattended=True)
+
+    def _find_runner(
+        self, task: LocalAgentTaskState, job_file: Path, status_file: Path, store: TaskStore
+    ) -> LocalAgentTaskState | None:
+        """A task its leader wrote ahead as running but died before recording the runner's
+        pid: the runner found by its job file in the process table (the task, with its pid),
+        or, with none and no status either, the attempt ended (None): never started again."""
+        found = None
+        if task.backend != "in-process":
+            found = find_by_argument(str(job_file), since=task.start_time or 0.0)
+        if found is not None:
+            store.set_task(task.id, pid=found[0], pid_started_at=found[1])
+            current = store.get(task.id)
+            return current if isinstance(current, LocalAgentTaskState) else None
+        if status_file.exists():
+            return task  # (it ran, and left its status: settled from it)
+        store.move_task(
+            task.id,
+            TaskStatus.FAILED,
+            error="its leader stopped while starting it, and it was not started again "
+            f"(shoal agent --resume {task.id} starts it)",
+        )
+        store.note(f"agent {task.id} was being started when its leader stopped; ended it")
+        return None
 
     def notification(self, task: AnyTaskState) -> dict[str, Any]:
         if not isinstance(task, LocalAgentTaskState):

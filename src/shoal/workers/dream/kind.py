@@ -23,7 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.core.errors import ShoalError
 from shoal.core.events import TaskProgress, task_started, task_terminated
-from shoal.core.procs import Termination, current_identity, is_alive, process_start_time
+from shoal.core.procs import (
+    Termination,
+    current_identity,
+    find_by_stdout,
+    is_alive,
+    process_start_time,
+)
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -207,6 +213,10 @@ class DreamKind:
             job = self._job(task, session_dir, status_file)
             job_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             job.save(job_file)
+            if not store.write_ahead(task.id):
+                release_lock(task, None)
+                store.emit(task_started(store.get(task.id) or task))
+                return
             proc = self._spawn(job_file, log, store)
         except (ShoalError, OSError, ValueError) as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the dream: {exc}")
@@ -216,13 +226,7 @@ class DreamKind:
         self.runs[task.id] = _Run(task.id, status_file, proc)
         with contextlib.suppress(ShoalError, OSError):
             ConsolidationLock(Path(job.memory_dir)).started(task.id, proc.pid, proc.started_at)
-        store.move_task(
-            task.id,
-            TaskStatus.RUNNING,
-            start_time=time.time(),
-            pid=proc.pid,
-            pid_started_at=proc.started_at,
-        )
+        store.move_task(task.id, TaskStatus.RUNNING, pid=proc.pid, pid_started_at=proc.started_at)
         store.watch_pid(task.id, proc.pid)
         store.emit(task_started(store.get(task.id) or task))
 
@@ -267,9 +271,15 @@ class DreamKind:
         from the status it left (a runner that died mid-run rolls the lock back)."""
         assert isinstance(task, DreamTaskState)
         session_dir = Path(task.output_file).parent.parent
-        _job, status_file, _log = dream_paths(session_dir, task.id)
+        _job, status_file, log = dream_paths(session_dir, task.id)
         if task.status == TaskStatus.PENDING:  # (queued again by the caller: it never started)
             return
+        if task.pid is None:  # (written ahead as running; its leader died before the pid)
+            found = find_by_stdout(str(log), since=task.start_time or 0.0)
+            if found is not None:
+                store.set_task(task.id, pid=found[0], pid_started_at=found[1])
+                task = store.get(task.id) or task
+                assert isinstance(task, DreamTaskState)
         alive = task.pid is not None and is_alive(task.pid, task.pid_started_at)
         proc = ShellProcess(task.pid or 0, task.pid_started_at, child=False)
         run = _Run(task.id, status_file, proc)
