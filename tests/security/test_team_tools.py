@@ -220,3 +220,31 @@ def test_an_llm_teammate_in_plan_mode_writes_only_after_its_plan(
     wait_until(lambda: task_list(leader)[0]["status"] == "completed", timeout=30, what="ana's task")
     assert (tmp_path / "later.txt").read_text() == "after the plan"
     assert not (tmp_path / "early.txt").exists()
+
+
+BUSY_BYPASS_AGENT = """
+[[turn]]
+[[turn.call]]
+tool = "Bash"
+args = { command = "until [ -e gate ]; do sleep 0.05; done" }
+
+[[turn]]
+text = "done"
+"""
+
+
+def test_a_plan_agent_cannot_message_a_running_bypass_agent(leader: Cli, tmp_path: Path) -> None:
+    """A running agent would act on a message in its own, wider mode: refused, and said."""
+    target = agent(leader, tmp_path, BUSY_BYPASS_AGENT, "bypassPermissions", "target.toml")
+    wait_until(
+        lambda: next(t for t in tasks(leader) if t["id"] == target)["status"] == "running",
+        what="the target to run",
+    )
+    sender = agent(leader, tmp_path, WAKES.format(target=target), "plan")
+    result = ended(leader, sender)["result"]
+    assert f"agent {target} runs in bypassPermissions, wider than the sender's plan" in result
+    (tmp_path / "gate").touch()
+    final = ended(leader, target)
+    assert final["status"] == "completed" and final["result"] == "done", final
+    assert not final.get("pending_messages"), final
+    assert not (tmp_path / "pwned.txt").exists()

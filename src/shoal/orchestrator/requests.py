@@ -283,8 +283,9 @@ class LeaderRequests(LeaderStore, ABC):
         task continuing the conversation). Returns {"queued": id} or {"resumed": new id}.
 
         `sender`: the agent task whose SendMessage sent it (None: the user). Its text then
-        carries that agent's id, and a resume runs in the lower of the two agents' modes (a
-        plan-mode agent cannot wake a bypassPermissions one to act on its words)."""
+        carries that agent's id, a resume runs in the lower of the two agents' modes (a
+        plan-mode agent cannot wake a bypassPermissions one to act on its words), and one to a
+        running agent in a wider mode than the sender's is refused (it would act on it so)."""
         if not self._owns():
             return self.call(lambda: self.send_to_agent(task_id, text, sender)).result()
         task = self.find_agent(task_id)
@@ -293,6 +294,13 @@ class LeaderRequests(LeaderStore, ABC):
             mode = self.find_agent(sender).permission_mode
             text = signed(sender, text)
         if not task.is_terminal and task.status != TaskStatus.PENDING:
+            if mode is not None and narrowest(task.permission_mode, mode) != task.permission_mode:
+                raise TaskError(
+                    f"agent {task.id} runs in {task.permission_mode}, wider than the sender's "
+                    f"{mode}: it would act on the message with more than its sender may. "
+                    "Send it once that agent has finished (it then resumes in the narrower "
+                    "mode), or ask the lead"
+                )
             self.agents.send(task, text, self, sender=sender)
             return {"queued": task.id, "task_id": task.id}
         if task.status == TaskStatus.PENDING:
