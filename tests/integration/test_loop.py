@@ -221,3 +221,21 @@ def test_mail_that_reaches_the_lead_after_its_loop_ends_is_recorded_at_shutdown(
     session = leader.session
     texts = [e["message"].get("text") for e in session.events() if e.get("type") == "message"]
     assert texts == ["last words"], texts
+
+
+def test_a_notified_task_leaves_the_registry_on_the_next_round(home: Path) -> None:
+    """As the seed's generateTaskAttachments: terminal + notified tasks are marked at one
+    round and evicted at the next, so a view that saw the end still finds the task once."""
+    from tests.unit.test_task_model import finished, shell
+
+    leader = Leader(Layout(home), "ev").start()
+    try:
+        task = leader.register(finished(shell(output_file=str(home / "out"))))
+        now = time.time()
+        leader.evict(now)
+        assert leader.registry.get(task.id) is not None  # found evictable: marked, still listed
+        leader.evict(now, new_round=False)  # (a quick pass drops what a round marked)
+        assert leader.registry.get(task.id) is None
+        assert task.id in leader.history()
+    finally:
+        leader.shutdown()

@@ -244,6 +244,20 @@ def test_send_input_writes_to_a_stdin_task_and_others_keep_eof(cli: Cli, leader:
     run(cli, "stop", sleeper)
 
 
+def test_clean_keeps_an_agent_in_its_panel_grace_unless_forced(cli: Cli, leader: Layout) -> None:
+    agent = run(
+        cli, "agent", "--backend", "in-process", "--model", "scripted:",
+        "--permission-mode", "bypassPermissions", "hello",
+    ).strip()  # fmt: skip
+    wait_until(lambda: ended(cli, agent), timeout=60, what="the agent to end")
+    kept = run(cli, "clean")
+    assert "removed 0 finished tasks" in kept and "kept 1 in their grace" in kept, kept
+    assert agent in kept and "--force" in kept
+    assert agent in tasks(cli)
+    assert json.loads(run(cli, "clean", "--force", "--json"))["removed"] == [agent]
+    assert agent not in tasks(cli)
+
+
 def test_clean_drops_finished_tasks_and_old_sessions_but_never_the_live_one(
     cli: Cli, leader: Layout
 ) -> None:

@@ -148,7 +148,9 @@ def test_leader_steps_without_sleeping(home: Path) -> None:
         leader.quick_tick()  # reap first, notify, start second
         assert leader.registry.get(second.id).status is TaskStatus.RUNNING  # type: ignore[union-attr]
         wait_until(lambda: not leader.procs[second.id].poll())
-        leader.tick()
+        leader.tick()  # reap second and notify: both ended, marked for eviction
+        assert second.id not in leader.session.history()
+        leader.tick()  # the round after: into the history
         assert leader.session.history()[second.id]["result"]["code"] == 4
         assert leader.session.history()[first.id]["status"] == "completed"
     finally:

@@ -34,6 +34,7 @@ from shoal.core.tasks import (
     TaskType,
     TeammateIdentity,
     ToolActivity,
+    in_grace,
     is_background_task,
     is_panel_agent_task,
     is_terminal_task_status,
@@ -548,3 +549,14 @@ def test_concurrent_updates_apply_to_fresh_state() -> None:
         thread.join(timeout=30)
     stored = registry.get(task.id)
     assert stored is not None and stored.output_offset == n_threads * per_thread
+
+
+@pytest.mark.parametrize("make", [agent, teammate])
+def test_an_ended_agent_task_carries_its_panel_grace_deadline(make: Any) -> None:
+    """`evict_after` is written when the task ends (a resumed leader keeps the deadline)."""
+    done = finished(make())
+    assert done.evict_after == 2000.0 + PANEL_GRACE_S
+    assert in_grace(done, 2000.0 + PANEL_GRACE_S - 0.01)
+    assert not in_grace(done, 2000.0 + PANEL_GRACE_S)
+    assert not in_grace(finished(shell()), 2000.0)  # (no grace for other kinds)
+    assert in_grace(update_task(finished(agent()), retain=True), 10**12)  # (held by a view)

@@ -300,11 +300,19 @@ def restart(task_id: str, in_place: bool, as_json: bool) -> None:
     metavar="N",
     help="Instead: remove session directories older than N days (never a live one).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also remove agents within their 30 s panel grace and tasks a view holds.",
+)
 @json_option
 @common_options
-def clean(days: float | None, as_json: bool) -> None:
+def clean(days: float | None, force: bool, as_json: bool) -> None:
     """Remove finished tasks (and their output) from the session's listing; with
-    --sessions N, remove whole sessions not touched for N days instead."""
+    --sessions N, remove whole sessions not touched for N days instead.
+
+    An agent that ended less than 30 s ago (its panel grace) and a task a view holds stay
+    unless --force."""
     env = get_env(click.get_current_context())
     if days is not None:
         removed = remove_old_sessions(env.layout, days)
@@ -313,12 +321,19 @@ def clean(days: float | None, as_json: bool) -> None:
         else:
             click.echo("\n".join(f"removed session {s}" for s in removed) or "no session to remove")
         return
-    result = _call("clean", {})
+    result = _call("clean", {"force": force})
     if as_json:
         print_json(result)
-    else:
-        count = len(result["removed"])
-        click.echo(f"removed {count} finished task{'s' if count != 1 else ''}")
+        return
+    count = len(result["removed"])
+    line = f"removed {count} finished task{'s' if count != 1 else ''}"
+    kept = result.get("kept") or []
+    if kept:
+        line += (
+            f"; kept {len(kept)} in their grace or held by a view ({', '.join(kept)}; "
+            "--force removes them)"
+        )
+    click.echo(line)
 
 
 def live_sessions(layout: Layout) -> set[str]:

@@ -569,6 +569,14 @@ def _checked_changes(task: TaskStateBase, changes: dict[str, Any]) -> dict[str, 
         changes = {**changes, "status": new_status}
         if new_status in TERMINAL_STATUSES and "end_time" not in changes and task.end_time is None:
             changes["end_time"] = time.time()
+        if (
+            new_status in TERMINAL_STATUSES
+            and task.type in AGENT_TASK_TYPES
+            and "evict_after" not in changes
+            and getattr(task, "evict_after", None) is None
+        ):  # (the panel grace, written down: a resumed leader keeps the same deadline)
+            ended = changes.get("end_time", task.end_time) or time.time()
+            changes["evict_after"] = ended + PANEL_GRACE_S
     return changes
 
 
@@ -624,19 +632,29 @@ def is_panel_agent_task(task: TaskStateBase) -> bool:
     return isinstance(task, LocalAgentTaskState) and task.agent_type != MAIN_SESSION_AGENT_TYPE
 
 
+def in_grace(task: TaskStateBase, now: float) -> bool:
+    """True while a task is held against removal: retained by a view, or an ended agent task
+    within its panel grace (`evict_after`, default end_time + 30 s)."""
+    if getattr(task, "retain", False):
+        return True
+    if task.type not in AGENT_TASK_TYPES or not task.is_terminal:
+        return False
+    ended = task.end_time if task.end_time is not None else task.start_time
+    evict_after: float | None = getattr(task, "evict_after", None)
+    return now < (evict_after if evict_after is not None else ended + PANEL_GRACE_S)
+
+
 def should_evict(task: TaskStateBase, now: float) -> bool:
     """True when a terminal, notified task may leave the registry at time `now`.
 
     Agent tasks stay for the panel grace (`evict_after`, default end_time + 30 s); killed tasks
     stay visible KILLED_DISPLAY_S after they end; a retained task is never evicted.
     """
-    if not task.is_terminal or not task.notified or getattr(task, "retain", False):
+    if not task.is_terminal or not task.notified or in_grace(task, now):
         return False
     ended = task.end_time if task.end_time is not None else task.start_time
     if task.type in AGENT_TASK_TYPES:
-        evict_after: float | None = getattr(task, "evict_after", None)
-        deadline = evict_after if evict_after is not None else ended + PANEL_GRACE_S
-        return now >= deadline
+        return True
     if task.status == TaskStatus.KILLED:
         return now >= ended + KILLED_DISPLAY_S
     return True

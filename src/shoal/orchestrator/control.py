@@ -225,6 +225,7 @@ class CleanRequest(_Request):
     """Drop finished tasks from the session's listing (and their output files)."""
 
     op: Literal["clean"] = "clean"
+    force: bool = False  # (also tasks in their panel grace, or held by a view)
 
 
 class SendInputRequest(_Request):

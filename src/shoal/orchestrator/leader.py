@@ -267,7 +267,7 @@ class Leader(LeaderRequests):
         self._step("teammates", lambda: self.swarm.check(full=False))
         self._step("policy", lambda: self.apply_policies(mono))
         self._step("notify", self.notify)
-        self._step("evict", lambda: self.evict(now))
+        self._step("evict", lambda: self.evict(now, new_round=False))
         self._step("start", self.start_pending)
         self._step("persist", self.persist)
 
@@ -381,9 +381,10 @@ class Leader(LeaderRequests):
         if self._waiters:
             self._answer_waiters()
 
-    def evict(self, now: float) -> None:
-        """Drop terminal, notified tasks (after their grace) into history (not on a full disk)."""
-        self.evict_to_history(now)
+    def evict(self, now: float, *, new_round: bool = True) -> None:
+        """Drop terminal, notified tasks (after their grace) into history on the round after
+        they became evictable, as the seed does (not on a full disk)."""
+        self.evict_to_history(now, new_round=new_round)
 
     def start_pending(self) -> None:
         """Start queued tasks while their group has free slots (`jobs` is the default group's;

@@ -99,6 +99,9 @@ class LeaderStore:
         self.held_back = HeldBack()
         # Owner notifications a full disk kept from their inbox, by task id (retried each tick).
         self._undelivered: dict[str, tuple[str, dict[str, Any]]] = {}
+        # Tasks found evictable at the last full round: they leave at the next one (a view
+        # that just saw a task end still finds it in state.json for a round).
+        self._evictable: set[str] = set()
 
     def new_session(self, session_id: str | None = None) -> Session:
         """Lead session `session_id` (a new one by default)."""
@@ -269,14 +272,20 @@ class LeaderStore:
         self._written("state")
         return True
 
-    def evict_to_history(self, now: float) -> None:
-        """Drop terminal, notified tasks (after their grace) once their final record is in
-        the history, every event before it is written, and their owner was told: on a full
-        disk a task stays in the registry (and state.json) until then."""
+    def evict_to_history(self, now: float, *, new_round: bool = True) -> None:
+        """Drop terminal, notified tasks (after their grace) on the round after the one that
+        found them evictable, once their final record is in the history, every event before
+        it is written, and their owner was told: on a full disk a task stays in the registry
+        (and state.json) until then. `new_round`: a full round (a quick pass only drops what
+        an earlier round marked)."""
         if self.session.unwritten:
             return
+        marked, found = self._evictable, set()
         for task in self.registry.terminal_tasks():
             if not should_evict(task, now) or task.id in self._undelivered:
+                continue
+            if task.id not in marked:
+                found.add(task.id)
                 continue
             try:
                 self.session.record_history(task)
@@ -284,7 +293,10 @@ class LeaderStore:
                 self._no_space("history", exc)
                 return
             self.registry.remove(task.id)
+            marked.discard(task.id)
             self.snapshot.dirty = True
+        if new_round:
+            self._evictable = found
         self._written("history")
 
     def output_file(self, task_id: str) -> Path:

@@ -20,6 +20,7 @@ from shoal.core.tasks import (
     LocalShellTaskState,
     TaskStatus,
     TaskType,
+    in_grace,
     parse_task_state,
 )
 from shoal.orchestrator.control import (
@@ -127,7 +128,7 @@ def handle(leader: Leader, request: QueueRequest) -> Any:
     if isinstance(request, RestartRequest):
         return restart(leader, request.task_id, in_place=request.in_place)
     if isinstance(request, CleanRequest):
-        return clean(leader)
+        return clean(leader, request.force)
     return send_input(leader, request)
 
 
@@ -231,14 +232,20 @@ def _remove_files(task: LocalShellTaskState) -> None:
             os.unlink(path)
 
 
-def clean(leader: Leader) -> dict[str, Any]:
+def clean(leader: Leader, force: bool = False) -> dict[str, Any]:
     """Drop every finished task from the session's listing (the registry and the history),
-    with its output files. Their ends are told first; unfinished tasks stay."""
+    with its output files. Their ends are told first; unfinished tasks stay, and so do
+    agents in their panel grace and tasks a view holds (`retain`) unless `force`."""
     leader.notify()
     removed: list[str] = []
+    kept: list[str] = []
+    now = time.time()
     for task in list(leader.registry.terminal_tasks()):
         if leader.holds_notification(task.id):
             continue  # (a full disk holds its notification: it stays until that is sent)
+        if not force and in_grace(task, now):
+            kept.append(task.id)
+            continue
         leader.registry.remove(task.id)
         removed.append(task.id)
         if isinstance(task, LocalShellTaskState):
@@ -255,7 +262,7 @@ def clean(leader: Leader) -> dict[str, Any]:
     leader.forget_history()
     leader.mark_dirty()
     leader.persist(force=True)
-    return {"removed": sorted(set(removed))}
+    return {"removed": sorted(set(removed)), "kept": sorted(kept)}
 
 
 def send_input(leader: Leader, request: SendInputRequest) -> dict[str, Any]:
