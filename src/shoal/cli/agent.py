@@ -65,7 +65,14 @@ def _tool_list(text: str | None) -> list[str] | None:
     help="Where the agent runs (auto: tmux inside tmux, else a process).",
 )
 @click.option("--cwd", default=None, type=click.Path(file_okay=False), help="Working directory.")
-@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A variable of the agent's environment (its commands see it too). The value is never "
+    "written to disk, only the name: after a leader restart, --resume needs --env KEY=VALUE again.",
+)
 @click.option(
     "--fork/--no-fork",
     default=None,
@@ -107,7 +114,13 @@ def _tool_list(text: str | None) -> list[str] | None:
     type=click.Path(dir_okay=False),
     help='MCP servers ({"mcpServers": ...}; default: the project\'s .shoal/mcp.json).',
 )
-@click.option("--resume", default=None, metavar="ID", help="Continue agent task ID's conversation.")
+@click.option(
+    "--resume",
+    default=None,
+    metavar="ID",
+    help="Continue agent task ID's conversation (with its --env, while the leader that ran it "
+    "still runs; else pass each --env KEY=VALUE again, as the error names them).",
+)
 @trust_option
 @click.option(
     "--foreground",
@@ -230,7 +243,10 @@ def agent(
         from shoal.cli.tasks import full_task_id
 
         resume = full_task_id(env.layout, team, resume)
-        answer = call(env.layout, team, "agent_send", {"task_id": resume, "text": text})
+        sent: dict[str, Any] = {"task_id": resume, "text": text}
+        if spec["env"]:
+            sent["env"] = spec["env"]
+        answer = call(env.layout, team, "agent_send", sent)
         task_id = answer["task_id"]
         if coordinator is not None:
             _say_mode(env.layout, team, task_id, coordinator)

@@ -115,7 +115,15 @@ def _age(task: dict[str, Any]) -> str:
     type=click.Path(file_okay=False),
     help="Working directory (default: the current one).",
 )
-@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A variable of the task's environment. The value is never written to disk, only the "
+    "name: a task not yet started, a retry or a restart after a leader restart fails, naming "
+    "the --env KEY=VALUE to give again.",
+)
 @click.option("--monitor", is_flag=True, help="A long-running monitor (exempt from stall checks).")
 @click.option(
     "--batch",

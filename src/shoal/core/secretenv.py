@@ -8,7 +8,7 @@ so that a variable the user adds (`DEPLOY_TOKEN`, `DB_PASSWORD`) is covered with
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 SECRET_NAMES: Final = frozenset({"SHOAL_RAY_TOKEN", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"})
@@ -30,4 +30,17 @@ def split_secrets(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str
     return plain, secret
 
 
-__all__ = ["SECRET_NAMES", "is_secret", "split_secrets"]
+def lost_env_error(task_id: str, names: Iterable[str], again: str = "") -> str:
+    """Why task `task_id` cannot start: the values of its `--env` `names` were held only by
+    the leader that took it, which has restarted since; `again` is the command that gives them
+    again (`shoal sh`, `shoal agent --resume ID`; default: just the flags)."""
+    listed = list(names)
+    flags = " ".join(f"--env {n}=VALUE" for n in listed)
+    return (
+        f"task {task_id} needs --env {', '.join(listed)}, whose values are never written to "
+        f"disk and were lost when the leader restarted: submit it again with "
+        f"`{again + ' ' if again else ''}{flags}`"
+    )
+
+
+__all__ = ["SECRET_NAMES", "is_secret", "lost_env_error", "split_secrets"]

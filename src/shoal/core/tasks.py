@@ -217,9 +217,14 @@ class LocalShellTaskState(TaskStateBase):
     completion_status_sent_in_attachment: bool = False
     kill_reason: str | None = None
     error: str | None = None
+    """Why the shell could not be started (a failure without an exit code)."""
     stall_notified: bool = False
     env: dict[str, str] | None = None
-    """Why the shell could not be started (a failure without an exit code)."""
+    """Variables a spec file or shoal itself gives the task (written to state.json)."""
+    env_names: tuple[str, ...] = ()
+    """The variables given with `--env`, by name only: their values are never written."""
+    env_values: dict[str, str] | None = Field(None, exclude=True, repr=False)
+    """The values of `env_names`, in the leader's memory only (see `missing_env`)."""
     sandbox: JsonDict | None = None
     """The kernel sandbox policy it runs confined to (an agent's background command)."""
     # -- queueing (`shoal sh --after/--priority/--group/...`; see orchestrator/scheduling.py)
@@ -285,6 +290,11 @@ class LocalAgentTaskState(TaskStateBase):
     pane_id: str | None = None
     cwd: str | None = None
     env: dict[str, str] | None = None
+    """Not written any more (records of older versions kept the `--env` values here)."""
+    env_names: tuple[str, ...] = ()
+    """The variables given with `--env`, by name only: their values are never written."""
+    env_values: dict[str, str] | None = Field(None, exclude=True, repr=False)
+    """The values of `env_names`, in the leader's memory only (see `missing_env`)."""
     permission_mode: str = "default"
     tools: tuple[str, ...] | None = None
     custom: bool = False
@@ -620,6 +630,15 @@ def transition(task: T, new_status: TaskStatus | str, **changes: Any) -> T:
 
 
 # --------------------------------------------------------------------------- predicates
+
+
+def missing_env(task: TaskStateBase) -> tuple[str, ...]:
+    """The `--env` variables of `task` whose values this leader does not hold: a leader that
+    restarted has none (they are never written), so a task it had not started yet, or a retry,
+    restart, resume or fork of one, must be given them again."""
+    names: tuple[str, ...] = getattr(task, "env_names", ())
+    values: dict[str, str] = getattr(task, "env_values", None) or {}
+    return tuple(n for n in names if n not in values)
 
 
 def is_background_task(task: TaskStateBase) -> bool:

@@ -16,6 +16,7 @@ from shoal.core import trust
 from shoal.core.config import config_value
 from shoal.core.errors import TaskError, UsageError
 from shoal.core.paths import Layout
+from shoal.core.secretenv import lost_env_error
 from shoal.core.tasks import (
     MAIN_SESSION_AGENT_TYPE,
     LocalAgentTaskState,
@@ -75,7 +76,7 @@ class AgentSpec(BaseModel):
     timeout: float | None = Field(None, gt=0)
     backend: str = "auto"
     cwd: str | None = None
-    env: dict[str, str] | None = None
+    env: dict[str, str] | None = None  # `--env`: held in memory, the task keeps the names
     description: str | None = None
     limits: dict[str, Any] | None = None  # (a resume carries its parent's)
     fork: bool | None = None  # Agent without subagent_type forks it (None: config's `fork`)
@@ -101,6 +102,17 @@ def _environ(host: AgentHost, extra: dict[str, str] | None) -> dict[str, str]:
     env = {os.fsdecode(k): os.fsdecode(v) for k, v in host.environ.items()}
     env.update(extra or {})
     return env
+
+
+def _env_values(spec: AgentSpec, parent: LocalAgentTaskState | None) -> dict[str, str]:
+    """The `--env` values of a new agent: the request's, over those of the agent it resumes
+    (which this leader holds in memory; one that restarted since has lost them, and the
+    resume is refused, naming the flags to give again)."""
+    values = {**((parent.env_values or {}) if parent is not None else {}), **(spec.env or {})}
+    lost = [n for n in (parent.env_names if parent is not None else ()) if n not in values]
+    if parent is not None and lost:
+        raise UsageError(lost_env_error(parent.id, lost, f"shoal agent --resume {parent.id}"))
+    return values
 
 
 def _project(
@@ -189,7 +201,7 @@ def new_fork_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
             "parent_agent": spec.parent_agent or source.id,
             "resumed_from": None,
             "transcript": str(transcript),
-            "backend": _backend(spec.backend, _environ(host, source.env)),
+            "backend": _backend(spec.backend, _environ(host, source.env_values)),
             "result": None,
             "error": None,
             "usage": None,
@@ -256,11 +268,12 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         return new_replay_task(host, spec)
     if spec.permission_mode is not None:
         check_mode(spec.permission_mode)
-    env = _environ(host, spec.env)
     cwd = Path(spec.cwd or os.getcwd())
     if not cwd.is_dir():
         raise TaskError(f"working directory {cwd} does not exist")
     parent = host.find_agent(spec.resume) if spec.resume else None
+    values = _env_values(spec, parent)
+    env = _environ(host, values)
     # A resumed session keeps its stored mode (see mode_message); else the caller decides,
     # $SHOAL_COORDINATOR_MODE included: the leader's environment must not make every agent it
     # starts, subagents too, a coordinator.
@@ -320,7 +333,8 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         model=str(model),
         backend=_backend(spec.backend, env),
         cwd=str(cwd),
-        env=spec.env or None,
+        env_names=tuple(values),
+        env_values=values or None,
         permission_mode=permission_mode(host, spec, parent, definition.permission_mode),
         tools=tools,
         custom=definition.custom,
@@ -428,6 +442,8 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         backend=boss.backend,
         cwd=boss.cwd,
         env=boss.env,
+        env_names=boss.env_names,
+        env_values=boss.env_values,
         permission_mode=coordinator.worker_permission(boss.permission_mode, worker_mode),
         tools=tools,
         subagent=True,

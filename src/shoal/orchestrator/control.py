@@ -52,6 +52,8 @@ class ShellSpec(_Request):
     agent: str | None = None
     cwd: str | None = None
     env: dict[str, str] | None = None
+    """Variables of its environment (`--env`): their values stay in the leader's memory, the
+    task's record keeps their names."""
     kind: str = "bash"
     background: bool = True
     # When and where it starts (see orchestrator/scheduling.py); ids may be unique prefixes.
@@ -129,6 +131,7 @@ class AgentSendRequest(_Request):
     task_id: str
     text: str = Field(min_length=1)
     sender: str | None = None  # the agent task whose SendMessage sent it (None: the user)
+    env: dict[str, str] | None = None  # `agent --resume --env`: for the resumed agent only
 
 
 class PermissionRequest(_Request):
@@ -414,9 +417,15 @@ class ControlTarget(Protocol):
         """Check, register and start one agent task (`spec`: an agent_tasks.AgentSpec)."""
         ...
 
-    def send_to_agent(self, task_id: str, text: str, sender: str | None = None) -> dict[str, Any]:
+    def send_to_agent(
+        self,
+        task_id: str,
+        text: str,
+        sender: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Queue a message for a running agent, or resume a finished one with it (in the
-        lower of its mode and the sending agent's)."""
+        lower of its mode and the sending agent's; `env`: --env values for the resumed one)."""
         ...
 
     def answer_permission(
@@ -571,7 +580,8 @@ class ControlServer:
             done = target.answer_remote(request.task_id, request.approve, request.text)
             answer(done.model_dump(mode="json"), None)
         elif isinstance(request, AgentSendRequest):
-            answer(target.send_to_agent(request.task_id, request.text, request.sender), None)
+            sent = target.send_to_agent(request.task_id, request.text, request.sender, request.env)
+            answer(sent, None)
         elif isinstance(request, QueueRequest):
             answer(target.queue_control(request), None)
         elif isinstance(request, PermissionRequest):

@@ -132,6 +132,9 @@ class LeaderRequests(LeaderStore, ABC):
             if own.is_terminal:
                 raise TaskError(f"agent {agent} has ended; it cannot start shells")
             owner = agent_id = agent
+            inherited = getattr(own, "env_values", None) or {}  # (its background Bash)
+            if inherited:
+                options["env_values"] = {**inherited, **(options.get("env_values") or {})}
         elif agent:
             name = agent.split("@", 1)[0]
             if self.teams.read(self.team).member(name) is None:
@@ -278,17 +281,30 @@ class LeaderRequests(LeaderStore, ABC):
         assert isinstance(current, LocalAgentTaskState)
         return current
 
-    def send_to_agent(self, task_id: str, text: str, sender: str | None = None) -> dict[str, Any]:
+    def send_to_agent(
+        self,
+        task_id: str,
+        text: str,
+        sender: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """A message for agent task `task_id`: queued when it runs, else it resumes it (a new
         task continuing the conversation). Returns {"queued": id} or {"resumed": new id}.
 
         `sender`: the agent task whose SendMessage sent it (None: the user). Its text then
         carries that agent's id, a resume runs in the lower of the two agents' modes (a
         plan-mode agent cannot wake a bypassPermissions one to act on its words), and one to a
-        running agent in a wider mode than the sender's is refused (it would act on it so)."""
+        running agent in a wider mode than the sender's is refused (it would act on it so).
+        `env`: the `--env` values of the resumed agent (over those this leader holds of
+        `task_id`)."""
         if not self._owns():
-            return self.call(lambda: self.send_to_agent(task_id, text, sender)).result()
+            return self.call(lambda: self.send_to_agent(task_id, text, sender, env)).result()
         task = self.find_agent(task_id)
+        if env and not task.is_terminal:
+            raise UsageError(
+                f"agent {task.id} is {task.status.value}: --env goes with resuming a finished "
+                "agent (a running one keeps the environment it started with)"
+            )
         mode = None
         if sender is not None:
             mode = self.find_agent(sender).permission_mode
@@ -305,14 +321,19 @@ class LeaderRequests(LeaderStore, ABC):
             return {"queued": task.id, "task_id": task.id}
         if task.status == TaskStatus.PENDING:
             raise TaskError(f"agent {task.id} has not started yet; send again once it runs")
-        resumed = self.resume_agent(task, [text], mode)
+        resumed = self.resume_agent(task, [text], mode, env)
         return {"resumed": resumed.id, "task_id": resumed.id, "resumed_from": task.id}
 
     def resume_agent(
-        self, task: LocalAgentTaskState, texts: list[str], mode: str | None = None
+        self,
+        task: LocalAgentTaskState,
+        texts: list[str],
+        mode: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> LocalAgentTaskState:
         """A new task that continues `task`'s conversation with `texts` as the next message,
-        in `task`'s mode or the narrower `mode` (its sender's)."""
+        in `task`'s mode or the narrower `mode` (its sender's), with `task`'s --env values
+        (this leader's memory) under `env`."""
         spec = AgentSpec(
             prompt="\n\n".join(texts),
             model=task.model,
@@ -320,7 +341,7 @@ class LeaderRequests(LeaderStore, ABC):
             tools=list(task.tools) if task.tools is not None else None,
             permission_mode=narrowest(task.permission_mode, mode),
             cwd=task.cwd,
-            env=task.env,
+            env=env or None,  # (over `task`'s own, which new_agent_task takes from it)
             backend=task.backend,
             limits=task.limits,
             description=task.description,
@@ -501,7 +522,7 @@ class LeaderRequests(LeaderStore, ABC):
                 description=s.description,
                 agent=s.agent,
                 cwd=s.cwd,
-                env=s.env,
+                env_values=s.env,  # (a request's: the values stay in this memory only)
                 kind=s.kind,
                 background=s.background,
                 stdin=s.stdin,

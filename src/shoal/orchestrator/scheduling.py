@@ -473,6 +473,7 @@ class Scheduler:
             stdin_fifo=str(leader.session.tasks_dir / f"{new_id}.stdin")
             if task.stdin_fifo
             else None,
+            env_values=task.env_values,  # (never in a dump: held in memory only)
         )
         retry = LocalShellTaskState.model_validate(record)
         leader.set_task(task.id, retried_as=new_id)

@@ -40,7 +40,15 @@ from shoal.core.ids import new_ulid, ulid_from_bytes
 from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.notify import summary_for
 from shoal.core.paths import FILE_MODE, Layout
-from shoal.core.tasks import AnyTaskState, LocalShellTaskState, TaskState, TaskStatus, TaskType
+from shoal.core.secretenv import lost_env_error
+from shoal.core.tasks import (
+    AnyTaskState,
+    LocalShellTaskState,
+    TaskState,
+    TaskStatus,
+    TaskType,
+    missing_env,
+)
 from shoal.orchestrator.session_files import HistoryReader as HistoryReader
 from shoal.orchestrator.session_files import SessionFiles, _read_jsonl, current_session_files
 from shoal.workers.kinds import TaskKind, TaskStore
@@ -332,6 +340,11 @@ def resume(host: SessionHost, session_id: str | None) -> bool:
         kind.adopt(task, host)
         current = host.get(task.id)
         if current is not None and current.status == TaskStatus.PENDING:
+            lost = missing_env(current)
+            if lost:  # (its --env values died with the leader that held them)
+                error = lost_env_error(task.id, lost)
+                host.move_task(task.id, TaskStatus.FAILED, error=error)
+                continue
             host.queue.append(task.id)
     for task_id in notified:  # (a no-op for tasks state.json already has as notified)
         host.mark_notified(task_id)

@@ -172,6 +172,8 @@ def restart(leader: Leader, task_id: str, *, in_place: bool) -> dict[str, Any]:
         agent=task.agent_id,
         cwd=task.cwd,
         env=task.env,
+        env_values=task.env_values,
+        env_names=task.env_names,  # (values a restarted leader lost: its start says so)
         kind=task.kind,
         background=task.is_backgrounded,
         label=task.label,

@@ -28,6 +28,7 @@ from shoal.core.output import create_output_file, output_size, read_output_delta
 from shoal.core.paths import FILE_MODE
 from shoal.core.procs import Termination, is_alive, process_start_time, terminate
 from shoal.core.sandbox import Policy, spawn_confined
+from shoal.core.secretenv import lost_env_error
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -35,6 +36,7 @@ from shoal.core.tasks import (
     ShellResult,
     TaskStatus,
     TaskType,
+    missing_env,
 )
 from shoal.workers.kinds import Poll, TaskStore
 
@@ -447,12 +449,18 @@ class ShellKind:
 
     def start(self, task: AnyTaskState, store: TaskStore) -> None:
         assert isinstance(task, LocalShellTaskState)
+        lost = missing_env(task)
+        if lost:  # (never run without them: the command would see them unset)
+            why = lost_env_error(task.id, lost, "shoal sh")
+            store.move_task(task.id, TaskStatus.FAILED, error=why, result=ShellResult(code=-1))
+            store.emit(task_started(store.get(task.id) or task))
+            return
         try:
             proc = start(
                 list(task.argv),
                 task.output_file,
                 cwd=task.cwd,
-                env=_environ(store.environ, task.env),
+                env=_environ(store.environ, {**(task.env or {}), **(task.env_values or {})}),
                 # (the session's tasks/ directory was checked against symlinks when it was
                 # made; the file itself is opened O_EXCL|O_NOFOLLOW)
                 stdin=Path(task.stdin_fifo) if task.stdin_fifo else None,
@@ -803,12 +811,17 @@ def new_task(
     description: str | None = None,
     cwd: str | None = None,
     env: dict[str, str] | None = None,
+    env_values: dict[str, str] | None = None,
+    env_names: Iterable[str] = (),
     kind: str = "bash",
     background: bool = True,
     tool_use_id: str | None = None,
     **queueing: Any,
 ) -> LocalShellTaskState:
     """Build (and check) a pending shell task; a bad request is a TaskError naming it.
+
+    `env` is written with the task; `env_values` (`--env`) are kept in memory only, their
+    names with the task (`env_names`: names whose values a restart of an earlier task lost).
 
     `queueing`: the task's fields for when and where it starts (label, group, priority,
     after, after_any, not_before, timeout, retries, retry_delay, stdin_fifo, ...)."""
@@ -826,6 +839,8 @@ def new_task(
         argv=tuple(argv),
         cwd=cwd or os.getcwd(),
         env=env or None,
+        env_names=tuple(dict.fromkeys([*env_names, *(env_values or {})])),
+        env_values=env_values or None,
         output_file=output_file,
         owner=owner,
         agent_id=agent_id,

@@ -35,6 +35,9 @@ class SpawnSpec:
     home: Path
     color: str = "blue"
     env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict)
+    """Variables whose values are secret whatever their names (`--env`): never on a command
+    line (tmux gets them as its other secrets)."""
     log_file: Path | None = None
 
 

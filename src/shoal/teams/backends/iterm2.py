@@ -75,7 +75,7 @@ def worker_environment(spec: SpawnSpec, environ: Mapping[str, str] | None = None
     the spec's own."""
     env = os.environ if environ is None else environ
     picked = {k: v for k, v in env.items() if k.startswith("SHOAL_") or k in _FORWARDED}
-    return {**picked, **spec.env}
+    return {**picked, **spec.env, **spec.secret_env}
 
 
 def worker_command(spec: SpawnSpec, environ: Mapping[str, str] | None = None) -> str:

@@ -78,7 +78,7 @@ class ProcessBackend:
                 pid = client.spawn(
                     spec.argv,
                     cwd=spec.cwd,
-                    env={**os.environ, **spec.env},
+                    env={**os.environ, **spec.env, **spec.secret_env},
                     log=str(spec.log_file) if spec.log_file is not None else None,
                 )
             except forkserver.ForkServerError as exc:
@@ -97,7 +97,7 @@ class ProcessBackend:
             proc = subprocess.Popen(
                 spec.argv,
                 cwd=spec.cwd,
-                env={**os.environ, **spec.env},
+                env={**os.environ, **spec.env, **spec.secret_env},
                 stdin=subprocess.DEVNULL,
                 stdout=out if out is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,

@@ -430,6 +430,9 @@ class TmuxBackend:
                 "tmux does not know (use a name like 'red', 'colour33' or '#rrggbb')"
             )
         env, secret = split_secrets(_forwarded_env(spec.env))
+        for name, value in spec.secret_env.items():
+            env.pop(name, None)
+            secret[name] = value
         command = _forked_command(spec.argv) or _pane_command(spec.argv, env)
         secrets_file = None
         if secret:

@@ -62,6 +62,10 @@ class AgentJob(BaseModel):
     limits: JobLimits = JobLimits()
     cwd: str
     env: dict[str, str] = Field(default_factory=dict)
+    """Variables of its commands' environment that may be written (the leader writes none)."""
+    env_values: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
+    """`--env` values: never saved; an in-process runner has them here, a process runner in
+    the environment it was spawned with."""
     output_file: str
     transcript: str
     status_file: str

@@ -30,6 +30,7 @@ from shoal.core.faults import pause_point
 from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
 from shoal.core.procs import Termination, find_by_argument, is_alive, process_start_time
+from shoal.core.secretenv import lost_env_error
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AgentProgress,
@@ -39,6 +40,7 @@ from shoal.core.tasks import (
     TaskType,
     TaskUsage,
     ToolActivity,
+    missing_env,
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.teams.models import LEAD_NAME
@@ -146,6 +148,12 @@ class AgentKind:
         assert isinstance(task, LocalAgentTaskState)
         job_file, status_file, inbox = job_paths(session_dir_of(task), task.id)
         live = _Live(task.id, status_file, inbox)
+        lost = missing_env(task)
+        if lost:  # (never run without them: its commands would see them unset)
+            why = lost_env_error(task.id, lost, "shoal agent")
+            store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the agent: {why}")
+            store.emit(task_started(store.get(task.id) or task))
+            return
         try:
             job = self._job(task, status_file, inbox)
             job_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -421,7 +429,7 @@ class AgentKind:
                 **{k: v for k, v in (task.limits or {}).items() if k in JobLimits.model_fields}
             ),
             cwd=task.cwd or os.getcwd(),
-            env=dict(task.env or {}),
+            env_values=_env_values(task),
             output_file=task.output_file,
             transcript=task.transcript or str(transcript_path(session_dir_of(task), task.agent_id)),
             status_file=str(status_file),
@@ -445,7 +453,7 @@ class AgentKind:
 
     def _environ(self, store: TaskStore, task: LocalAgentTaskState) -> dict[bytes, bytes]:
         env = dict(store.environ)
-        for key, value in (task.env or {}).items():
+        for key, value in _env_values(task).items():
             env[os.fsencode(key)] = os.fsencode(value)
         return env
 
@@ -474,8 +482,7 @@ class AgentKind:
         ok, why = self._tmux.available()
         if not ok:
             raise AgentStartError(f"the tmux backend cannot run here: {why}")
-        env = {os.fsdecode(k): os.fsdecode(v) for k, v in self._environ(store, task).items()}
-        own = set(task.env or {})
+        env = {os.fsdecode(k): os.fsdecode(v) for k, v in store.environ.items()}
         handle = self._tmux.spawn(
             SpawnSpec(
                 team=self.team,
@@ -483,7 +490,8 @@ class AgentKind:
                 argv=self._argv(job_file),
                 cwd=job.cwd,
                 home=self.home,
-                env={k: v for k, v in env.items() if k.startswith(PANE_ENV) or k in own},
+                env={k: v for k, v in env.items() if k.startswith(PANE_ENV)},
+                secret_env=_env_values(task),  # (never on tmux's command line)
             )
         )
         live.handle = handle
@@ -496,7 +504,7 @@ class AgentKind:
 
     def _start_in_process(self, live: _Live, job: AgentJob, store: TaskStore) -> None:
         env = {os.fsdecode(k): os.fsdecode(v) for k, v in store.environ.items()}
-        env.update(job.env)
+        env.update(job.env_values)
         feed = Feed()
         status = StatusWriter(Path(job.status_file), None)
         live.feed = feed
@@ -692,6 +700,12 @@ class AgentKind:
             final = store.get(task.id)
             if final is not None:
                 store.emit(task_terminated(final))
+
+
+def _env_values(task: LocalAgentTaskState) -> dict[str, str]:
+    """The agent's `--env` values, for its runner's environment, never for its job file (a
+    record of an older shoal kept them in `env`: they are passed on the same way)."""
+    return {**(task.env or {}), **(task.env_values or {})}
 
 
 def session_dir_of(task: AnyTaskState) -> Path:

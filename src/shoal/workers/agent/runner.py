@@ -521,7 +521,7 @@ async def run_job(
         workspace = Workspace(
             cwd=cwd,
             mode=job.permission_mode,
-            env={**job.env, **tmp_env},
+            env={**job.env, **job.env_values, **tmp_env},
             start_background=_background_starter(job, leader, tmp_env),
             track_command=status.track,
             write_set=(job.write_set or ()) if job.worker else None,
