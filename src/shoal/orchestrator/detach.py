@@ -86,6 +86,7 @@ def start_detached(
         raise ConflictError(f"a leader already runs for team {team!r} (pid {running[0]})")
     log_path = leader_log_path(layout, team)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
+    launched = time.time()  # (a note written before this is an earlier leader's)
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
             leader_argv(layout, team, jobs=jobs, quiet=quiet),
@@ -97,7 +98,7 @@ def start_detached(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if leader_ready(layout, team) == proc.pid:
-            session_id, notes = _start_notes(layout, team, proc.pid, notes_timeout)
+            session_id, notes = _start_notes(layout, team, proc.pid, launched, notes_timeout)
             return DetachedLeader(team, proc.pid, log_path, session_id, notes)
         if proc.poll() is not None:
             raise LeaderStartError(
@@ -124,11 +125,13 @@ def _start_failure(log_path: Path) -> str:
 
 
 def _start_notes(
-    layout: Layout, team: str, pid: int, timeout: float
+    layout: Layout, team: str, pid: int, launched: float, timeout: float
 ) -> tuple[str | None, tuple[str, ...]]:
     """The session of the leader `pid` and the notes it wrote to the session's events before
-    its `leader_started` (otherwise only in its log). Best effort: ((id or None), ()) when
-    they cannot be read, or do not show up within `timeout` s."""
+    its `leader_started` (otherwise only in its log). Notes written before it was `launched`
+    are an earlier leader's, said while that one ran (a dream settled under it): the start
+    of the next leader is no news of them. Best effort: ((id or None), ()) when they cannot
+    be read, or do not show up within `timeout` s."""
     from shoal.orchestrator.session import current_session
 
     session_id: str | None = None
@@ -144,7 +147,8 @@ def _start_notes(
         notes: list[str] = []
         for event in session.typed_events():
             if isinstance(event, Note):
-                notes.append(event.text)
+                if event.ts is None or event.ts >= launched:
+                    notes.append(event.text)
             elif isinstance(event, LeaderStarted):
                 if event.pid == pid:
                     return session_id, tuple(notes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -37,6 +37,7 @@ from shoal.core.events import (
 from shoal.core.ids import new_ulid
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
+    TERMINAL_STATUSES,
     AnyTaskState,
     LocalShellTaskState,
     LocalWorkflowTaskState,
@@ -84,6 +85,8 @@ class WorkflowShell(LeaderShell):
         """Spec task id -> its live task of the earlier leader (resume only)."""
         self.handles: list[str] = []
         """Every task it started or took back, in order."""
+        self.taken_back: set[str] = set()
+        """The tasks of the earlier leader it took back while they ran (resume only)."""
 
     def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
         out: list[str | Refused | None] = [None] * len(requests)
@@ -96,6 +99,7 @@ class WorkflowShell(LeaderShell):
             self.known.add(left.id)
             out[index] = left.id
             if left.status == TaskStatus.RUNNING:
+                self.taken_back.add(left.id)
                 self.post(Started(left.id, left.start_time))
         made = super().submit([requests[i] for i in fresh]) if fresh else []
         for index, handle in zip(fresh, made, strict=True):
@@ -231,6 +235,9 @@ class _Run:
     begun: bool = False
     backend: str = "process"
     """Where its members run (its shell steps are the leader's processes)."""
+    earlier: dict[str, int] = field(default_factory=dict)
+    """Spec task id -> its attempts that ended under earlier leaders (a resumed run's engine
+    counts its own from 1: the log numbers an attempt with these)."""
 
 
 class WorkflowKind:
@@ -464,6 +471,7 @@ class WorkflowKind:
         carried = plan_resume(spec, previous)
         run = self._new_run(task_id, spec, run_id, carried=carried, resumed_from=run_id)
         run.shell.handles = list(task.steps)
+        run.earlier = _ended_attempts(steps, carried)
         for step in steps:
             if not isinstance(step, LocalShellTaskState):
                 continue
@@ -482,7 +490,7 @@ class WorkflowKind:
         self._log(
             run,
             f"continued by a resumed leader: {len(carried)} step(s) carried from the run "
-            f"record, {len(run.shell.known)} running step(s) taken back",
+            f"record, {len(run.shell.taken_back)} running step(s) taken back",
         )
         self._sync(run, force=True)
 
@@ -542,7 +550,7 @@ class WorkflowKind:
         self.leader.emit(RunEvent(subtype=event.subtype, workflow_id=run.task_id, **fields))
         step = fields.get("id")
         if event.subtype == "task_started":
-            self._log(run, f"step {step}: started as {fields.get('task_id')}")
+            self._log(run, _started_line(run, str(step), fields))
         elif event.subtype == "task_finished":
             why = f" ({fields['reason']})" if fields.get("reason") else ""
             self._log(run, f"step {step}: {fields.get('status')}{why}")
@@ -657,3 +665,34 @@ def install(leader: Leader) -> WorkflowKind:
         leader.kinds[task_type] = kind
     leader.policies.append(kind)
     return kind
+
+
+def _ended_attempts(
+    steps: Iterable[LocalShellTaskState | dict[str, Any]], carried: Mapping[str, Any]
+) -> dict[str, int]:
+    """Spec task id -> how many of its attempts (`steps`, live or from history) have ended,
+    for the tasks a resumed run does again (a carried one does not run)."""
+    counts: dict[str, int] = {}
+    for step in steps:
+        if isinstance(step, LocalShellTaskState):
+            env, ended = step.env or {}, step.is_terminal
+        else:
+            env = step.get("env") or {}
+            ended = step.get("status") in TERMINAL_STATUSES  # (a str enum: "failed" matches)
+        spec_id = env.get(ENV_TASK) if isinstance(env, dict) else None
+        if ended and isinstance(spec_id, str) and spec_id and spec_id not in carried:
+            counts[spec_id] = counts.get(spec_id, 0) + 1
+    return counts
+
+
+def _started_line(run: _Run, step: str, fields: Mapping[str, Any]) -> str:
+    """The log line of an attempt's start: a first start, a start again (a retry, or a step
+    whose attempt ended while no leader ran), or a running task taken back by a resumed
+    leader, with the attempt's number over the whole workflow."""
+    task_id = fields.get("task_id")
+    number = run.earlier.get(step, 0) + int(fields.get("attempt") or 1)
+    if task_id in run.shell.taken_back:
+        return f"step {step}: taken back, still running as {task_id} (attempt {number})"
+    if number > 1:
+        return f"step {step}: started again as {task_id} (attempt {number})"
+    return f"step {step}: started as {task_id}"
