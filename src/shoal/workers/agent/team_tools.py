@@ -298,7 +298,10 @@ class CoordinatorAgentArgs(_Args):
         min_length=1,
         description="The whole task: files, lines, the cause, what to do, how to check it",
     )
-    subagent_type: str | None = Field(None, description="The agent type (see `shoal agents`)")
+    subagent_type: str | None = Field(
+        None,
+        description='The agent type (see `shoal agents`); omitted or "worker": the built-in worker',
+    )
     write_set: Any = Field(
         None,
         description="Globs (relative to the working directory) of the files this worker may "
