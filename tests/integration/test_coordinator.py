@@ -940,3 +940,29 @@ def test_a_workers_mcp_calls_are_lease_checked(unboxed: Cli, tmp_path: Path) -> 
     (violation,) = worker["violations"]
     assert violation["paths"] == ["elsewhere.txt"]
     assert violation["command"] == "mcp__writer__write"
+
+
+WORKER_TYPED = """
+final = "done: {notified}"
+
+[[turn]]
+[[turn.call]]
+tool = "Agent"
+args = { description = "typed", prompt = "Typed work", subagent_type = "worker" }
+
+[[turn]]
+text = "Waiting."
+
+[[worker]]
+final = "typed worker done"
+"""
+
+
+def test_the_originals_worker_type_names_the_built_in_worker(leader: Cli, tmp_path: Path) -> None:
+    # (a model that knows the original names its worker type "worker")
+    coord = coordinate(leader, script(tmp_path, WORKER_TYPED), tmp_path, "--backend", "in-process")
+    task = ended(leader, coord)
+    assert task["status"] == "completed", task
+    assert task["result"] == "done: typed worker done", task["result"]
+    (worker,) = [t for t in tasks(leader) if t.get("worker_of") == task["agent_id"]]
+    assert worker["status"] == "completed" and worker["agent_type"] == "general-purpose"

@@ -15,6 +15,7 @@ from shoal.core.output import (
     create_output_file,
     output_size,
     read_output_delta,
+    read_window,
     tail,
     tail_lines,
 )
@@ -178,3 +179,27 @@ def test_tail_lines(tmp_path: Path) -> None:
     assert tail_lines(path, 5, max_bytes=16) == ["line 98", "line 99"]
     assert tail_lines(path, 0) == []
     assert tail_lines(tmp_path / "missing") == []
+
+
+@given(st.text(min_size=1, max_size=60), st.integers(1, 16), st.integers(0, 250))
+def test_read_window_pages_whole_characters(text: str, width: int, at: int) -> None:
+    """Windows that cut a multi-byte character leave it whole to the window beside it, and
+    paging on by each window's end gives back the file exactly."""
+    import tempfile
+
+    data = text.encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "out"
+        path.write_bytes(data)
+        shown, start, end, size = read_window(path, None, max(width, 4))
+        assert size == len(data) and end == size and data[start:].decode() == shown
+        offset, pages = min(at, len(data)), []
+        while 0 < offset < len(data) and data[offset] & 0xC0 == 0x80:
+            offset -= 1  # (start the paging on a character boundary)
+        first = offset
+        while offset < len(data):
+            page, start, end, _ = read_window(path, offset, max(width, 4))
+            assert start == offset and data[start:end].decode() == page
+            pages.append(page)
+            offset = end
+        assert "".join(pages) == data[first:].decode()

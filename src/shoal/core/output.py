@@ -126,3 +126,35 @@ def tail_lines(path: PathLike, n: int = 10, max_bytes: int = 4096) -> list[str]:
         cut = data.find(b"\n")
         data = data[cut + 1 :] if cut >= 0 else b""
     return data.decode("utf-8", errors="replace").splitlines()[-n:]
+
+
+def _partial_char_at_end(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 character it does not finish."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): does its sequence fit?
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return back if byte >= 0xC0 and need > back else 0
+    return 0
+
+
+def read_window(path: PathLike, offset: int | None, max_bytes: int) -> tuple[str, int, int, int]:
+    """At most `max_bytes` of the output file, from byte `offset` (None: its last `max_bytes`),
+    read by seeking: a file of any size costs `max_bytes` of memory. Returns (text, start,
+    end, size): the window is bytes [start, end) of a file of `size` bytes, moved to whole
+    UTF-8 characters (a character cut by either edge is left to the window beside it)."""
+    if max_bytes <= 0:
+        raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+    if offset is not None and offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    size = output_size(path)
+    start = max(0, size - max_bytes) if offset is None else min(offset, size)
+    data, _ = read_output_delta(path, start, max_bytes) if start < size else (b"", start)
+    if start > 0:  # (a window that starts inside a character skips the rest of it)
+        skip = 0
+        while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+            skip += 1
+        data, start = data[skip:], start + skip
+    if start + len(data) < size:
+        data = data[: len(data) - _partial_char_at_end(data)]
+    return data.decode("utf-8", errors="replace"), start, start + len(data), size

@@ -57,6 +57,9 @@ class AgentHost(Protocol):
 KNOWN_TOOLS: Final = tuple(name for name, _model, _text in (*TOOL_SPECS, *TEAM_TOOL_SPECS))
 DEFAULT_AGENT_TYPE: Final = "general-purpose"
 COORDINATOR_TYPE: Final = "coordinator"
+# The original's name for a coordinator's worker: in `Agent(subagent_type=...)` of a
+# coordinator it is the built-in worker, as an omitted type is.
+WORKER_TYPE: Final = "worker"
 
 
 class AgentSpec(BaseModel):
@@ -411,9 +414,10 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     if write_set is None:
         tools = tuple(t for t in tools if t not in ("Write", "Edit"))
     worker_mode: str | None = None
-    if spec.agent_type is not None and spec.agent_type != DEFAULT_AGENT_TYPE:
+    agent_type = spec.agent_type if spec.agent_type != WORKER_TYPE else None
+    if agent_type is not None and agent_type != DEFAULT_AGENT_TYPE:
         cwd = Path(boss.cwd or os.getcwd())
-        definition = load_catalog(host.layout.home, cwd, boss.trusted).get(spec.agent_type)
+        definition = load_catalog(host.layout.home, cwd, boss.trusted).get(agent_type)
         instructions = definition.prompt or None
         worker_mode = definition.permission_mode  # (it can only narrow the coordinator's)
         if definition.tools is not None:
@@ -437,7 +441,7 @@ def new_worker_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         owner=LEAD_NAME,
         agent_id=task_id,
         prompt=spec.prompt,
-        agent_type=spec.agent_type or DEFAULT_AGENT_TYPE,
+        agent_type=agent_type or DEFAULT_AGENT_TYPE,
         model=model,
         backend=boss.backend,
         cwd=boss.cwd,

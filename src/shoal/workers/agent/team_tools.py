@@ -21,7 +21,9 @@ from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
 from shoal.workers.agent.tools import ToolFailure, _Args
 
-TASK_OUTPUT_MAX_CHARS: Final = 30_000
+# What one TaskOutput call shows of a task's output (the original's 65KB), read by seeking:
+# an output of any size is never read whole.
+TASK_OUTPUT_MAX_BYTES: Final = 65_536
 
 
 class LeaderPort(Protocol):
@@ -71,6 +73,12 @@ class TaskUpdateArgs(_Args):
 
 class TaskOutputArgs(_Args):
     task_id: str = Field(description="The id of a background task (e.g. b1a2b3c4d)")
+    offset: int | None = Field(
+        None,
+        ge=0,
+        description="Read from this byte of the output (a previous call names it); "
+        "omitted: its last 65,536 bytes",
+    )
 
 
 class TaskStopArgs(_Args):
@@ -217,17 +225,27 @@ class TeamTools:
         return f"updated task #{item.id}: [{item.status}] {item.subject}"
 
     def taskoutput(self, args: TaskOutputArgs) -> str:
+        from shoal.core.output import read_window
+
         task = self.leader.task_records().get(args.task_id)
         if task is None:
             raise ToolFailure(f"no task {args.task_id} in team {self.team}")
         try:
-            text = Path(task["output_file"]).read_text(errors="replace")
-        except OSError as exc:
+            text, start, end, size = read_window(
+                task["output_file"], args.offset, TASK_OUTPUT_MAX_BYTES
+            )
+        except (OSError, ShoalError) as exc:
             raise ToolFailure(f"cannot read the output of {args.task_id}: {exc}") from None
-        more = len(text) - TASK_OUTPUT_MAX_CHARS
-        if more > 0:
-            text = f"[{more:,} earlier characters not shown]\n" + text[-TASK_OUTPUT_MAX_CHARS:]
-        return f"status: {task['status']}\n{text}" if text else f"status: {task['status']}"
+        lines = [f"status: {task['status']}"]
+        if start > 0:
+            lines.append(f"[{start:,} earlier bytes not shown: offset=0 reads from the start]")
+        if text:
+            lines.append(text)
+        if args.offset is not None and args.offset > size:
+            lines.append(f"[offset {args.offset:,} is past the end: the output has {size:,} bytes]")
+        if end < size:
+            lines.append(f"[{size - end:,} later bytes not shown: offset={end} reads on]")
+        return "\n".join(lines)
 
     async def taskstop(self, args: TaskStopArgs) -> str:
         try:
@@ -298,7 +316,10 @@ class CoordinatorAgentArgs(_Args):
         min_length=1,
         description="The whole task: files, lines, the cause, what to do, how to check it",
     )
-    subagent_type: str | None = Field(None, description="The agent type (see `shoal agents`)")
+    subagent_type: str | None = Field(
+        None,
+        description='The agent type (see `shoal agents`); omitted or "worker": the built-in worker',
+    )
     write_set: Any = Field(
         None,
         description="Globs (relative to the working directory) of the files this worker may "
