@@ -17,12 +17,15 @@ import pytest
 from shoal.workers.agent.loop import AgentLoop, Outcome, make_tools
 from shoal.workers.agent.models import ModelSpec, build_model
 from shoal.workers.agent.tools import Workspace
+from tests.support.model_wire import stream_of
 
+SSE = "text/event-stream"
 Responder = Callable[[dict[str, Any], int], tuple[int, dict[str, Any]]]
 
 
 class Server:
-    """A loopback HTTP server answering POSTs with `responder(body, n)` (n counts from 0)."""
+    """A loopback HTTP server answering POSTs with `responder(body, n)` (n counts from 0): the
+    whole response, sent as its stream when the request asks for one (shoal's always do)."""
 
     def __init__(self, responder: Responder) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -33,9 +36,10 @@ class Server:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append((self.path, body))
                 code, answer = responder(body, len(server.requests) - 1)
-                data = json.dumps(answer).encode()
+                streams = code == 200 and bool(body.get("stream"))
+                data = stream_of(self.path, answer) if streams else json.dumps(answer).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", SSE if streams else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -146,6 +150,7 @@ def test_anthropic_messages_server(serve: Callable[[Responder], Server], tmp_pat
     assert outcome.total_tokens == 30 and outcome.tool_uses == 1
     path, first = server.requests[0]
     assert path == "/v1/messages" and first["model"] == "claude-test"
+    assert first["stream"] is True  # (streamed: an idle timeout then means no bytes came)
     assert first["system"]  # the instructions went as the system prompt
 
 

@@ -59,6 +59,14 @@ def _tool_list(text: str | None) -> list[str] | None:
     "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Wall time (s)."
 )
 @click.option(
+    "--model-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Fail a model request whose server sends no bytes for SECONDS (after the SDK's "
+    "retries; default: model_idle_s in config.toml, else 120).",
+)
+@click.option(
     "--backend",
     default="auto",
     type=click.Choice(["auto", "process", "tmux", "in-process"]),
@@ -142,6 +150,7 @@ def agent(
     max_tokens: int | None,
     max_tool_uses: int | None,
     timeout: float | None,
+    model_idle: float | None,
     backend: str,
     cwd: str | None,
     env_pairs: tuple[str, ...],
@@ -201,6 +210,7 @@ def agent(
         "max_tokens": max_tokens,
         "max_tool_uses": max_tool_uses,
         "timeout": timeout,
+        "model_idle_s": model_idle,
         "backend": backend,
         "cwd": os.path.abspath(cwd) if cwd else os.getcwd(),
         "env": _env_pairs(env_pairs) or None,

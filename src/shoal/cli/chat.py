@@ -280,6 +280,14 @@ async def _repl(chat: Chat) -> None:
 @click.command()
 @click.option("--model", default=None, help="anthropic:NAME, openai:NAME, scripted:FILE, ...")
 @click.option(
+    "--model-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Fail a model request whose server sends no bytes for SECONDS (default: "
+    "model_idle_s in config.toml, else 120).",
+)
+@click.option(
     "--coordinator/--no-coordinator",
     default=None,
     help="Coordinator mode (default: $SHOAL_COORDINATOR_MODE).",
@@ -308,6 +316,7 @@ async def _repl(chat: Chat) -> None:
 @common_options
 def chat(
     model: str | None,
+    model_idle: float | None,
     coordinator: bool | None,
     permission_mode: str | None,
     backend: str,
@@ -339,6 +348,8 @@ def chat(
         "coordinator": coordinator if coordinator is not None else env_mode(os.environ),
         "main_session": True,
     }
+    if model_idle is not None:
+        spec["model_idle_s"] = model_idle
     from shoal.core.trust import AGENT_SOURCES
 
     if settle(env.layout.home, Path(spec["cwd"]), AGENT_SOURCES, trust_run):

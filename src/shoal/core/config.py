@@ -76,6 +76,34 @@ def worker_stall_s(home: Path) -> float:
 
 
 WORKER_STALL_S = 300.0
+MODEL_IDLE_S = 120.0
+TOOL_RETRIES = 25
+
+
+def model_idle_s(home: Path, given: float | None = None) -> float:
+    """Seconds a model server may send no bytes before the attempt fails: `given` (a
+    `--model-idle` flag), else `model_idle_s` in config.toml, else 120."""
+    if given is not None:
+        return given
+    value = config_value(home, "model_idle_s", (int, float), "a number of seconds")
+    if value is None:
+        return MODEL_IDLE_S
+    if isinstance(value, bool) or value <= 0:
+        raise UsageError(
+            f"{home / 'config.toml'}: model_idle_s must be a positive number of seconds"
+        )
+    return float(value)
+
+
+def tool_retries(home: Path) -> int:
+    """How many calls in a row with bad arguments one tool takes before the run fails:
+    `tool_retries` in config.toml, else 25 (a model that recovers at all does so long before)."""
+    value = config_value(home, "tool_retries", int, "a whole number")
+    if value is None:
+        return TOOL_RETRIES
+    if isinstance(value, bool) or value < 1:
+        raise UsageError(f"{home / 'config.toml'}: tool_retries must be a whole number, 1 or more")
+    return int(value)
 
 
 def sandbox_settings(home: Path) -> tuple[bool, tuple[str, ...]]:

@@ -77,6 +77,7 @@ class AgentSpec(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_tool_uses: int | None = Field(None, ge=1)
     timeout: float | None = Field(None, gt=0)
+    model_idle_s: float | None = Field(None, gt=0)  # `--model-idle` (None: config.toml's)
     backend: str = "auto"
     cwd: str | None = None
     env: dict[str, str] | None = None  # `--env`: held in memory, the task keeps the names
@@ -305,7 +306,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
     task_id = new_task_id(TaskType.LOCAL_AGENT)
     agent_id = parent.agent_id if parent is not None else task_id
     limits = dict(parent.limits or {}) if parent is not None else {}
-    for key in ("max_turns", "max_tokens", "max_tool_uses", "timeout"):
+    for key in ("max_turns", "max_tokens", "max_tool_uses", "timeout", "model_idle_s"):
         value = getattr(spec, key)
         if value is not None:
             limits[key] = value

@@ -285,7 +285,8 @@ def one_line(text: Any, width: int = 80, *, line_sep: str = " ") -> str:
 
 def agent_notes(task: Mapping[str, Any]) -> str:
     """What an agent waits on or has spent: `  [waits: shoal approve a1b2c3d4e.1 (Bash)]`,
-    `  [waiting for the lease of a1b2c3d4e]`, `  [budget: 1,200/20,000 tokens, 3/40 tool uses]`."""
+    `  [waiting for the lease of a1b2c3d4e]`, `  [waiting for the model for 8 s]`,
+    `  [budget: 1,200/20,000 tokens, 3/40 tool uses]`."""
     waiting = task.get("waiting_for")
     shown = ""
     if isinstance(waiting, dict) and waiting.get("request_id"):
@@ -298,6 +299,10 @@ def agent_notes(task: Mapping[str, Any]) -> str:
         shown += f": {what}]" if what else "]"
     elif isinstance(waiting, dict) and waiting.get("lease"):
         shown = f"  [waiting for the lease of {waiting['lease']}]"
+    progress = task.get("progress")
+    running = task.get("status") == "running"
+    if running and isinstance(progress, Mapping) and progress.get("summary"):
+        shown += f"  [{progress['summary']}]"  # (e.g. "waiting for the model for 8 s")
     budget = task.get("budget")
     if isinstance(budget, dict) and budget:
         usage = task.get("usage") or {}

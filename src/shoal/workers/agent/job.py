@@ -37,6 +37,8 @@ class JobLimits(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_tool_uses: int | None = Field(None, ge=1)
     timeout: float | None = Field(None, gt=0)
+    # Seconds the model server may send no bytes (`--model-idle`; None: config.toml's, or 120).
+    model_idle_s: float | None = Field(None, gt=0)
 
 
 class AgentJob(BaseModel):

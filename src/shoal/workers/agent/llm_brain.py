@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import resolve_home
 from shoal.workers.agent.loop import AgentLoop, Output, make_tools
@@ -84,8 +85,9 @@ class LlmBrain:
             mode = "plan" if ctx.plan_mode else TEAMMATE_MODE
             self.gate = Gate(mode, self._ask, approved=TEAMMATE_MODE)
             allowed = (*LLM_TEAMMATE_TOOLS, "ExitPlanMode") if ctx.plan_mode else LLM_TEAMMATE_TOOLS
+            home = resolve_home()
             self.loop = AgentLoop(
-                build_model(self.spec, env, cwd),
+                build_model(self.spec, env, cwd, idle_s=model_idle_s(home)),
                 instructions=(
                     f"You are {ctx.name}, a teammate of team {ctx.team}. Work on what you are "
                     "given, keep the team's task list up to date, and message the lead "
@@ -101,6 +103,7 @@ class LlmBrain:
                 output=Output(
                     ctx.output_file, echo=ctx.console.transcript if ctx.console.enabled else False
                 ),
+                tool_retries=tool_retries(home),
             )
         return self.loop
 

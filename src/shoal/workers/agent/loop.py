@@ -2,7 +2,8 @@
 top — the sidechain transcript appended after every node, the readable output file, progress
 (tool uses, tokens, the 5 latest activities) at each round, pending messages drained at tool
 round boundaries (pydantic-ai's own `AgentRun.enqueue`), and limits that end the run `failed`
-with the limit named: turns (model requests), tokens, tool uses and wall time.
+with the limit named: turns (model requests), tokens, tool uses and wall time. While a request
+is out, the progress summary says "waiting for the model for N s", renewed every WAIT_TICK_S.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import sys
 import threading
 import time
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from shoal.core.config import TOOL_RETRIES
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import FILE_MODE
 from shoal.workers.agent.tools import (
@@ -42,7 +45,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 RECENT_ACTIVITIES: Final = 5
-TOOL_RETRIES: Final = 3  # bad arguments in a row before the run fails
+# How often the wait for a model response is renewed in the progress (the leader's event
+# throttle, PROGRESS_EVENT_INTERVAL_S, is shorter, so each renewal is at most one event).
+WAIT_TICK_S: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -302,11 +307,14 @@ class AgentLoop:
         limits: Limits = Limits(),
         on_progress: Callable[[Progress], None] | None = None,
         journal: Path | None = None,
+        tool_retries: int = TOOL_RETRIES,
     ) -> None:
         from pydantic_ai import Agent
 
+        # (bad arguments to one tool in a row before the run fails: `tool_retries`)
+        self.tool_retries = tool_retries
         self.agent: Agent[None, str] = Agent(
-            model, instructions=instructions, tools=list(tools), retries=TOOL_RETRIES
+            model, instructions=instructions, tools=list(tools), retries=tool_retries
         )
         self.transcript = transcript
         self.output = output or Output(None)
@@ -323,6 +331,7 @@ class AgentLoop:
         self._tokens_done = 0  # tokens of the runs before this one
         self._run_prompt: str | None = None  # the prompt the run in progress began with
         self._acks: list[tuple[str, Callable[[], None]]] = []  # run once a text is recorded
+        self._asked_at: float | None = None  # when the request now out was sent
 
     def on_recorded(self, text: str, ack: Callable[[], None]) -> None:
         """Call `ack` once `text` is in a request of the transcript (at once if it is)."""
@@ -398,7 +407,11 @@ class AgentLoop:
 
     async def run(self, prompt: str | None) -> Outcome:
         """One run from `prompt` (None: continue from the history's last request)."""
-        from pydantic_ai.exceptions import AgentRunError, UsageLimitExceeded
+        from pydantic_ai.exceptions import (
+            AgentRunError,
+            UnexpectedModelBehavior,
+            UsageLimitExceeded,
+        )
         from pydantic_ai.usage import UsageLimits
 
         started = time.monotonic()
@@ -416,6 +429,7 @@ class AgentLoop:
         error: str | None = None
         result = ""
         run = None
+        ticker = asyncio.create_task(self._tick_waits())
         try:
             async with asyncio.timeout(self.limits.timeout):
                 async with self.agent.iter(
@@ -432,11 +446,15 @@ class AgentLoop:
             error = f"wall time limit reached ({self.limits.timeout:g}s)"
         except UsageLimitExceeded as exc:
             error = f"limit reached: {_limit_name(str(exc), self.limits)}"
+        except UnexpectedModelBehavior as exc:
+            error = self._model_error(exc)
         except AgentRunError as exc:
             error = f"{type(exc).__name__}: {exc}"
         except ShoalError as exc:  # a replay that diverged, a script that cannot go on
             error = str(exc)
         finally:
+            ticker.cancel()
+            self._waited(None)
             self._run = None
             if run is not None:
                 self.history = list(run.all_messages())
@@ -465,11 +483,42 @@ class AgentLoop:
             duration_ms=int((time.monotonic() - started) * 1000),
         )
 
+    def _model_error(self, exc: Exception) -> str:
+        """The reason of a run the model ended: pydantic-ai's words, or shoal's for a tool
+        that got bad arguments more than `tool_retries` times in a row."""
+        text = str(exc)
+        found = re.match(r"Tool '([^']+)' exceeded max retries", text)
+        if found is None:
+            return f"{type(exc).__name__}: {text}"
+        return (
+            f"the model sent tool {found.group(1)} bad arguments {self.tool_retries + 1} times "
+            f"in a row (tool_retries = {self.tool_retries}: raise it in SHOAL_HOME/config.toml "
+            "to let it go on)"
+        )
+
+    def _waited(self, since: float | None) -> None:
+        """A request went out at `since` (None: none is out): the summary says how long the
+        model has been waited for."""
+        self._asked_at = since
+        self.progress.summary = (
+            None if since is None else f"waiting for the model for {time.monotonic() - since:.0f} s"
+        )
+
+    async def _tick_waits(self) -> None:
+        """While a request is out, renew its wait in the progress every WAIT_TICK_S."""
+        while True:
+            await asyncio.sleep(WAIT_TICK_S)
+            if self._asked_at is not None and self.on_progress is not None:
+                self._waited(self._asked_at)
+                self.on_progress(self.progress)
+
     def _after(self, node: Any, run: Any) -> None:
         """Record a node: transcript, readable output, progress."""
         from pydantic_ai import Agent
         from pydantic_ai.messages import RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
 
+        # (a request node is yielded just before it is sent; the next node comes with the answer)
+        self._waited(time.monotonic() if Agent.is_model_request_node(node) else None)
         self.history = list(run.all_messages())
         if Agent.is_model_request_node(node) and not any(m is node.request for m in self.history):
             # The next request, not yet sent, holds the results of the tools that just ran:

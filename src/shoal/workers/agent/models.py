@@ -4,7 +4,8 @@ Which spec an agent runs on is decided once, in `choose_model` (`--model`, then 
 definition's, then `$SHOAL_MODEL`, then `model` in `SHOAL_HOME/config.toml`, then the embedded
 scripted default), and checked before a task is created (`check_model`): a missing API key
 names its variable, a missing script or transcript names its path. `build_model` turns a
-checked spec into a pydantic-ai model; the providers' SDKs retry 429s and 5xxs with backoff.
+checked spec into a pydantic-ai model; the providers' SDKs retry 429s and 5xxs with backoff,
+and a network model is asked by streaming with an idle timeout (see streamed.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from shoal.core.config import config_value
+from shoal.core.config import MODEL_IDLE_S, config_value
 from shoal.core.errors import NotFoundError, ShoalError, UsageError
 
 if TYPE_CHECKING:
@@ -103,23 +104,20 @@ def resolve_file(name: str, cwd: Path | None) -> Path:
     return path if path.is_absolute() or cwd is None else cwd / path
 
 
-def build_model(spec: ModelSpec, env: Mapping[str, str], cwd: Path | None = None) -> Model:
-    """A pydantic-ai model for a checked spec (imports the provider's SDK only when used)."""
+def build_model(
+    spec: ModelSpec,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    *,
+    idle_s: float = MODEL_IDLE_S,
+) -> Model:
+    """A pydantic-ai model for a checked spec (imports the provider's SDK only when used); a
+    network model's attempt fails once its server has sent no bytes for `idle_s`."""
     check_model(spec, env, cwd)
-    if spec.provider == "anthropic":
-        from pydantic_ai.models.anthropic import AnthropicModel
-        from pydantic_ai.providers.anthropic import AnthropicProvider
+    if spec.provider in PROVIDER_ENV:
+        from shoal.workers.agent.streamed import Streamed
 
-        key, base = PROVIDER_ENV["anthropic"]
-        provider = AnthropicProvider(api_key=env[key], base_url=env.get(base) or None)
-        return AnthropicModel(spec.name, provider=provider)
-    if spec.provider == "openai":
-        from pydantic_ai.models.openai import OpenAIChatModel
-        from pydantic_ai.providers.openai import OpenAIProvider
-
-        key, base = PROVIDER_ENV["openai"]
-        oprovider = OpenAIProvider(base_url=env.get(base) or None, api_key=env[key])
-        return OpenAIChatModel(spec.name, provider=oprovider)
+        return Streamed(_network_model(spec, env), spec=str(spec), idle_s=idle_s)
     if spec.provider == "scripted":
         from shoal.workers.agent.scripted import Script, scripted_model
 
@@ -128,3 +126,19 @@ def build_model(spec: ModelSpec, env: Mapping[str, str], cwd: Path | None = None
     from shoal.workers.agent.replay import replay_model
 
     return replay_model(resolve_file(spec.name, cwd))
+
+
+def _network_model(spec: ModelSpec, env: Mapping[str, str]) -> Model:
+    """The provider's own pydantic-ai model for an `anthropic:` or `openai:` spec."""
+    key, base = PROVIDER_ENV[spec.provider]
+    if spec.provider == "anthropic":
+        from pydantic_ai.models.anthropic import AnthropicModel
+        from pydantic_ai.providers.anthropic import AnthropicProvider
+
+        provider = AnthropicProvider(api_key=env[key], base_url=env.get(base) or None)
+        return AnthropicModel(spec.name, provider=provider)
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    oprovider = OpenAIProvider(base_url=env.get(base) or None, api_key=env[key])
+    return OpenAIChatModel(spec.name, provider=oprovider)

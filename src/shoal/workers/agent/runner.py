@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.consent import brief
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.notify import END_NOTIFICATION
@@ -512,7 +513,9 @@ async def run_job(
     tmp_env: dict[str, str] = {}  # (TMPDIR: the private tmp of its commands, removed at the end)
     try:
         cwd = Path(job.cwd)
-        model = build_model(ModelSpec.parse(job.model), env, cwd)
+        home = Path(job.home)
+        idle_s = model_idle_s(home, job.limits.model_idle_s)
+        model = build_model(ModelSpec.parse(job.model), env, cwd, idle_s=idle_s)
         if job.scratchpad:
             Path(job.scratchpad).mkdir(mode=0o700, parents=True, exist_ok=True)
         notes: list[str] = list(job.notes)
@@ -593,8 +596,9 @@ async def run_job(
                 transcript=transcript,
                 output=Output(Path(job.output_file), echo=job.echo),
                 history=history,
-                limits=Limits(**job.limits.model_dump()),
+                limits=Limits(**job.limits.model_dump(exclude={"model_idle_s"})),
                 on_progress=status.progress,
+                tool_retries=tool_retries(home),
                 journal=Path(job.scratchpad) / COORDINATOR_JOURNAL
                 if job.coordinator and job.scratchpad
                 else None,

@@ -5,7 +5,8 @@ Names and argument names are the model-facing contract (the seed's: `file_path`,
 its JSON schema is what the model is shown. A failure the model can act on (a missing file, an
 `old_string` that is not unique, a write to a file it has not read) is returned to it as a
 `<tool_use_error>`, as Claude Code does; arguments that fail the schema are a retry prompt
-(pydantic-ai's ModelRetry). Neither ever ends the agent.
+(pydantic-ai's ModelRetry). Neither ends the agent: only a model stuck sending one tool bad
+arguments more than `tool_retries` times in a row (config.toml, default 25) does.
 
 Paths are relative to the agent's working directory and go through one path gate
 (core/pathgate.py). In the confined modes (plan, default, acceptEdits, bubble) a path must lie

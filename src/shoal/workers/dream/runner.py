@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.errors import ShoalError
 from shoal.core.jsonio import atomic_write
 from shoal.core.tasks import DREAM_TURNS_CAP, DreamPhase
@@ -130,7 +131,9 @@ async def run_dream(job: DreamJob, env: Mapping[str, str], status: DreamStatus) 
     loop: AgentLoop | None = None
     output = Output(Path(job.output_file))
     try:
-        model = build_model(ModelSpec.parse(job.model), env, Path(job.cwd))
+        home = Path(job.home)
+        idle_s = model_idle_s(home, job.limits.model_idle_s)
+        model = build_model(ModelSpec.parse(job.model), env, Path(job.cwd), idle_s=idle_s)
         tools = make_tools(status.workspace, DREAM_TOOLS)
         loop = AgentLoop(
             model,
@@ -138,8 +141,9 @@ async def run_dream(job: DreamJob, env: Mapping[str, str], status: DreamStatus) 
             tools=tools,
             transcript=Transcript(Path(job.transcript)),
             output=output,
-            limits=Limits(**job.limits.model_dump()),
+            limits=Limits(**job.limits.model_dump(exclude={"model_idle_s"})),
             on_progress=status.progress,
+            tool_retries=tool_retries(home),
         )
         status.loop = loop
         # (a write is told at once: the record says `updating` from the first one)
