@@ -121,7 +121,7 @@ def test_while_a_request_is_out_progress_says_how_long_it_has_waited(
         found = WAIT.search(line)
         if found:
             seen.append(int(found.group(1)))
-        return bool(found) and int(found.group(1)) >= at_least
+        return found is not None and int(found.group(1)) >= at_least
 
     wait_until(lambda: waited(1), timeout=30, what=lambda: f"a wait in ps (saw {seen})")
     first = seen[-1]
