@@ -44,7 +44,9 @@ tools = TeamTools(Path(sys.argv[3]), "t", "a00000001", Port())
 before, started = rchar(), time.monotonic()
 shown = tools.taskoutput(TaskOutputArgs(task_id="b00000001", offset=offset))
 seconds, read = time.monotonic() - started, rchar() - before
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM is this address space's own peak; ru_maxrss would carry the parent's across exec
+status = Path("/proc/self/status").read_text()
+peak = int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1])
 print(json.dumps({"shown": shown, "seconds": seconds, "read": read, "peak_kib": peak}))
 """
 
