@@ -411,3 +411,81 @@ def test_trust_usage(run: Run, tmp_path: Path) -> None:
     assert missing.returncode == 1 and "is not trusted" in missing.stderr
     empty = run("trust", "--json", str(tmp_path))
     assert json.loads(empty.stdout)["recorded"] is False
+
+
+# -- what the servers run ---------------------------------------------------------------------
+
+
+def test_a_changed_server_script_asks_again_naming_it(
+    leader: Run, tmp_path: Path, home: Path
+) -> None:
+    """The clone's `.shoal/mcp.json` runs `tools/spy.py` from the tree. Trusted as shipped,
+    then only the script changes: its server does not start (in a mode whose sandbox would let it
+    write its marker), and the agent says that
+    tools/spy.py changed since the directory was trusted; trusted again, it starts."""
+    repo, marker = hostile(tmp_path)
+    trusted = leader("trust", str(repo))
+    assert trusted.returncode == 0, trusted.stderr
+    assert "tools/spy.py (run by .shoal/mcp.json)" in trusted.stdout, trusted.stdout
+    spy = repo / "tools" / "spy.py"
+    spy.write_text(spy.read_text().replace('"pong"', '"pwned"'))
+    model = script(tmp_path, SUMMARY, "s.toml")
+    task = agent(leader, repo, model, "--permission-mode", "bypassPermissions")
+    assert task["status"] == "completed", task
+    assert not marker.exists(), "a server script changed after trust was run"
+    assert task["mcp_servers"] is None
+    for said in (task["stderr"], task["output"]):
+        assert "left out .shoal/mcp.json" in said and "their servers run tools/spy.py" in said
+        assert "changed since it was trusted: tools/spy.py" in said, said
+    listed = json.loads(leader("trust", "--list", "--json").stdout)
+    assert listed[0]["status"].startswith("changed"), listed
+    assert leader("trust", str(repo)).returncode == 0
+    task = agent(leader, repo, model, "--permission-mode", "bypassPermissions")
+    assert task["status"] == "completed" and task["mcp_servers"], task
+    wait_until(marker.exists, what="the re-trusted server to start")
+
+
+def test_the_digest_covers_in_tree_server_files_only_without_following_links(
+    tmp_path: Path, home: Path
+) -> None:
+    """Which strings of a server's command and arguments name a covered file: a path in the
+    tree (relative, `./`, absolute inside it, `--opt=PATH`, the module of `-m`), never one
+    out of it (`..`, an absolute path elsewhere), a symlink only as a link (its target,
+    outside, never read), a FIFO without blocking."""
+    from shoal.core import trust
+
+    outside = tmp_path / "outside.py"
+    outside.write_text("print('outside')\n")
+    repo = tmp_path / "repo"
+    (repo / "tools").mkdir(parents=True)
+    (repo / "pkg" / "srv").mkdir(parents=True)
+    (repo / "conf").mkdir()
+    for rel in ("tools/a.py", "tools/b.py", "tools/c.py", "pkg/srv/__main__.py", "conf/x.toml"):
+        (repo / rel).write_text(f"# {rel}\n")
+    (repo / "tools" / "link.py").symlink_to(outside)
+    os.mkfifo(repo / "tools" / "fifo")
+    servers = {
+        "a": {"command": "python", "args": ["tools/a.py", "UTC", "--flag"]},
+        "b": {"command": "./tools/b.py", "args": ["--config=conf/x.toml"]},
+        "c": {"command": sys.executable, "args": [str(repo / "tools" / "c.py")]},
+        "m": {"command": "python", "args": ["-m", "pkg.srv"]},
+        "out": {
+            "command": "python",
+            "args": ["../outside.py", str(outside), "tools/../../outside.py"],
+        },
+        "link": {"command": "python", "args": ["tools/link.py", "tools/fifo"]},
+    }
+    (repo / ".shoal").mkdir()
+    (repo / ".shoal" / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    project = trust.scan(repo, home)
+    run = {f.path: f for f in project.files if f.used_by == ".shoal/mcp.json"}
+    covered = ["conf/x.toml", "pkg/srv/__main__.py", "tools/a.py", "tools/b.py", "tools/c.py"]
+    assert sorted(p for p, f in run.items() if f.data is not None) == covered
+    assert run["tools/link.py"].data is None and str(outside) in (run["tools/link.py"].link or "")
+    assert run["tools/fifo"].refused == "not a regular file"
+    assert set(run) == {*covered, "tools/link.py", "tools/fifo"}  # (nothing outside)
+    digest = project.digest
+    outside.write_text("print('changed outside: not ours to cover')\n")
+    assert trust.scan(repo, home).digest == digest
+    (repo / "pkg" / "srv" / "__main__.py").write_text("# changed\n")
+    assert trust.scan(repo, home).digest != digest

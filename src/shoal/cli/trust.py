@@ -46,6 +46,10 @@ def settle(home: Path, directory: Path, sources: Iterable[str], trust_run: bool)
     click.echo(f"{view.root} has files that run code or widen what agents may do:", err=True)
     for path in files:
         click.echo(f"  {path}", err=True)
+    for script in view.project.run_by(sources):
+        click.echo(f"  {script.path} (its MCP servers run it)", err=True)
+    if view.changed:
+        click.echo(f"changed since it was trusted: {', '.join(view.changed)}", err=True)
     if click.confirm("Trust this folder?", default=False, err=True):
         trust.record(home, view.project)
         click.echo(f"shoal: trusted {view.root} (undo: shoal trust --revoke DIR)", err=True)
@@ -74,9 +78,11 @@ def trust(directory: str | None, listing: bool, revoke: str | None, as_json: boo
     """Trust DIR (default: here): its agents may use its MCP servers (.shoal/mcp.json, and
     .mcp.json for `shoal monitor`) and agent definitions (.shoal/agents/, .claude/agents/).
 
-    Records DIR's real path and a digest of those files in SHOAL_HOME/trust.json and prints
-    the files it covered. A file changed, added or removed afterwards makes DIR untrusted
-    again (run this again). Symlinks among them are never followed, trusted or not.
+    Records DIR's real path and a digest of those files (and of the files inside DIR that
+    those MCP servers run, named by a server's command or arguments) in
+    SHOAL_HOME/trust.json and prints the files it covered. A file changed, added or removed
+    afterwards makes DIR untrusted again (run this again). Symlinks among them are never
+    followed, trusted or not.
 
     An agent in an untrusted DIR runs without them and says so once, with this command.
     On a terminal, `shoal agent`, `shoal chat` and `shoal monitor` ask first; elsewhere
@@ -100,7 +106,11 @@ def trust(directory: str | None, listing: bool, revoke: str | None, as_json: boo
             click.echo(f"revoked {removed}: its project files are left out again")
         return
     project = store.scan(Path(directory or os.getcwd()), home)
-    refused = [{"path": f.path, "why": f.refused} for f in project.files if f.data is None]
+    refused = [
+        {"path": f.path, "why": f.refused}
+        for f in project.files
+        if f.data is None and f.used_by is None
+    ]
     used = [f.path for f in project.files if f.data is not None]
     if not project.files:
         if as_json:
@@ -118,8 +128,11 @@ def trust(directory: str | None, listing: bool, revoke: str | None, as_json: boo
         )
         return
     click.echo(f"trusted {project.root} ({len(used)} file(s), {entry.digest[:19]}…):")
-    for path in used:
-        click.echo(f"  {path}")
+    for f in project.files:
+        if f.data is not None:
+            click.echo(f"  {f.path}" + (f" (run by {f.used_by})" if f.used_by else ""))
+        elif f.used_by is not None:
+            click.echo(f"  partly covered: {f.path} (run by {f.used_by}): {f.refused}")
     for item in refused:
         click.echo(f"  never used: {item['path']}: {item['why']}")
 

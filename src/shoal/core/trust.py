@@ -9,14 +9,24 @@ them (a file edited, added or removed) makes the directory untrusted again until
 trusted anew. Nothing is followed: a symlink among them (or a symlinked `.shoal/`,
 `.claude/` or definitions directory) is hashed as a link and never used, trusted or not.
 
+The digest also covers the files inside the tree that those MCP servers run: a server's
+`command` or an argument that names a regular file of the project (`tools/server.py`, or the
+module of `-m tools.server`), opened beneath the project without following a symlink, at most
+SCRIPT_COUNT_CAP of them, the first FILE_CAP bytes of each hashed (a larger one by its size and
+times). So a trusted project whose server script changes is asked about again, naming it.
+
 The files are read once, here (`scan`), and what is used is what was hashed: the loaders
-parse the bytes of the scan, so a file swapped after the check is not the one loaded.
+parse the bytes of the scan, so a file swapped after the check is not the one loaded. (A
+server's script is run by its interpreter from the disk, later: it is covered as it was when
+the agent started.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import json
 import os
 import shlex
 import stat
@@ -30,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.core.errors import NotFoundError
 from shoal.core.jsonio import atomic_write, dumps, lock_for, read_model
+from shoal.core.pathgate import open_beneath
 from shoal.core.paths import ensure_dir
 
 TRUST_FILE: Final = "trust.json"
@@ -41,6 +52,8 @@ AGENT_SOURCES: Final = (".shoal/mcp.json", *DEFINITION_SOURCES)
 MONITOR_SOURCES: Final = (".mcp.json", ".shoal/mcp.json")
 FILE_CAP: Final = 1 << 20
 """A project file larger than this (1 MiB) is never used (no definition or config is)."""
+SCRIPT_COUNT_CAP: Final = 64
+"""At most this many files named by MCP servers are covered (the rest are named as not)."""
 _SYMLINK = "a symlink (never followed: copy the file in, or put it in SHOAL_HOME)"
 
 
@@ -52,6 +65,7 @@ class ProjectFile:
     data: bytes | None  # None: never used (see `refused`)
     refused: str | None = None  # why it is never used, trusted or not
     link: str | None = None  # a symlink's target (hashed instead of content)
+    used_by: str | None = None  # a file an MCP server runs: the config naming it (never loaded)
 
 
 @dataclass(frozen=True)
@@ -66,7 +80,15 @@ class Project:
     def select(self, sources: Iterable[str]) -> tuple[ProjectFile, ...]:
         """The files among `sources` (a file's path, or a directory's ending in `/`)."""
         wanted = tuple(sources)
-        return tuple(f for f in self.files if any(_covers(s, f.path) for s in wanted))
+        return tuple(
+            f for f in self.files if f.used_by is None and any(_covers(s, f.path) for s in wanted)
+        )
+
+    def run_by(self, sources: Iterable[str]) -> tuple[ProjectFile, ...]:
+        """The files the MCP servers of the configs among `sources` run (covered by the
+        digest, never loaded by shoal)."""
+        configs = {f.path for f in self.select(sources)}
+        return tuple(f for f in self.files if f.used_by in configs)
 
 
 def _covers(source: str, path: str) -> bool:
@@ -79,6 +101,8 @@ class ProjectView:
 
     project: Project
     trusted: bool
+    changed: tuple[str, ...] = ()
+    """The files changed, added or removed since the directory was trusted (when known)."""
 
     @property
     def directory(self) -> Path:
@@ -119,6 +143,8 @@ class TrustEntry(BaseModel):
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     files: list[str] = Field(default_factory=list)
     trusted_at: str
+    hashes: dict[str, str] = Field(default_factory=dict)
+    """Each file's own digest, by path: what names the files that changed since."""
 
 
 class TrustStore(BaseModel):
@@ -163,6 +189,7 @@ def scan(directory: Path, home: Path | None = None) -> Project:
             finally:
                 os.close(fd)
         _file(root_fd, ".mcp.json", ".mcp.json", files)
+        _scripts(root_fd, root, Path(os.path.abspath(directory)), files)
     finally:
         os.close(root_fd)
     return _project(directory, root, files)
@@ -172,15 +199,145 @@ def _project(directory: Path, root: Path, files: list[ProjectFile]) -> Project:
     files.sort(key=lambda f: f.path)
     digest = hashlib.sha256()
     for f in files:
-        if f.data is not None:
-            kind, payload = b"file", f.data
-        elif f.link is not None:
-            kind, payload = b"link", os.fsencode(f.link)
-        else:
-            kind, payload = b"other", (f.refused or "").encode()
-        digest.update(b"%s\0%s\0%d\0" % (f.path.encode(), kind, len(payload)))
-        digest.update(payload)
+        digest.update(_record(f))
     return Project(directory, root, tuple(files), f"sha256:{digest.hexdigest()}")
+
+
+def _record(f: ProjectFile) -> bytes:
+    """What the digest takes of one file: its path, how it is held, and that content."""
+    if f.data is not None:
+        kind, payload = b"file", f.data
+    elif f.link is not None:
+        kind, payload = b"link", os.fsencode(f.link)
+    else:
+        kind, payload = b"other", (f.refused or "").encode()
+    if f.used_by is not None:
+        kind = b"run-" + kind  # (a server's file, not a config of the same name)
+    return b"%s\0%s\0%d\0%s" % (f.path.encode(), kind, len(payload), payload)
+
+
+def file_hashes(project: Project) -> dict[str, str]:
+    """Each file's own digest by path (TrustEntry.hashes)."""
+    return {f.path: hashlib.sha256(_record(f)).hexdigest() for f in project.files}
+
+
+def changed_files(entry: TrustEntry, project: Project) -> tuple[str, ...]:
+    """The files of `project` that changed, or were added or removed, since `entry` was
+    recorded (none known for an entry recorded before shoal kept each file's digest)."""
+    if not entry.hashes:
+        return ()
+    now = file_hashes(project)
+    paths = sorted(set(now) | set(entry.hashes))
+    return tuple(p for p in paths if now.get(p) != entry.hashes.get(p))
+
+
+# -- the files MCP servers run -----------------------------------------------------------
+
+
+def _scripts(root_fd: int, root: Path, given: Path, files: list[ProjectFile]) -> None:
+    """Add the in-tree files that the servers of the scanned MCP configs run (see the
+    module docstring): each named once, by its path beneath the project."""
+    seen = {f.path for f in files}
+    for config in [f for f in files if f.path in MCP_FILES and f.data is not None]:
+        assert config.data is not None
+        for candidate in _named_paths(config.data):
+            rel = _beneath(candidate, (root, given))
+            if rel is None or rel in seen:
+                continue
+            if sum(f.used_by is not None for f in files) >= SCRIPT_COUNT_CAP:
+                files.append(
+                    ProjectFile(rel, None, f"past the first {SCRIPT_COUNT_CAP}", None, config.path)
+                )
+                return
+            found = _script(root_fd, rel, config.path)
+            if found is not None:
+                seen.add(rel)
+                files.append(found)
+
+
+def _named_paths(data: bytes) -> Iterator[str]:
+    """Every string of an MCP config's servers that could name a file: the command, each
+    argument (and the value of `--opt=VALUE`), and the module file of `-m MODULE`. The
+    loaders report a malformed config; here it simply names nothing."""
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return
+    servers = raw.get("mcpServers") if isinstance(raw, dict) else None
+    for spec in servers.values() if isinstance(servers, dict) else ():
+        if not isinstance(spec, dict):
+            continue
+        args = spec.get("args")
+        words = [spec.get("command"), *(args if isinstance(args, list) else ())]
+        strings = [w for w in words if isinstance(w, str) and w and "\0" not in w]
+        for number, word in enumerate(strings):
+            if word.startswith("-"):
+                if "=" in word:
+                    yield word.split("=", 1)[1]
+                if word == "-m" and number + 1 < len(strings):
+                    module = strings[number + 1].replace(".", "/")
+                    yield f"{module}.py"
+                    yield f"{module}/__main__.py"
+                continue
+            yield word
+
+
+def _beneath(candidate: str, roots: tuple[Path, ...]) -> str | None:
+    """`candidate` as a path beneath the project (relative to it, `..` folded; an absolute
+    path inside the tree counts too), or None when it leads out of it."""
+    if os.path.isabs(candidate):
+        for root in roots:
+            try:
+                candidate = Path(os.path.normpath(candidate)).relative_to(root).as_posix()
+                break
+            except ValueError:
+                continue
+        else:
+            return None
+    rel = os.path.normpath(candidate)
+    if rel in (".", "") or rel == ".." or rel.startswith(("../", "/")):
+        return None
+    return Path(rel).as_posix()
+
+
+def _script(root_fd: int, rel: str, config: str) -> ProjectFile | None:
+    """File `rel` (beneath the project) as a server's: its bytes (the first FILE_CAP of
+    them; a larger file by its size and times), a symlink by its target (never followed),
+    something else by what it is; None when nothing regular is there (a plain argument)."""
+    try:
+        fd = open_beneath(root_fd, rel.split("/"), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return None  # (no such file: an argument like `UTC`)
+        link = _link_on_the_way(root_fd, rel)
+        why = "a symlink (not followed: its target is not covered)"
+        return ProjectFile(rel, None, why, link, config)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return ProjectFile(rel, None, "not a regular file", None, config)
+        if st.st_size > FILE_CAP:
+            times = f"size {st.st_size}, mtime {st.st_mtime_ns}, ctime {st.st_ctime_ns}"
+            why = f"larger than {FILE_CAP} bytes: only its {times} are covered"
+            return ProjectFile(rel, None, why, None, config)
+        return ProjectFile(rel, os.read(fd, FILE_CAP + 1)[:FILE_CAP] or b"", None, None, config)
+    except OSError as exc:
+        return ProjectFile(rel, None, f"unreadable ({exc.strerror})", None, config)
+    finally:
+        os.close(fd)
+
+
+def _link_on_the_way(root_fd: int, rel: str) -> str:
+    """Where the first symlink on the way to `rel` leads (`?` if it cannot be read)."""
+    parts = rel.split("/")
+    for depth in range(1, len(parts) + 1):
+        head = "/".join(parts[:depth])
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.lstat(head, dir_fd=root_fd).st_mode):
+                return f"{head} -> {os.readlink(head, dir_fd=root_fd)}"
+    return "?"
 
 
 def _same(fd: int, path: Path) -> bool:
@@ -288,6 +445,7 @@ def record(home: Path, project: Project) -> TrustEntry:
         digest=project.digest,
         files=[f.path for f in project.files],
         trusted_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        hashes=file_hashes(project),
     )
     _update(home, lambda projects: {**projects, str(project.root): entry})
     return entry
@@ -325,9 +483,13 @@ def is_trusted(home: Path, project: Project, granted: str | None = None) -> bool
 
 
 def view(home: Path, directory: Path, granted: str | None = None) -> ProjectView:
-    """Scan `directory` and decide whether this run may use its files."""
+    """Scan `directory` and decide whether this run may use its files (and, for a directory
+    trusted before, which of them changed since)."""
     project = scan(directory, home)
-    return ProjectView(project, is_trusted(home, project, granted))
+    if is_trusted(home, project, granted):
+        return ProjectView(project, True)
+    entry = load_store(home).projects.get(str(project.root))
+    return ProjectView(project, False, changed_files(entry, project) if entry else ())
 
 
 def grant(home: Path, directory: Path) -> ProjectView:
@@ -342,9 +504,15 @@ def left_out_note(view: ProjectView, sources: Iterable[str]) -> str | None:
     refused = [f"{f.path}: {f.refused}" for f in selected if f.data is None]
     parts = []
     if untrusted:
+        why = ["these files run code or widen what agents may do"]
+        run = [f.path for f in view.project.run_by(sources)]
+        if run:
+            why.append(f"their servers run {', '.join(run)}")
+        if view.changed:
+            why.append(f"changed since it was trusted: {', '.join(view.changed)}")
         parts.append(
-            f"left out {', '.join(untrusted)}: {view.root} is not trusted (these files run "
-            f"code or widen what agents may do); to use them: {trust_command(view.root)}"
+            f"left out {', '.join(untrusted)}: {view.root} is not trusted ({'; '.join(why)}); "
+            f"to use them: {trust_command(view.root)}"
         )
     if refused:
         parts.append(f"left out {'; '.join(refused)}")
