@@ -437,7 +437,9 @@ def _background_starter(
 ) -> Callable[[str, str | None, Policy | None], Any]:
     """Bash(run_in_background): a `local_bash` task of the team's leader, owned by this agent."""
 
-    async def start(command: str, description: str | None, sandbox: Policy | None) -> str:
+    async def start(
+        command: str, description: str | None, sandbox: Policy | None
+    ) -> tuple[str, str]:
         args: dict[str, Any] = {
             "command": ["sh", "-c", command],
             "description": description or command[:80],
@@ -449,7 +451,7 @@ def _background_starter(
             if "TMPDIR" in env:
                 args["env"] = {"TMPDIR": env["TMPDIR"]}
         record = await asyncio.to_thread(leader.call, "sh", args)
-        return str(record["id"])
+        return str(record["id"]), str(record["output_file"])
 
     return start
 
@@ -564,16 +566,18 @@ async def run_job(
             if job.coordinator:
                 tools = coordinator_tools(job, leader)
             else:
+                names = filter_tools(
+                    ALL_TOOL_NAMES,
+                    custom=job.custom,
+                    plan_mode=job.permission_mode == "plan",
+                    only=job.tools,
+                    without=("Agent",) if job.subagent else (),
+                )
+                workspace.tool_names = frozenset(names)
                 tools = [
                     *make_tools(
                         workspace,
-                        filter_tools(
-                            ALL_TOOL_NAMES,
-                            custom=job.custom,
-                            plan_mode=job.permission_mode == "plan",
-                            only=job.tools,
-                            without=("Agent",) if job.subagent else (),
-                        ),
+                        names,
                         TeamTools(
                             Path(job.home),
                             job.team,

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -127,9 +128,9 @@ def parse_args(model: type[_Args], args: dict[str, Any]) -> _Args:
         raise ValueError(f"bad arguments: {problems}") from None
 
 
-# A background starter: (command, description, sandbox) -> the id of the local_bash task it
-# started (confined to the sandbox policy when one is given).
-BackgroundStarter = Callable[[str, str | None, "Policy | None"], Awaitable[str]]
+# A background starter: (command, description, sandbox) -> (the id, the output file) of the
+# local_bash task it started (confined to the sandbox policy when one is given).
+BackgroundStarter = Callable[[str, str | None, "Policy | None"], Awaitable[tuple[str, str]]]
 
 
 @dataclass
@@ -156,6 +157,8 @@ class Workspace:
     # The kernel sandbox of its commands (None: they run unconfined; see core/sandbox.py).
     sandbox: Policy | None = None
     home: Path | None = None  # SHOAL_HOME (default: resolve_home()), never written by the tools
+    # The names of the tools the agent has: what it is told to use names only these.
+    tool_names: frozenset[str] = frozenset()
     _gates: dict[str, PathGate] = field(default_factory=dict, repr=False, compare=False)
 
     # -- paths -----------------------------------------------------------------------------
@@ -328,13 +331,12 @@ class Workspace:
                 began = time.time()
                 watched = (await asyncio.to_thread(leasecheck.snapshot, self.cwd,
                                                    self.lease_skip), began)  # fmt: skip
-            task_id = await self.start_background(args.command, args.description, self.sandbox)
+            task_id, output_file = await self.start_background(
+                args.command, args.description, self.sandbox
+            )
             if watched is not None:
                 self.background_watch[task_id] = (args.command, *watched)
-            return (
-                f"started background task {task_id}; its <task-notification> arrives when it "
-                f"ends (TaskOutput {task_id} reads its output so far)"
-            )
+            return self.background_reply(task_id, output_file)
         timeout_ms = args.timeout or BASH_DEFAULT_TIMEOUT_MS
         if self.write_set is None:
             return await run_foreground(
@@ -349,6 +351,30 @@ class Workspace:
             args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command, self.sandbox
         )
         return out + self._lease_check(args.command, before, began)
+
+    def background_reply(self, task_id: str, output_file: str) -> str:
+        """What the model is told of a command it started in the background: that its end
+        arrives as a notification, and how to read its output meanwhile with a tool it has
+        (no background agent has TaskOutput; Read reaches the file only where the gate lets
+        it; a Bash command always may: the sandbox never restricts reads)."""
+        if "TaskOutput" in self.tool_names:
+            how = f"TaskOutput {task_id} reads it"
+        elif "Read" in self.tool_names and self._readable(output_file):
+            how = "the Read tool reads it"
+        else:
+            how = f"Bash `tail {shlex.quote(output_file)}` reads it"
+        return (
+            f"started background task {task_id}; its <task-notification> arrives when it ends. "
+            f"Its output so far is in {output_file} ({how})."
+        )
+
+    def _readable(self, path: str) -> bool:
+        """True when Read, in the current mode, may open `path`."""
+        try:
+            self.gate.locate(path)
+        except GateError:
+            return False
+        return True
 
     async def lease_guard(self, name: str, call: Callable[[], Awaitable[str]]) -> str:
         """An MCP tool call of a worker, checked as a Bash command is: what the server changed
