@@ -71,7 +71,11 @@ def test_claude_turns_are_parsed_and_resumed(leader: Cli, tmp_path: Path) -> Non
     first, second = _notifications(leader)[:2]
     assert "<result>DONE: hello</result>" in second
     assert "<result>DONE: hello</result>" in first
-    assert "<total_tokens>351</total_tokens>" in first and "<tool_uses>2</tool_uses>" in first
+    # Counted as the seed counts: the latest request's input (120: its assistant event; the
+    # result's 330 sums the three requests), plus the outputs (21: the result's; the assistant
+    # events show only the first token of each), the earlier turn's too on the resumed one.
+    assert "<total_tokens>141</total_tokens>" in first and "<tool_uses>2</tool_uses>" in first
+    assert "<total_tokens>162</total_tokens>" in second
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
     assert argvs[0][:4] == ["-p", "--output-format", "stream-json", "--verbose"]
     assert "--resume" not in argvs[0] and argvs[0][-2] == "--"  # (then the prompt, whole)
@@ -80,7 +84,8 @@ def test_claude_turns_are_parsed_and_resumed(leader: Cli, tmp_path: Path) -> Non
     task_id = json.loads(spawned.stdout)["task_id"]
     (output_file,) = leader.home.glob(f"sessions/*/tasks/{task_id}.output")
     output = output_file.read_text()
-    assert "● Bash(" in output and "[claude: 3 turn(s), 351 tokens, $0.0013]" in output
+    line = "[claude: 3 turn(s), 141 tokens (120 in the latest request, 21 out), $0.0013]"
+    assert "● Bash(" in output and line in output
     assert '"type":"assistant"' not in output  # the raw stream is kept beside it
     raw = output_file.with_name(output_file.name + ".claude.jsonl")
     assert raw.read_text().count('"type":"result"') == 2

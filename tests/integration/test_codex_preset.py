@@ -88,9 +88,10 @@ def test_codex_turns_are_parsed_and_resumed(leader: Cli, tmp_path: Path) -> None
     first, second = _notifications(leader)[:2]
     assert "<result>The command `echo hello` printed: hello</result>" in first
     assert "<total_tokens>2560</total_tokens>" in first and "<tool_uses>1</tool_uses>" in first
-    # Codex counts the whole thread: the second run's part is 3978 - 2560.
+    # Codex reports the thread's running totals, never one request's: the latest input counted
+    # is the second run's (3900 - 2500), the output the thread's (78).
     assert "remember that we ran `echo hello`" in second
-    assert "<total_tokens>1418</total_tokens>" in second and "<tool_uses>0</tool_uses>" in second
+    assert "<total_tokens>1478</total_tokens>" in second and "<tool_uses>0</tool_uses>" in second
     argvs = [json.loads(line) for line in calls.read_text().splitlines()]
     assert argvs[0][:3] == ["exec", "--json", "--skip-git-repo-check"]
     assert "resume" not in argvs[0] and argvs[0][-1].endswith("Task #1: first")

@@ -20,8 +20,9 @@ def anthropic_events(message: dict[str, Any]) -> bytes:
     """An Anthropic Messages response as its stream: message_start, a start, delta and stop
     per content block, message_delta (stop reason, output tokens), message_stop."""
     usage = message.get("usage") or {}
+    # (message_start carries the input counts, cache reads and writes included, as the API's)
     start = {**message, "content": [], "stop_reason": None,
-             "usage": {"input_tokens": usage.get("input_tokens", 0),
+             "usage": {**usage, "input_tokens": usage.get("input_tokens", 0),
                        "output_tokens": 0}}  # fmt: skip
     events: list[tuple[str | None, dict[str, Any]]] = [
         ("message_start", {"type": "message_start", "message": start})

@@ -115,10 +115,14 @@ class ToolActivity(_Frozen):
 
 
 class AgentProgress(_Frozen):
-    """Live progress of an agent; `recent_activities` keeps the last 5."""
+    """Live progress of an agent; `recent_activities` keeps the last 5. `token_count` is
+    counted as the seed counts it: the latest request's input (cache reads and writes
+    included: each request carries the whole conversation) plus every request's output."""
 
     tool_use_count: int = 0
     token_count: int = 0
+    latest_input_tokens: int = 0
+    cumulative_output_tokens: int = 0
     last_activity: ToolActivity | None = None
     recent_activities: tuple[ToolActivity, ...] = ()
     summary: str | None = None

@@ -128,22 +128,36 @@ def left(
     """What the run budget has left: the budget less what the coordinator and its workers
     spent and, with `held`, what running workers asked to be held for them beyond that."""
     budget = coordinator.budget or {}
+    workers = list(workers)
     out: dict[str, float] = {}
     for key in BUDGET_KEYS:
         if key not in budget:
             continue
-        used = 0.0
-        for worker in workers:
-            used_by = spent(worker)[key]
-            share = (worker.budget or {}).get(key)
-            kept = worker.budget_held is None or key in worker.budget_held
-            if held and kept and share is not None and not worker.is_terminal:
-                used_by = max(used_by, float(share))
-            used += used_by
+        used = _used(workers, key, held)
         if key != "seconds":
             used += spent(coordinator)[key]
         out[key] = float(budget[key]) - used
     return out
+
+
+def _used(workers: Iterable[LocalAgentTaskState], key: str, held: bool) -> float:
+    """What the workers spent of `key` (with `held`, at least what running ones hold). Tokens
+    are an agent's, as the seed counts them: a worker continued by a message is a new task
+    whose count goes on from its earlier tasks', so each agent counts once, by its largest;
+    tool uses and seconds are each task's own."""
+    total = 0.0
+    by_agent: dict[str, float] = {}
+    for worker in workers:
+        used_by = spent(worker)[key]
+        share = (worker.budget or {}).get(key)
+        kept = worker.budget_held is None or key in worker.budget_held
+        if held and kept and share is not None and not worker.is_terminal:
+            used_by = max(used_by, float(share))
+        if key == "tokens":
+            by_agent[worker.agent_id] = max(by_agent.get(worker.agent_id, 0.0), used_by)
+        else:
+            total += used_by
+    return total + sum(by_agent.values())
 
 
 def overspent(

@@ -98,7 +98,9 @@ class TurnResult:
     result: str
     steps: int = 0
     exit_code: int | None = None
-    tokens: int = 0  # what the turn's model calls cost, when the brain knows
+    # The brain's conversation's tokens after the turn, as the seed counts them (the latest
+    # request's input plus every output, earlier turns' too), when the brain knows them.
+    tokens: int = 0
 
 
 class Brain(Protocol):

@@ -35,7 +35,9 @@ PUMP_INTERVAL_S: Final = 0.2
 
 
 class EventStream(Protocol):
-    """What one run of a CLI agent said, fed event by event."""
+    """What one run of a CLI agent said, fed event by event. Its tokens are the
+    conversation's, counted as the seed counts them: the latest request's input plus every
+    output (earlier runs' too: a run resumes the conversation)."""
 
     session_id: str | None
     tool_uses: int
@@ -45,22 +47,44 @@ class EventStream(Protocol):
     def feed(self, event: dict[str, Any]) -> list[str]: ...
 
     @property
+    def latest_input_tokens(self) -> int: ...
+
+    @property
+    def cumulative_output_tokens(self) -> int: ...
+
+    @property
     def total_tokens(self) -> int: ...
+
+
+# Claude's input keys of one request: the input the API reports leaves out the cache.
+CLAUDE_INPUT_KEYS: Final = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
 
 
 @dataclass
 class ClaudeStream:
-    """What a Claude Code `stream-json` run said, event by event."""
+    """What a Claude Code `stream-json` run said, event by event.
 
+    Each `assistant` event carries its request's usage: the input (whole) but the output only
+    as the stream began (its final count never reaches these events); the `result` event's
+    usage sums the run's requests, so its output is this run's output and its input is not
+    one request's. `prior_output` is the conversation's output before this run."""
+
+    prior_output: int = 0
     session_id: str | None = None
     tool_uses: int = 0
-    output_tokens: int = 0
+    latest_input_tokens: int = 0
+    run_output_tokens: int = 0
     result: str | None = None
     is_error: bool = False
     usage: dict[str, Any] = field(default_factory=dict)
     num_turns: int | None = None
     cost_usd: float | None = None
     texts: list[str] = field(default_factory=list)
+    _outputs: dict[str, int] = field(default_factory=dict)  # by message id, until the result
 
     def feed(self, event: dict[str, Any]) -> list[str]:
         """Take one event; returns the readable lines it adds (and notes activities)."""
@@ -77,26 +101,41 @@ class ClaudeStream:
                 elif part.get("type") == "tool_use":
                     self.tool_uses += 1
                     lines.append(f"● {describe_tool(part.get('name', '?'), part.get('input'))}")
-            usage = message.get("usage") or {}
-            self.output_tokens += int(usage.get("output_tokens") or 0)
+            self._request(str(message.get("id") or len(self._outputs)), message.get("usage"))
         elif kind == "result":
             self.session_id = event.get("session_id") or self.session_id
             self.result = event.get("result") if isinstance(event.get("result"), str) else None
             self.is_error = bool(event.get("is_error")) or event.get("subtype") != "success"
             self.usage = event.get("usage") or {}
+            if "output_tokens" in self.usage:
+                self.run_output_tokens = int(self.usage.get("output_tokens") or 0)
             self.num_turns = event.get("num_turns")
             self.cost_usd = event.get("total_cost_usd")
             cost = f", ${self.cost_usd:.4f}" if isinstance(self.cost_usd, int | float) else ""
-            lines.append(f"[claude: {self.num_turns} turn(s), {self.total_tokens} tokens{cost}]")
+            lines.append(
+                f"[claude: {self.num_turns} turn(s), {self.total_tokens} tokens "
+                f"({self.latest_input_tokens} in the latest request, "
+                f"{self.cumulative_output_tokens} out){cost}]"
+            )
         return lines
+
+    def _request(self, message_id: str, usage: Any) -> None:
+        """One request's usage (an assistant event; several events may share a message)."""
+        if not isinstance(usage, dict):
+            return
+        if any(key in usage for key in CLAUDE_INPUT_KEYS):
+            self.latest_input_tokens = sum(int(usage.get(k) or 0) for k in CLAUDE_INPUT_KEYS)
+        seen = self._outputs.get(message_id, 0)
+        self._outputs[message_id] = max(seen, int(usage.get("output_tokens") or 0))
+        self.run_output_tokens = sum(self._outputs.values())
+
+    @property
+    def cumulative_output_tokens(self) -> int:
+        return self.prior_output + self.run_output_tokens
 
     @property
     def total_tokens(self) -> int:
-        if self.usage:
-            keys = ("input_tokens", "output_tokens", "cache_read_input_tokens",
-                    "cache_creation_input_tokens")  # fmt: skip
-            return sum(int(self.usage.get(k) or 0) for k in keys)
-        return self.output_tokens
+        return self.latest_input_tokens + self.cumulative_output_tokens
 
 
 def describe_tool(name: str, args: Any) -> str:
@@ -119,17 +158,21 @@ OUTPUT_TAIL_LINES: Final = 20
 class CodexStream:
     """What a `codex exec --json` run said, event by event.
 
-    Its `turn.completed` usage counts the whole thread so far (a resumed run's includes the
-    earlier runs'), so `total_tokens` is this run's part: the total less `prior_tokens`, the
-    thread's total when the run started."""
+    Its `turn.completed` usage is the thread's running total (a resumed run's includes the
+    earlier runs'), never one request's: the latest input shoal counts for Codex is this
+    run's input (the thread's, less `prior_input`, its input when the run started), which
+    holds the latest request's and is more when the run made several; the output is the
+    thread's."""
 
-    prior_tokens: int = 0
+    prior_input: int = 0
     session_id: str | None = None
     tool_uses: int = 0
     result: str | None = None
     is_error: bool = False
     ended: bool = False  # turn.completed or turn.failed was seen
-    thread_tokens: int | None = None
+    thread_input: int | None = None
+    latest_input_tokens: int = 0
+    cumulative_output_tokens: int = 0
     errors: list[str] = field(default_factory=list)
     _counted: set[str] = field(default_factory=set)
 
@@ -145,9 +188,9 @@ class CodexStream:
         elif kind == "turn.completed":
             self.ended = True
             usage = event.get("usage") or {}
-            self.thread_tokens = int(usage.get("input_tokens") or 0) + int(
-                usage.get("output_tokens") or 0
-            )
+            self.thread_input = int(usage.get("input_tokens") or 0)  # (cached included)
+            self.latest_input_tokens = max(0, self.thread_input - self.prior_input)
+            self.cumulative_output_tokens = int(usage.get("output_tokens") or 0)
             lines.append(f"[codex: {self.tool_uses} tool use(s), {self.total_tokens} tokens]")
         elif kind == "turn.failed":
             self.ended = True
@@ -191,9 +234,7 @@ class CodexStream:
 
     @property
     def total_tokens(self) -> int:
-        if self.thread_tokens is None:
-            return 0
-        return max(0, self.thread_tokens - self.prior_tokens)
+        return self.latest_input_tokens + self.cumulative_output_tokens
 
 
 class CliAgentBrain:
@@ -211,7 +252,10 @@ class CliAgentBrain:
         if not self.base:
             raise UsageError("--cmd is empty")
         self.session_id: str | None = None
-        self.thread_tokens = 0  # codex: the thread's usage so far (its counts are cumulative)
+        # The conversation's counts, as the seed's: they go on over the turns (one session).
+        self.latest_input_tokens = 0
+        self.cumulative_output_tokens = 0
+        self.thread_input = 0  # codex: the thread's input so far (its counts are running totals)
 
     def argv(self, prompt: str) -> list[str]:
         """The command of one turn: its options, then `--`, then the prompt as one argument
@@ -227,8 +271,15 @@ class CliAgentBrain:
 
     def stream(self) -> EventStream:
         if self.preset == "codex":
-            return CodexStream(prior_tokens=self.thread_tokens)
-        return ClaudeStream()
+            return CodexStream(
+                prior_input=self.thread_input,
+                latest_input_tokens=self.latest_input_tokens,
+                cumulative_output_tokens=self.cumulative_output_tokens,
+            )
+        return ClaudeStream(
+            prior_output=self.cumulative_output_tokens,
+            latest_input_tokens=self.latest_input_tokens,
+        )
 
     async def turn(self, ctx: TurnContext) -> TurnResult:
         prompt = render("{prompt}", ctx)
@@ -262,16 +313,22 @@ class CliAgentBrain:
         pump.read()
         if stream.session_id:
             self.session_id = stream.session_id
+        self.latest_input_tokens = stream.latest_input_tokens
+        self.cumulative_output_tokens = stream.cumulative_output_tokens
         if isinstance(stream, CodexStream):
-            if stream.thread_tokens is not None:
-                self.thread_tokens = stream.thread_tokens
+            if stream.thread_input is not None:
+                self.thread_input = stream.thread_input
             if not stream.ended:
                 why = f"codex exited with code {code} without turn.completed"
                 last = stream.errors[-1] if stream.errors else tail.strip()
-                return TurnResult(False, f"{why}: {last[-500:]}", stream.tool_uses, code)
+                return TurnResult(
+                    False, f"{why}: {last[-500:]}", stream.tool_uses, code, stream.total_tokens
+                )
         elif stream.result is None:
             why = f"{self.preset} exited with code {code} without a result event"
-            return TurnResult(False, f"{why}: {tail.strip()[-500:]}", stream.tool_uses, code)
+            return TurnResult(
+                False, f"{why}: {tail.strip()[-500:]}", stream.tool_uses, code, stream.total_tokens
+            )
         ok = code == 0 and not stream.is_error
         result = stream.result if stream.result is not None else "(no message)"
         return TurnResult(ok, result, stream.tool_uses, code, tokens=stream.total_tokens)

@@ -176,6 +176,7 @@ class TeammateRunner:
         self._idle_notified = False
         self._turns = 0
         self._tool_uses = 0
+        self._tokens = 0  # the brain's conversation's count after its latest turn
         self._turn_steps = 0
         self._summary: str | None = None
         self._tasklist_mtime = -1.0
@@ -538,6 +539,7 @@ class TeammateRunner:
         aborted = aborted or ((self._stopping or self._orphaned()) and not result.ok)
         # (an aborted turn reports no steps, but those it took were counted as they ran)
         self._tool_uses += max(result.steps, self._turn_steps)
+        self._tokens = result.tokens or self._tokens
         self._turn_steps = 0
         status = "completed" if result.ok else ("killed" if aborted else "failed")
         if task is not None:
@@ -661,7 +663,7 @@ class TeammateRunner:
     def _progress(self) -> dict[str, Any]:
         return {
             "tool_use_count": self._tool_uses + self._turn_steps,
-            "token_count": 0,
+            "token_count": self._tokens,
             "summary": self._summary,
         }
 

@@ -768,6 +768,8 @@ def _progress(raw: Mapping[str, Any]) -> AgentProgress | None:
     return AgentProgress(
         tool_use_count=int(raw.get("tool_use_count") or 0),
         token_count=int(raw.get("token_count") or 0),
+        latest_input_tokens=int(raw.get("latest_input_tokens") or 0),
+        cumulative_output_tokens=int(raw.get("cumulative_output_tokens") or 0),
         last_activity=ToolActivity(tool_name=last.split("(", 1)[0], description=last)
         if isinstance(last, str)
         else None,

@@ -124,9 +124,10 @@ class LlmBrain:
         ctx.activity("thinking")
         outcome = await loop.run(prompt)
         steps = loop.progress.tool_use_count - before
+        tokens = loop.progress.token_count  # (the conversation's: it goes on over turns)
         if outcome.status != "completed":
-            return TurnResult(False, outcome.error or "the model run failed", steps)
-        return TurnResult(True, outcome.result, steps)
+            return TurnResult(False, outcome.error or "the model run failed", steps, tokens=tokens)
+        return TurnResult(True, outcome.result, steps, tokens=tokens)
 
 
 def make_llm_brain(model: str | None) -> LlmBrain:

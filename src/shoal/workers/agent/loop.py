@@ -62,13 +62,34 @@ class Limits:
 
 @dataclass
 class Progress:
-    """The seed's agent progress: counts, the latest activity and the five before it."""
+    """The seed's agent progress (its ProgressTracker): counts, the latest activity and the
+    five before it. Tokens count as the seed counts them: each request's input is the whole
+    conversation so far, so only the latest request's counts, beside every output."""
 
     tool_use_count: int = 0
-    token_count: int = 0
+    latest_input_tokens: int = 0  # the latest request's input, cache reads and writes included
+    cumulative_output_tokens: int = 0
     last_activity: str | None = None
     recent_activities: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIVITIES))
     summary: str | None = None
+
+    @property
+    def token_count(self) -> int:
+        return self.latest_input_tokens + self.cumulative_output_tokens
+
+    def count(self, usage: Any) -> None:
+        """Count one model response's usage (pydantic-ai's RequestUsage, whose input_tokens
+        holds the cache reads and writes of every provider)."""
+        self.latest_input_tokens = usage.input_tokens
+        self.cumulative_output_tokens += usage.output_tokens
+
+    def count_history(self, messages: Sequence[ModelMessage]) -> None:
+        """Count the responses of a conversation read back (a resumed agent goes on)."""
+        from pydantic_ai.messages import ModelResponse
+
+        for message in messages:
+            if isinstance(message, ModelResponse):
+                self.count(message.usage)
 
     def note(self, activity: str) -> None:
         self.last_activity = activity
@@ -78,6 +99,8 @@ class Progress:
         return {
             "tool_use_count": self.tool_use_count,
             "token_count": self.token_count,
+            "latest_input_tokens": self.latest_input_tokens,
+            "cumulative_output_tokens": self.cumulative_output_tokens,
             "last_activity": self.last_activity,
             "recent_activities": list(self.recent_activities),
             "summary": self.summary,
@@ -328,7 +351,6 @@ class AgentLoop:
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
-        self._tokens_done = 0  # tokens of the runs before this one
         self._run_prompt: str | None = None  # the prompt the run in progress began with
         self._acks: list[tuple[str, Callable[[], None]]] = []  # run once a text is recorded
         self._asked_at: float | None = None  # when the request now out was sent
@@ -416,8 +438,7 @@ class AgentLoop:
 
         started = time.monotonic()
         limits = UsageLimits(
-            request_limit=self.limits.max_turns,
-            total_tokens_limit=self.limits.max_tokens,
+            request_limit=self.limits.max_turns,  # (max_tokens: see _count, as the seed counts)
             tool_calls_limit=self.limits.max_tool_uses,
         )
         texts = [*self._not_yet_said(self._pending), *([prompt] if prompt else [])]
@@ -465,12 +486,8 @@ class AgentLoop:
             self._pending[:0] = self._undelivered(since)
             self._into_run = []
         usage = run.usage if run is not None else None
-        # (every run of this loop counts: a coordinator runs once per batch of notifications)
-        total = self._tokens_done + (
-            (usage.input_tokens + usage.output_tokens) if usage is not None else 0
-        )
-        self._tokens_done = total
-        self.progress.token_count = total
+        # (the counts go on over every run of this loop: a coordinator runs once per batch)
+        total = self.progress.token_count
         if error is not None:
             self.output.write(f"\n[failed: {error}]\n")
         return Outcome(
@@ -528,6 +545,7 @@ class AgentLoop:
         else:
             self._record()
         if Agent.is_call_tools_node(node):
+            self._count(node.model_response.usage)
             for part in node.model_response.parts:
                 if isinstance(part, TextPart) and part.content.strip():
                     self.output.write(f"{part.content.strip()}\n")
@@ -544,10 +562,17 @@ class AgentLoop:
                     self.output.write(_short(req_part.model_response_str()) + "\n")
                 elif isinstance(req_part, RetryPromptPart):
                     self.output.write(_short(f"error: {req_part.model_response()}") + "\n")
-        usage = run.usage
-        self.progress.token_count = self._tokens_done + usage.input_tokens + usage.output_tokens
         if self.on_progress is not None:
             self.on_progress(self.progress)
+
+    def _count(self, usage: Any) -> None:
+        """Count a response; past max_tokens the run ends before its tool calls run."""
+        from pydantic_ai.exceptions import UsageLimitExceeded
+
+        self.progress.count(usage)
+        cap, spent = self.limits.max_tokens, self.progress.token_count
+        if cap is not None and spent > cap:
+            raise UsageLimitExceeded(f"Exceeded the total_tokens_limit of {cap} (tokens={spent})")
 
     def _record(self, messages: list[Any] | None = None) -> None:
         if self.transcript is not None:

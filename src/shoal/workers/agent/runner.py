@@ -334,6 +334,17 @@ def _outstanding(job: AgentJob, leader: LeaderPort, agent: AgentLoop) -> list[st
     )
 
 
+def own_part(history: list[Any], *, forking: bool) -> list[Any]:
+    """The part of a conversation read back that this agent's own requests made: a fork's
+    copied history is its parent's (counted there), up to the request that forked it."""
+    from shoal.workers.agent.loop import prompt_texts
+
+    for at in range(len(history)):
+        if any(FORK_TAG in text for text in prompt_texts(history[at : at + 1])):
+            return history[at + 1 :]
+    return [] if forking else history
+
+
 STARTED_WORKER: Final = re.compile(r"^started worker (a[0-9a-z]{8}) ")
 
 
@@ -607,6 +618,7 @@ async def run_job(
                 if job.coordinator and job.scratchpad
                 else None,
             )
+            loop.progress.count_history(own_part(history, forking=FORK_TAG in job.prompt))
             if status.note:
                 loop.output.write(f"[resumed: {status.note}]\n")
             for line in notes:

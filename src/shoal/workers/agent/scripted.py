@@ -12,6 +12,9 @@ request, run through pydantic-ai's `FunctionModel` (no network, no randomness).
     [[turn]]
     text = "ls printed {last}"      # a turn without calls is the final answer
     wait_for = "/tmp/go"            # (any turn) answered only once this file exists
+    usage = { input = 40, cache_read = 10, cache_write = 1, output = 7 }
+                                    # (any turn) what its request reports it cost; omitted:
+                                    # pydantic-ai's estimate
 
 Strings (texts and every string inside `args`) are templates: `{prompt}` the latest user
 message, `{last}` the latest tool result, `{result_N}` the N-th tool result of the whole
@@ -88,9 +91,13 @@ class Turn:
     text: str
     calls: tuple[Call, ...]
     wait_for: str | None = None  # a file whose existence this turn's answer waits for
+    usage: Mapping[str, int] | None = None  # what its request reports (USAGE_KEYS)
 
 
 COORDINATOR_OPENING: Final = "<coordinator-context>"
+# A turn's `usage` keys: its request's input as Anthropic reports it (the uncached input, the
+# cache reads, the cache writes) and its output.
+USAGE_KEYS: Final = ("input", "cache_read", "cache_write", "output")
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,7 @@ class Script:
 def _turn(raw: Any, where: str) -> Turn:
     if not isinstance(raw, dict):
         raise UsageError(f"{where}: must be a table")
-    unknown = set(raw) - {"text", "call", "wait_for"}
+    unknown = set(raw) - {"text", "call", "wait_for", "usage"}
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     text = raw.get("text", "")
@@ -214,7 +221,19 @@ def _turn(raw: Any, where: str) -> Turn:
     wait_for = raw.get("wait_for")
     if wait_for is not None and not isinstance(wait_for, str):
         raise UsageError(f"{where}: wait_for must be a path (a string)")
-    return Turn(text, tuple(calls), wait_for)
+    return Turn(text, tuple(calls), wait_for, _usage(raw.get("usage"), where))
+
+
+def _usage(raw: Any, where: str) -> Mapping[str, int] | None:
+    if raw is None:
+        return None
+    known = ", ".join(USAGE_KEYS)
+    if not isinstance(raw, dict) or set(raw) - set(USAGE_KEYS):
+        raise UsageError(f"{where}: usage must be a table of {known}")
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UsageError(f"{where}: usage {key} must be a whole number >= 0, not {value!r}")
+    return dict(raw)
 
 
 def _check_templates(value: Any, where: str) -> None:
@@ -334,7 +353,22 @@ def respond(script: Script, messages: list[ModelMessage]) -> ModelResponse:
     for i, call in enumerate(turn.calls, 1):
         args = _render(dict(call.args), values)
         parts.append(ToolCallPart(call.tool, args, tool_call_id=f"{tag}_{i}"))
-    return ModelResponse(parts=parts)
+    if turn.usage is None:
+        return ModelResponse(parts=parts)
+    return ModelResponse(parts=parts, usage=_request_usage(turn.usage))
+
+
+def _request_usage(usage: Mapping[str, int]) -> Any:
+    """A turn's `usage` as pydantic-ai's RequestUsage (whose input holds the cache's)."""
+    from pydantic_ai.usage import RequestUsage
+
+    cache_read, cache_write = usage.get("cache_read", 0), usage.get("cache_write", 0)
+    return RequestUsage(
+        input_tokens=usage.get("input", 0) + cache_read + cache_write,
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
+        output_tokens=usage.get("output", 0),
+    )
 
 
 def _fixed_prefix(text: str) -> str:
