@@ -46,15 +46,16 @@ def _report(path: Path) -> dict[str, Any]:
     return data
 
 
-def test_fifty_tasks_one_failing_reports_joblog_and_dependencies(
+def test_twenty_tasks_one_failing_reports_joblog_and_dependencies(
     ray_head: RayHead, cli: Cli, tmp_path: Path
 ) -> None:
-    """50 tasks, `t13` exits 7 and `after13` depends on it: the run exits 1, 48 succeed,
-    t13 failed with its exit code, after13 skipped; every joblog line's host is the node's
-    address; the JSON report and JUnit say the same; a task's output is its command's."""
+    """20 tasks (a Ray job each), `t13` exits 7 and `after13` depends on it: the run exits 1,
+    18 succeed, t13 failed with its exit code, after13 skipped; every joblog line's host is
+    the node's address; the JSON report and JUnit say the same; a task's output is its
+    command's."""
     tasks = [
         f'[[task]]\nid = "t{i}"\nrun = "echo out-{i}; cat data/in.txt"\n'
-        for i in range(49)
+        for i in range(19)
         if i != 13
     ]
     tasks.append('[[task]]\nid = "t13"\nrun = "echo failing; exit 7"\n')
@@ -72,9 +73,9 @@ def test_fifty_tasks_one_failing_reports_joblog_and_dependencies(
     assert by_id["t13"]["status"] == "failed" and by_id["t13"]["exit_code"] == 7
     assert by_id["after13"]["status"] == "skipped"
     succeeded = [t for t in data["tasks"] if t["status"] == "succeeded"]
-    assert len(succeeded) == 48
+    assert len(succeeded) == 18
     rows = _joblog(joblog)
-    assert len(rows) == 49  # (the skipped task never ran)
+    assert len(rows) == 19  # (the skipped task never ran)
     assert {row[1] for row in rows} == {"127.0.0.1"}
     assert {row[6] for row in rows} == {"0", "7"}
     last = by_id["t5"]["attempt_log"][-1]
