@@ -1,5 +1,5 @@
-"""The output cap of shell tasks holds: a fast writer is killed within the cap's slack, not a
-second of writing later."""
+"""The output cap of shell tasks holds: a fast writer is stopped within OUTPUT_CAP_SLACK of the
+cap, not a second of writing later (flat-out writers on a loaded machine: test_output_cap_hard)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_a_fast_writer_is_killed_within_the_slack_of_a_small_cap(cli: Cli, home:
         assert "over the cap of" in rec["kill_reason"], rec
         size = os.path.getsize(rec["output_file"])
         print(f"fast writer, {CAP} byte cap: {size} bytes ({size / CAP:.1f}x the cap)")
-        assert CAP < size < CAP + shell.cap_slack(CAP), size
+        assert CAP < size <= CAP + shell.OUTPUT_CAP_SLACK, size
     finally:
         cli("down", "--team", "t")
         leader.stop()

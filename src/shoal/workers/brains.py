@@ -188,7 +188,9 @@ CAP_ASSUMED_BURST = 256 << 20
 
 class OutputWatch:
     """Watches a command's output file against the cap, checking sooner the faster it grows:
-    the next look comes before the file could write half the cap's slack at the rate seen."""
+    the next look comes before the file could write half the cap's slack at the rate seen.
+    (The command runs under a file size limit of the cap + OUTPUT_CAP_SLACK, which stops a
+    writer faster than the looks.)"""
 
     def __init__(self, path: Path, cap: int, size: int) -> None:
         self.path = path
@@ -220,10 +222,17 @@ class OutputWatch:
         self.size, self.seen = size, now
         return size if size > self.cap else None
 
-    def reason(self, size: int) -> str:
+    def at_limit(self) -> bool:
+        """Look now: whether the file reached the file size limit its command ran under
+        (its writes were refused there: the kernel stopped it before a look did)."""
+        self.over()
+        return self.size >= shell_tasks.output_limit(self.cap)
+
+    def reason(self, size: int, *, by_limit: bool = False) -> str:
+        how = "stopped by the file size limit" if by_limit else "killed"
         return (
             f"output file {self.path} reached {size} bytes, over the output cap of "
-            f"{self.cap} bytes; the command was killed"
+            f"{self.cap} bytes; the command was {how}"
         )
 
 
@@ -258,7 +267,11 @@ async def run_command(
             )
         exit_file = side_file(ctx.output_file, secrets.token_hex(6))
         wrapped = shell_tasks.wrapped_argv(
-            ["-c", argv[0]] if shell else argv, exit_file, ctx.cwd, gated=True
+            ["-c", argv[0]] if shell else argv,
+            exit_file,
+            ctx.cwd,
+            gated=True,
+            file_limit=shell_tasks.output_limit(cap) if cap is not None else None,
         )
         try:
             if ctx.sandbox is not None:  # (the wrapper writes its side files: made here, empty)
@@ -321,6 +334,9 @@ async def run_command(
                 await asyncio.shield(wait)
                 raise OutputCapExceeded(watch.reason(size))
         code = wait.result()
+        if watch is not None and watch.at_limit():
+            _kill_group(proc.pid)  # (what it left in its group)
+            raise OutputCapExceeded(watch.reason(watch.size, by_limit=True))
     except BaseException:
         # Cancelled (the turn was aborted), or the record could not be written: it must not
         # run on (a gated one that never got its line exits when its stdin closes).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import shlex
 import signal
 import stat
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from shoal.core.errors import ShoalError, TaskError
 from shoal.core.events import TaskStalled, task_started, task_terminated
@@ -46,15 +47,19 @@ from shoal.workers.kinds import Poll, TaskStore
 # status from an EXIT trap; a TERM, INT or HUP makes it exit 128+N through that trap too
 # (after a foreground child has ended). All of it is builtins, so the wrapper costs no extra
 # process: a command line runs in it directly.
-# The wrapper: $1 the exit file, $2 the leader's umask, $3 the cwd, then the command. It
-# writes its pid and, at the end, the exit code into side files it creates 0600 itself (umask
-# 077 for those two writes only: the command runs with the leader's umask), so the leader
-# creates no file per task but the output.
+# The wrapper: $1 the exit file, $2 the leader's umask, $3 the cwd, $4 the file size limit in
+# 512-byte blocks (empty: none), then the command. It writes its pid and, at the end, the exit
+# code into side files it creates 0600 itself (umask 077 for those two writes only: the command
+# runs with the leader's umask), so the leader creates no file per task but the output. The
+# limit (`ulimit -f`, soft and hard: the command cannot raise it) is what makes the output cap
+# hard; a write past it by the wrapper itself (an error message into the full output file)
+# ends it with 128+SIGXFSZ through its EXIT trap, as the command would end.
 _WRAPPER = (
     '__shoal_exit=$1; umask 077; printf "%s\\n" "$$" > "${1%.exit}.pid"; '
     'trap \'__shoal_rc=$?; umask 077; printf "%s\\n" "$__shoal_rc" > "$__shoal_exit"\' EXIT; '
-    "trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP; "
-    'umask "$2"; cd -- "$3" || exit 126; shift 3; '
+    "trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP; trap 'exit 153' XFSZ; "
+    '[ -z "$4" ] || ulimit -f "$4" || exit 126; '
+    'umask "$2"; cd -- "$3" || exit 126; shift 4; '
     'if [ "$1" = -c ]; then eval "$2"; else "$@"; fi'
 )
 _NAME = "shoal"
@@ -68,6 +73,7 @@ _DEFAULT_SIGNALS = (
     signal.SIGUSR2,
     signal.SIGCHLD,
     signal.SIGALRM,
+    signal.SIGXFSZ,  # (Python ignores it, and an ignored one is inherited: EFBIG only)
 )
 _SH = "/bin/sh"
 
@@ -189,8 +195,12 @@ def start(
     root: Path | None = None,
     stdin: Path | None = None,
     sandbox: Policy | None = None,
+    file_limit: int | None = None,
 ) -> ShellProcess:
     """Start `argv` in its own session with stdout+stderr into a new `output_file`.
+
+    With `file_limit` (bytes, see `output_limit`) no file the task writes, its output first,
+    can grow past it: a write there fails with EFBIG and the writer gets SIGXFSZ.
 
     Its stdin is /dev/null, or with `stdin` a FIFO made there (0600) whose write end the
     returned handle keeps open, so the task reads what is written to it and no EOF until
@@ -212,6 +222,7 @@ def start(
             os.close(writer)
         raise
     exit_file = _side_file(output_file, ".exit")
+    blocks = _limit_blocks(file_limit)
     stdin_action = (
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
         if stdin is None
@@ -224,7 +235,7 @@ def start(
     def spawn() -> int:
         return os.posix_spawn(
             _SH,
-            [_SH, "-c", _WRAPPER, _NAME, exit_file, _UMASK, cwd or os.getcwd(), *argv],
+            [_SH, "-c", _WRAPPER, _NAME, exit_file, _UMASK, cwd or os.getcwd(), blocks, *argv],
             os.environb if env is None else env,  # bytes: no decoding and re-encoding
             file_actions=[
                 stdin_action,
@@ -281,7 +292,12 @@ _GATE = "IFS= read -r __shoal_go || exit 125; exec </dev/null; "
 
 
 def wrapped_argv(
-    argv: Sequence[str], exit_file: Path, cwd: str | None = None, *, gated: bool = False
+    argv: Sequence[str],
+    exit_file: Path,
+    cwd: str | None = None,
+    *,
+    gated: bool = False,
+    file_limit: int | None = None,
 ) -> list[str]:
     """The `sh` argv that runs `argv` (as `argv_for` makes it) under the wrapper, which records
     its pid and exit code in `exit_file` and its `.pid` sibling (0600; old ones removed here).
@@ -289,12 +305,16 @@ def wrapped_argv(
     For a caller that spawns the process itself, into an output file of its own (a teammate's
     commands). `gated`: the process waits for one line on its stdin before it runs anything, so
     the caller can record the pid first (a caller killed before that runs nothing).
+    `file_limit`: as for `start`.
     """
     for side in (exit_file, pid_file_for(exit_file)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(side)
     script = (_GATE if gated else "") + _WRAPPER
-    return [_SH, "-c", script, _NAME, os.fspath(exit_file), _UMASK, cwd or os.getcwd(), *argv]
+    return [
+        _SH, "-c", script, _NAME, os.fspath(exit_file), _UMASK, cwd or os.getcwd(),
+        _limit_blocks(file_limit), *argv,
+    ]  # fmt: skip
 
 
 def pid_file_for(output_file: str | Path) -> Path:
@@ -398,17 +418,61 @@ def looks_like_prompt(output_file: str | Path) -> str | None:
 # Exit code recorded for a task killed before the wrapper could record one (SIGKILL).
 EXIT_KILLED = 137
 
-# The output cap holds within max(CAP_SLACK_SHARE of it, CAP_SLACK_MIN) bytes: a task whose
-# file grows fast is looked at again before it could write half that slack, at most every
+# The output cap is hard: a task runs under a file size limit (RLIMIT_FSIZE) of its cap plus
+# OUTPUT_CAP_SLACK, set by its wrapper before the command runs, so the kernel refuses every byte
+# past that (EFBIG, and SIGXFSZ to the writer) however loaded the machine is. The limit holds
+# for every file the task's processes write, not only its output. The leader still looks at
+# the size and kills a task at the cap (with the reason), the slack being the room for that
+# look; a task the limit stopped first is given the same reason (`cap_reached`).
+OUTPUT_CAP_SLACK: Final = 64 << 10
+_FSIZE_BLOCK = 512  # (`ulimit -f` counts 512-byte blocks)
+
+# The leader's look: a task whose file grows fast is looked at again before it could write
+# half of max(CAP_SLACK_SHARE of the cap, CAP_SLACK_MIN) bytes, at most every
 # CAP_CHECK_FLOOR_S; a quiet one only at the loop's full ticks. A new task is looked at once
-# right after it starts (a fast writer is caught in its first milliseconds, not after a second).
+# right after it starts.
 CAP_SLACK_SHARE = 0.1
 CAP_SLACK_MIN = 64 << 20
 CAP_CHECK_FLOOR_S = 0.01
 
 
+def output_limit(cap: int) -> int:
+    """The file size limit (bytes) of a task whose output cap is `cap`: cap + OUTPUT_CAP_SLACK,
+    in whole 512-byte blocks, never above this process's hard RLIMIT_FSIZE (a child cannot be
+    given more; RLIM_INFINITY bounds nothing)."""
+    limit = max(cap, 0) + OUTPUT_CAP_SLACK
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    return limit - limit % _FSIZE_BLOCK
+
+
+def _limit_blocks(limit: int | None) -> str:
+    """The wrapper's `ulimit -f` argument for `limit` bytes ("" for no limit)."""
+    return "" if limit is None else str(limit // _FSIZE_BLOCK)
+
+
+def cap_reason(size: int, cap: int) -> str:
+    """Why a task whose output reached `size` bytes was ended by the cap."""
+    if size > cap:
+        return f"output reached {size} bytes, over the cap of {cap} bytes"
+    return (
+        f"output reached {size} bytes, the file size limit (RLIMIT_FSIZE) of the leader, "
+        f"below the cap of {cap} bytes"
+    )
+
+
+def cap_reached(output_file: str | Path, cap: int) -> str | None:
+    """The cap's reason for a task that ended with its output at the file size limit (its
+    writes were refused: by SIGXFSZ, or a writer that ignores it and failed on EFBIG), else
+    None."""
+    size = output_size(output_file)
+    return cap_reason(size, cap) if size >= output_limit(cap) else None
+
+
 def cap_slack(cap: int) -> int:
-    """How far past `cap` an output file may grow before its task is killed (at worst)."""
+    """How far past `cap` the leader's look aims to catch a fast writer (the file size limit
+    stops it at OUTPUT_CAP_SLACK past the cap before that)."""
     return max(int(cap * CAP_SLACK_SHARE), CAP_SLACK_MIN)
 
 
@@ -465,6 +529,7 @@ class ShellKind:
                 # made; the file itself is opened O_EXCL|O_NOFOLLOW)
                 stdin=Path(task.stdin_fifo) if task.stdin_fifo else None,
                 sandbox=Policy.from_json(task.sandbox) if task.sandbox is not None else None,
+                file_limit=output_limit(store.limits.output_cap),
             )
         except (ShoalError, OSError, ValueError) as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=str(exc), result=ShellResult(code=-1))
@@ -691,7 +756,7 @@ class ShellKind:
         cap = limits.output_cap
         if size > cap:
             self._cap_due.pop(task_id, None)
-            reason = f"output reached {size} bytes, over the cap of {cap} bytes"
+            reason = cap_reason(size, cap)
             task = store.get(task_id)
             if task is not None:
                 self.kill(task, store, reason)
@@ -764,10 +829,16 @@ class ShellKind:
         if code is None:
             code = recorded_exit(task.output_file)
         self._read_delta(task, store)
-        if killed or task.kill_reason:
+        reason = task.kill_reason
+        if not killed and not reason:
+            reason = cap_reached(task.output_file, store.limits.output_cap)
+            if reason:
+                store.set_task(task_id, kill_reason=reason)
+                store.note(f"{task_id} ended at the file size limit: {reason}")
+        if killed or reason:
             result = ShellResult(code=code if code is not None else EXIT_KILLED, interrupted=True)
             store.move_task(task_id, TaskStatus.KILLED, result=result)
-            if not task.kill_reason or task.kill_reason == STOPPED_ON_REQUEST:
+            if not reason or reason == STOPPED_ON_REQUEST:
                 # A kill the user asked for is not news: no notification, no 137 "failure".
                 store.mark_notified(task_id)
                 final = store.get(task_id)
