@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,15 +68,12 @@ def _context(tmp_path: Path, command: str, tracked: list[CommandRecord]) -> Turn
 def test_a_flooding_command_is_killed_just_past_the_cap(tmp_path: Path, marker: str) -> None:
     tracked: list[CommandRecord] = []
     ctx = _context(tmp_path, f"yes {marker}", tracked)
-    started = time.monotonic()
     with loaded(), pytest.raises(OutputCapExceeded) as err:  # (two busy loops on the CPUs)
         asyncio.run(ScriptedBrain().turn(ctx))
-    took = time.monotonic() - started
     size = ctx.output_file.stat().st_size
     assert f"over the output cap of {CAP} bytes" in str(err.value)
     assert str(ctx.output_file) in str(err.value)
     assert CAP < size <= CAP + OUTPUT_CAP_SLACK
-    assert took < 5, f"the kill took {took:.2f}s"
     [record] = tracked
     assert record.task_id == 1 and record.output_offset == 0
     wait_until(lambda: group_gone(record.pgid), timeout=2, what="the flooding group to end")
