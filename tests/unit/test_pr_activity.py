@@ -226,3 +226,22 @@ def test_no_poll_while_the_coordinator_is_not_running(github: FakeGitHub, tmp_pa
     feed.subscribe("a1", REPO, 7, github.url)
     feed.step(None, time.monotonic())
     assert not feed.flight and github.requests() == []
+
+
+def test_the_poll_interval_and_api_come_from_the_environment_or_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shoal.core.config import PR_POLL_S, github_api, pr_poll_s
+
+    monkeypatch.delenv("SHOAL_PR_POLL_S", raising=False)
+    assert pr_poll_s(tmp_path) == PR_POLL_S and github_api(tmp_path) is None
+    (tmp_path / "config.toml").write_text('pr_poll_s = 5\ngithub_api = "https://ghe/api/v3"\n')
+    assert pr_poll_s(tmp_path) == 5.0 and github_api(tmp_path) == "https://ghe/api/v3"
+    monkeypatch.setenv("SHOAL_PR_POLL_S", "0.2")
+    assert pr_poll_s(tmp_path) == 0.2
+    monkeypatch.delenv("SHOAL_PR_POLL_S")
+    (tmp_path / "config.toml").write_text("pr_poll_s = 0\ngithub_api = 3\n")
+    with pytest.raises(UsageError, match="pr_poll_s must be a positive number"):
+        pr_poll_s(tmp_path)
+    with pytest.raises(UsageError, match="github_api must be an address"):
+        github_api(tmp_path)
