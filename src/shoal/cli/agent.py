@@ -117,6 +117,13 @@ def _tool_list(text: str | None) -> list[str] | None:
     help="A coordinator run's worker time (s): each worker's wall time comes out of it.",
 )
 @click.option(
+    "--github-api",
+    default=None,
+    metavar="URL",
+    help="A coordinator's GitHub REST API for subscribe_pr_activity, e.g. GitHub Enterprise's "
+    "https://HOST/api/v3 (default: github_api in config.toml, else https://api.github.com).",
+)
+@click.option(
     "--mcp-config",
     default=None,
     type=click.Path(dir_okay=False),
@@ -161,6 +168,7 @@ def agent(
     budget_tokens: int | None,
     budget_tool_uses: int | None,
     budget_seconds: float | None,
+    github_api: str | None,
     mcp_config: str | None,
     resume: str | None,
     trust_run: bool,
@@ -228,8 +236,14 @@ def agent(
         )
         if v is not None
     }
-    if (budget or simple) and not coordinator and resume is None:
-        raise UsageError("--budget-* and --simple are for a coordinator (add --coordinator)")
+    if (budget or simple or github_api) and not coordinator and resume is None:
+        raise UsageError(
+            "--budget-*, --simple and --github-api are for a coordinator (add --coordinator)"
+        )
+    if github_api is not None:
+        from shoal.workers.agent.github import check_api_url
+
+        spec["github_api"] = check_api_url(github_api)
     if coordinator is not None:
         spec["coordinator"] = coordinator
     if simple:

@@ -293,6 +293,13 @@ async def _repl(chat: Chat) -> None:
     help="Coordinator mode (default: $SHOAL_COORDINATOR_MODE).",
 )
 @click.option(
+    "--github-api",
+    default=None,
+    metavar="URL",
+    help="A coordinator's GitHub REST API for subscribe_pr_activity, e.g. GitHub Enterprise's "
+    "https://HOST/api/v3 (default: github_api in config.toml, else https://api.github.com).",
+)
+@click.option(
     "--permission-mode",
     default=None,
     type=click.Choice(["default", "acceptEdits", "plan", "bypassPermissions"]),
@@ -318,6 +325,7 @@ def chat(
     model: str | None,
     model_idle: float | None,
     coordinator: bool | None,
+    github_api: str | None,
     permission_mode: str | None,
     backend: str,
     cwd: str | None,
@@ -350,6 +358,10 @@ def chat(
     }
     if model_idle is not None:
         spec["model_idle_s"] = model_idle
+    if github_api is not None:
+        from shoal.workers.agent.github import check_api_url
+
+        spec["github_api"] = check_api_url(github_api)
     from shoal.core.trust import AGENT_SOURCES
 
     if settle(env.layout.home, Path(spec["cwd"]), AGENT_SOURCES, trust_run):

@@ -76,8 +76,28 @@ def worker_stall_s(home: Path) -> float:
 
 
 WORKER_STALL_S = 300.0
+PR_POLL_S = 60.0
 MODEL_IDLE_S = 120.0
 TOOL_RETRIES = 25
+
+
+def pr_poll_s(home: Path) -> float:
+    """Seconds between two polls of a PR a coordinator subscribed to: $SHOAL_PR_POLL_S, else
+    `pr_poll_s` in config.toml, else 60 (most polls are 304s, which cost no rate limit)."""
+    if os.environ.get("SHOAL_PR_POLL_S"):
+        return _env_float("SHOAL_PR_POLL_S", PR_POLL_S)
+    value = config_value(home, "pr_poll_s", (int, float), "a number of seconds")
+    if value is None:
+        return PR_POLL_S
+    if isinstance(value, bool) or value <= 0:
+        raise UsageError(f"{home / 'config.toml'}: pr_poll_s must be a positive number of seconds")
+    return float(value)
+
+
+def github_api(home: Path) -> str | None:
+    """`github_api` of config.toml (GitHub Enterprise's API address), None when unset."""
+    value = config_value(home, "github_api", str, 'an address, e.g. "https://ghe.example/api/v3"')
+    return str(value) if value is not None else None
 
 
 def model_idle_s(home: Path, given: float | None = None) -> float:

@@ -333,6 +333,9 @@ class LocalAgentTaskState(TaskStateBase):
     transcript."""
     simple: bool = False
     """A coordinator's workers get only Bash, Read and Edit."""
+    github_api: str | None = None
+    """A coordinator's GitHub API address for subscribe_pr_activity (`--github-api`); None:
+    `github_api` of config.toml, else https://api.github.com."""
     worker_of: str | None = None
     """The agent id of the coordinator this worker reports to (its notification goes there)."""
     write_set: tuple[str, ...] | None = None

@@ -93,6 +93,7 @@ class AgentSpec(BaseModel):
     coordinator: bool | None = None  # coordinator mode (None: $SHOAL_COORDINATOR_MODE, or
     # as the session it resumes)
     simple: bool = False  # a coordinator's workers get only Bash, Read and Edit
+    github_api: str | None = None  # a coordinator's GitHub API address (`--github-api`)
     budget: dict[str, Any] | None = None  # a coordinator's run budget, or a worker's share
     write_set: list[Any] | Any | None = None  # a worker's write set (checked here)
     allow_network: bool = False  # a coordinator's: for its workers; a worker's: its own
@@ -354,6 +355,7 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         resumed_from=parent.id if parent is not None else None,
         coordinator=coordinating,
         simple=spec.simple or (parent.simple if parent is not None else False),
+        github_api=spec.github_api or (parent.github_api if parent is not None else None),
         budget=budget,
         budget_held=parent.budget_held if parent is not None else None,
         # (a worker continued by a message stays its coordinator's, with its write set)

@@ -6,8 +6,8 @@ leader running it fails at once, naming `shoal up`.
 
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
 request is validated into one model per operation (`ping, sh, stop, await, spawn, down, agent,
-agent_send, permission`, and the queue's `group_add, group_rm, group_list, parallel, pause,
-resume, restart, clean, send_input`), carried out
+agent_send, permission, pr_subscribe, pr_unsubscribe`, and the queue's `group_add, group_rm,
+group_list, parallel, pause, resume, restart, clean, send_input`), carried out
 through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
 code is a declared field. `stop`, `await` and `spawn` answer later (once the task has ended,
 once the teammates are ready), so the loop never waits for them.
@@ -143,6 +143,15 @@ class PermissionRequest(_Request):
     reason: str | None = None
 
 
+class PrSubscribeRequest(_Request):
+    """A coordinator's subscribe_pr_activity / unsubscribe_pr_activity (`agent`: its task)."""
+
+    op: Literal["pr_subscribe", "pr_unsubscribe"]
+    agent: str
+    repo: str
+    number: int
+
+
 class RemoteRequest(_Request):
     """Start a `remote_agent` task; `spec` has the fields of workers.remote.RemoteSpec."""
 
@@ -263,6 +272,7 @@ ControlRequest = Annotated[
     | AgentRequest
     | AgentSendRequest
     | PermissionRequest
+    | PrSubscribeRequest
     | RemoteRequest
     | RemoteAnswerRequest
     | DreamRequest
@@ -290,6 +300,8 @@ OPERATIONS = (
     "agent",
     "agent_send",
     "permission",
+    "pr_subscribe",
+    "pr_unsubscribe",
     "remote",
     "remote_answer",
     "dream",
@@ -432,6 +444,10 @@ class ControlTarget(Protocol):
         self, request_id: str, approve: bool, reason: str | None = None
     ) -> dict[str, Any]:
         """Answer an agent's permission request."""
+        ...
+
+    def pr_activity(self, request: PrSubscribeRequest) -> dict[str, Any]:
+        """Subscribe a coordinator to a PR's activity, or end its subscription."""
         ...
 
     def start_remote(self, spec: Any) -> AnyTaskState:
@@ -584,6 +600,8 @@ class ControlServer:
             answer(sent, None)
         elif isinstance(request, QueueRequest):
             answer(target.queue_control(request), None)
+        elif isinstance(request, PrSubscribeRequest):
+            answer(target.pr_activity(request), None)
         elif isinstance(request, PermissionRequest):
             answer(
                 target.answer_permission(request.request_id, request.approve, request.reason),

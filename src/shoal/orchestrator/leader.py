@@ -41,6 +41,7 @@ from shoal.orchestrator.agent_runner import ControlPort
 from shoal.orchestrator.control import ControlServer
 from shoal.orchestrator.leases import LEASES_FILE
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
+from shoal.orchestrator.pr_feed import pr_policy, pr_request
 from shoal.orchestrator.requests import LeaderRequests
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.session import notify_once, resume
@@ -51,6 +52,7 @@ from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
 from shoal.workers.agent.kind import AgentKind
+from shoal.workers.agent.pr_activity import PR_ACTIVITY_FILE, PrActivity
 from shoal.workers.commands import settle_and_release
 from shoal.workers.dream.kind import DreamKind, DreamSpec
 from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
@@ -129,6 +131,8 @@ class Leader(LeaderRequests):
                 self.scheduler.restore(self.session.read_state().groups)
             if (self.session.dir / LEASES_FILE).exists():
                 self.lease_policy()  # (leases of ended holders released at its first step)
+            if (self.session.dir / PR_ACTIVITY_FILE).exists():
+                self._step("pr activity", self._resume_pr_activity)
         self.teams.update(
             self.team, lambda t: t.model_copy(update={"lead_session_id": self.session_id})
         )
@@ -432,6 +436,14 @@ class Leader(LeaderRequests):
         if self.snapshot.dirty and self._loop_thread in (None, threading.current_thread()):
             self.persist(force=True)
 
+    def _resume_pr_activity(self) -> None:
+        """A resumed session's PR subscriptions are polled again (a bad file is a note)."""
+        pr_policy(self)
+
+    def pr_activity(self, request: Any) -> dict[str, Any]:
+        """A coordinator's subscribe_pr_activity or unsubscribe_pr_activity (pr_feed.py)."""
+        return pr_request(self, request)
+
     # -- inbox -----------------------------------------------------------------------------------
 
     def _on_message(self, msg: AnyMessage) -> None:
@@ -503,6 +515,9 @@ class Leader(LeaderRequests):
         self.emit(LeaderStopped(team=self.team))
         self._closed = True
         self.remote.close()
+        for policy in self.policies:
+            if isinstance(policy, PrActivity):
+                policy.close()
         self._selector.close()
         self.session.close()
         for fd in (self._wake_r, self._wake_w, *self._pidfds.values()):

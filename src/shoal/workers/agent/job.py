@@ -76,7 +76,7 @@ class AgentJob(BaseModel):
     notes: tuple[str, ...] = ()  # said once at the top of its output (files left out)
     resume: bool = False
     echo: bool = False  # also print the readable transcript on stdout (a tmux pane)
-    coordinator: bool = False  # coordinator mode: its tools are Agent, SendMessage, TaskStop
+    coordinator: bool = False  # coordinator mode: Agent, SendMessage, TaskStop, PR activity
     coordinator_inbox: str | None = None  # where its workers' notifications arrive
     worker: bool = False  # a coordinator's worker: Write and Edit only inside `write_set`
     write_set: tuple[str, ...] | None = None

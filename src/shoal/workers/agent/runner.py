@@ -39,6 +39,7 @@ from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_t
 from shoal.workers.agent.mcp_tools import McpServer, open_servers
 from shoal.workers.agent.models import ModelSpec, build_model
 from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
+from shoal.workers.agent.pr_activity import active_subscriptions
 from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
@@ -372,17 +373,22 @@ async def _coordinator_wait(
         if queued:
             return "\n\n".join(queued)
         outstanding = await asyncio.to_thread(_outstanding, job, leader, loop)
-        if not outstanding:
+        watched = await asyncio.to_thread(
+            active_subscriptions, Path(job.output_file).parent.parent, job.agent_id
+        )
+        if not outstanding and not watched:
             if _replay_left(job, loop) > 0:
                 # (the recording answered more requests: its notifications came in another
                 # batching than this run's, so the replay goes on where the recording did)
                 return REPLAY_CONTINUE
             return None
-        if outstanding != feed.waiting_shown:
-            feed.waiting_shown = outstanding
-            loop.output.write(
-                f"[waiting for {len(outstanding)} worker(s): {', '.join(outstanding)}]\n"
-            )
+        if outstanding + watched != feed.waiting_shown:
+            feed.waiting_shown = outstanding + watched
+            what = [f"{len(outstanding)} worker(s): {', '.join(outstanding)}"]
+            what = what if outstanding else []
+            if watched:  # (a subscription holds it until it unsubscribes or the PR refuses)
+                what.append(f"activity on {', '.join(watched)}")
+            loop.output.write(f"[waiting for {'; '.join(what)}]\n")
             status.progress(loop.progress, force=True)
         text = await feed.next_message(timeout=COORDINATOR_IDLE_CHECK_S)
         if text is not None:
@@ -405,7 +411,8 @@ def _replay_left(job: AgentJob, loop: AgentLoop) -> int:
 
 
 def coordinator_tools(job: AgentJob, leader: LeaderPort) -> list[Any]:
-    """A coordinator's tools: Agent (background workers), SendMessage and TaskStop."""
+    """A coordinator's tools: Agent (background workers), SendMessage, TaskStop and the PR
+    activity pair."""
     from pydantic_ai import Tool
 
     from shoal.workers.agent.loop import _tool_function

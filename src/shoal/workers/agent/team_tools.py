@@ -335,6 +335,11 @@ class CoordinatorAgentArgs(_Args):
     )
 
 
+class PrActivityArgs(_Args):
+    repo: str = Field(description="The repository, owner/name (e.g. octo-org/octo-repo)")
+    number: int = Field(ge=1, description="The pull request's number")
+
+
 COORDINATOR_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
     (
         "Agent",
@@ -343,12 +348,47 @@ COORDINATOR_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
     ),
     ("SendMessage", SendMessageArgs, "Continue a worker (running or finished) by its task id."),
     ("TaskStop", TaskStopArgs, "Stop a worker (its shells and subagents stop with it)."),
+    (
+        "subscribe_pr_activity",
+        PrActivityArgs,
+        "Watch a GitHub pull request: each new comment, review, review comment, finished "
+        "check run, push or close arrives as a <pr-activity> notification.",
+    ),
+    (
+        "unsubscribe_pr_activity",
+        PrActivityArgs,
+        "Stop watching a pull request subscribed to with subscribe_pr_activity.",
+    ),
 )
 
 
 @dataclass
 class CoordinatorTools(TeamTools):
-    """A coordinator's three tools: Agent (a background worker), SendMessage, TaskStop."""
+    """A coordinator's tools: Agent (a background worker), SendMessage, TaskStop, and
+    subscribe_pr_activity / unsubscribe_pr_activity (the leader polls GitHub for it)."""
+
+    async def _pr(self, op: str, args: PrActivityArgs) -> dict[str, Any]:
+        request = {"agent": self.task_id, "repo": args.repo, "number": args.number}
+        try:
+            answer: dict[str, Any] = await asyncio.to_thread(self.leader.call, op, request)
+        except ShoalError as exc:
+            raise ToolFailure(str(exc)) from None
+        return answer
+
+    async def subscribe_pr_activity(self, args: PrActivityArgs) -> str:
+        answer = await self._pr("pr_subscribe", args)
+        pr = f"{args.repo}#{args.number}"
+        if answer.get("already"):
+            return f"already subscribed to {pr}"
+        return (
+            f"subscribed to {pr} (at {answer['api']}): what happens from now on arrives as "
+            "<pr-activity> notifications; unsubscribe_pr_activity stops them. While you are "
+            "subscribed you are not done: unsubscribe when the PR no longer needs you."
+        )
+
+    async def unsubscribe_pr_activity(self, args: PrActivityArgs) -> str:
+        await self._pr("pr_unsubscribe", args)
+        return f"unsubscribed from {args.repo}#{args.number}"
 
     async def agent(self, args: CoordinatorAgentArgs) -> str:  # type: ignore[override]
         spec: dict[str, Any] = {
