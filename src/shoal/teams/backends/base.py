@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from shoal.core.errors import ShoalError, UsageError
 
@@ -136,9 +136,8 @@ def detect(
 def _probe_backend(name: str, env: Mapping[str, str]) -> Backend:
     """The backend `name`, looking at `env` where it can (iTerm2 reads its session from it)."""
     if name == "iterm2":
-        from shoal.teams.backends.iterm2 import ITerm2Backend
-
-        return ITerm2Backend(environ=env)
+        backend: Backend = _implementation(name)(environ=env)
+        return backend
     return get_backend(name)
 
 
@@ -157,12 +156,17 @@ def get_backend(name: str, provided: Mapping[str, Backend] | None = None) -> Bac
     holds instances the caller owns (a swarm's own in-process backend), used instead."""
     if provided is not None and name in provided:
         return provided[name]
+    backend: Backend = _implementation(name)()
+    return backend
+
+
+def _implementation(name: str) -> Any:
+    """The class of backend `name`, imported now; UsageError for an unknown name."""
     target = _IMPLEMENTATIONS.get(name)
     if target is None:
         raise UsageError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
     module, _, cls = target.partition(":")
-    backend: Backend = getattr(importlib.import_module(module), cls)()
-    return backend
+    return getattr(importlib.import_module(module), cls)
 
 
 def choose(
