@@ -51,9 +51,11 @@ def test_home_option_overrides_environment(cli: Cli, tmp_path: Path) -> None:
 
 def test_taken_and_invalid_names(cli: Cli, home: Path) -> None:
     assert cli("team", "create", "alpha").returncode == 0
-    taken = cli("team", "create", "alpha")
-    assert taken.returncode == 1
-    assert "already exists" in taken.stderr and "--unique" in taken.stderr
+    taken = cli("team", "create", "alpha", "--json")  # (a taken name: a word slug instead)
+    assert taken.returncode == 0, taken.stderr
+    slugged = json.loads(taken.stdout)["name"]
+    assert slugged != "alpha" and not slugged.startswith("alpha")
+    assert f"team 'alpha' already exists, so the new team is {slugged!r}" in taken.stderr
     unique = cli("team", "create", "alpha", "--unique", "--json")
     assert json.loads(unique.stdout)["name"].startswith("alpha-")
     for bad in ("../x", "Team", "a b", "", "x" * 49):
@@ -62,7 +64,7 @@ def test_taken_and_invalid_names(cli: Cli, home: Path) -> None:
         assert out.stderr.startswith("shoal: error: invalid team name")
         assert "Traceback" not in out.stderr
     assert sorted(os.listdir(home / "teams")) == sorted(
-        ["alpha", json.loads(unique.stdout)["name"]]
+        ["alpha", slugged, json.loads(unique.stdout)["name"]]
     )
 
 

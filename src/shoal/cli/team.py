@@ -9,6 +9,7 @@ import click
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import CorruptFileError
+from shoal.teams.founding import found
 from shoal.teams.models import TeamFile
 from shoal.teams.store import MemberView, Teams
 
@@ -33,16 +34,28 @@ def team() -> None:
 @team.command("create")
 @click.argument("name")
 @click.option("--description", "-d", default="", help="What the team is for.")
-@click.option("--unique", is_flag=True, help="If NAME is taken, add a word-slug suffix.")
+@click.option(
+    "--unique",
+    is_flag=True,
+    help="If NAME is taken, name the team NAME plus a word-slug suffix (without it: a "
+    "word slug alone, as TeamCreate does).",
+)
 @json_option
 @common_options
 def create(name: str, description: str, unique: bool, as_json: bool) -> None:
-    """Create team NAME with its lead (team-lead@NAME)."""
-    tf = _teams().create(name, description, unique=unique)
+    """Create team NAME with its lead (team-lead@NAME) and an empty task list, as the
+    TeamCreate tool does: a taken NAME gets a word-slug name instead; with --team (or
+    $SHOAL_TEAM) naming a team whose leader runs, it is refused (one team per leader)."""
+    env = get_env(click.get_current_context())
+    acting_for = env.team_arg or os.environ.get("SHOAL_TEAM") or None
+    made = found(_teams(), name, description, unique=unique, leader_of=acting_for)
     if as_json:
-        print_json(_team_json(tf))
+        print_json(_team_json(made.team))
+        for line in made.lines()[1:]:
+            click.echo(f"shoal: note: {line}", err=True)
     else:
-        click.echo(f"created team {tf.name} (lead {tf.lead_agent_id})")
+        for line in made.lines():
+            click.echo(line)
 
 
 @team.command("list")
@@ -110,7 +123,8 @@ def show(name: str | None, as_json: bool) -> None:
 @json_option
 @common_options
 def delete(name: str, force: bool, as_json: bool) -> None:
-    """Delete team NAME: its file, inboxes, status and worktrees."""
+    """Delete team NAME: its file, inboxes, status and worktrees. Refused while non-lead
+    members are active (named, with how to stop them) or its leader runs."""
     tf = _teams().delete(name, force=force)
     if as_json:
         print_json({"deleted": tf.name})

@@ -257,12 +257,13 @@ class Teams:
         unique: bool = False,
         lead_session_id: str | None = None,
     ) -> TeamFile:
-        """Create a team with its lead; a taken name is refused, or slug-suffixed with `unique`."""
+        """Create a team with its lead; a taken name is refused, or slug-suffixed with `unique`
+        (the leader's and a batch run's own teams; TeamCreate is `shoal.teams.founding`)."""
         validate_name(team, "team name")
         self.layout.ensure(self.layout.teams_dir)
         name = team
         for _ in range(20):
-            created = self._try_create(name, description, lead_session_id)
+            created = self.try_create(name, description, lead_session_id)
             if created is not None:
                 return created
             if not unique:
@@ -273,9 +274,10 @@ class Teams:
             name = with_slug(team)
         raise ConflictError(f"could not find a free name for team {team!r}")
 
-    def _try_create(
-        self, team: str, description: str, lead_session_id: str | None
+    def try_create(
+        self, team: str, description: str = "", lead_session_id: str | None = None
     ) -> TeamFile | None:
+        """Create team `team` under its file's lock, or None when the name is taken."""
         path = self.layout.team_file(team)
         self.layout.ensure(path.parent)
         with lock_for(path):
@@ -318,17 +320,15 @@ class Teams:
         terminated.
         """
         tf = self.read(team)
+        views = [v for v in self.members(team) if v.alive and v.member.name != LEAD_NAME]
+        alive = [v.member for v in views]
+        if views and not force:
+            raise ConflictError(_still_active(team, views))
         lead = tf.member(LEAD_NAME)
         if lead is not None and is_alive(lead.pid, lead.pid_started_at):
             raise ConflictError(
                 f"the leader of team {team!r} is running (pid {lead.pid}); "
                 f"stop it first with `shoal down --team {team}`"
-            )
-        alive = [v.member for v in self.members(team) if v.alive and v.member.name != LEAD_NAME]
-        if alive and not force:
-            names = ", ".join(m.name for m in alive)
-            raise ConflictError(
-                f"team {team!r} still has active members ({names}); stop them first or pass --force"
             )
         for member in alive:
             (stop_member or _terminate_member)(team, member)
@@ -552,6 +552,19 @@ def _with_start_time(spec: JoinSpec) -> JoinSpec:
     if started is None:
         raise NotFoundError(f"no process with pid {spec.pid}; cannot join {spec.name!r} with it")
     return dataclasses.replace(spec, pid_started_at=started)
+
+
+def _still_active(team: str, views: list[MemberView]) -> str:
+    """Why team `team` cannot be deleted yet: its active non-lead members, and how to stop
+    them (the seed's TeamDelete asks for their shutdown first)."""
+    names = ", ".join(f"{v.member.name} ({v.state.value})" for v in views)
+    first = views[0].member.name
+    return (
+        f"team {team!r} still has active members: {names}; stop them first: send each a "
+        f"shutdown request (`shoal send {first} --kind shutdown_request --data "
+        f'\'{{"request_id": "delete-{team}"}}\' --team {team}`), or '
+        "pass --force to shut them all down; nothing was deleted"
+    )
 
 
 def _terminate_member(team: str, member: Member) -> None:

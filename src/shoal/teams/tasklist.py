@@ -601,6 +601,19 @@ class TaskList:
             snap.items.update(original)
         return {i: t for i, t in edits.items() if t != snap.items[i]}
 
+    def reset(self) -> int:
+        """Empty the list, as the seed's resetTaskList when a team is created (Team = Project
+        = TaskList: a new team never inherits the items an earlier team of its name left).
+        Every item file goes, under the lock; the high-water mark is raised to the highest id
+        first, so none of their ids is issued again. Returns how many items were removed."""
+        with self._locked() as directory:
+            ids = self._ids_on_disk(directory)
+            if ids:
+                self._raise_highwatermark(directory, ids[-1])
+            for task_id in ids:
+                os.unlink(directory / f"{task_id}.json")
+        return len(ids)
+
     def delete(self, task_id: int) -> None:
         """Remove the task's file and its id from every other task's blocks/blocked_by.
 

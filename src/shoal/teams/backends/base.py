@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from shoal.core.errors import ShoalError, UsageError
 
@@ -77,15 +77,68 @@ class Backend(Protocol):
         ...
 
 
-def detect(environ: dict[str, str] | None = None) -> tuple[str, str]:
-    """The backend `auto` means here, and why: iTerm2 inside iTerm2, tmux inside tmux, else
-    process."""
+# What `auto` tries, in order (the seed's): iTerm2, then tmux, then background processes.
+AUTO_ORDER: Final = ("iterm2", "tmux", "process")
+
+
+def _outside(name: str, env: Mapping[str, str]) -> str | None:
+    """Why `auto` does not consider `name` here (it is not around us), or None if it is."""
+    in_iterm = env.get("TERM_PROGRAM") == "iTerm.app" or bool(env.get("ITERM_SESSION_ID"))
+    if name == "iterm2" and not in_iterm:
+        return "not inside iTerm2"
+    if name == "tmux" and not env.get("TMUX"):
+        return "not inside tmux"
+    return None
+
+
+def _inside(name: str, env: Mapping[str, str]) -> str:
+    """How we know we run inside `name` (said when it is chosen, or tried and skipped)."""
+    if name == "iterm2":
+        how = "TERM_PROGRAM=iTerm.app" if env.get("TERM_PROGRAM") == "iTerm.app" else None
+        return f"running inside iTerm2 ({how or '$ITERM_SESSION_ID is set'})"
+    return "running inside tmux ($TMUX is set)"
+
+
+def _usable(backend: Backend) -> tuple[bool, str]:
+    """(usable?, why) as `auto` checks it: a backend's own `usable` (iTerm2 also connects to
+    its API), else `available`."""
+    check = getattr(backend, "usable", None) or backend.available
+    result: tuple[bool, str] = check()
+    return result
+
+
+def detect(
+    environ: Mapping[str, str] | None = None,
+    provided: Mapping[str, Backend] | None = None,
+) -> tuple[str, str]:
+    """The backend `auto` means here, and why, going through AUTO_ORDER: iTerm2 inside iTerm2,
+    tmux inside tmux, else process; one we run inside but cannot use (no iTerm2 Python API,
+    no tmux binary) is skipped, and the reason says why, step by step."""
     env = os.environ if environ is None else environ
-    if env.get("TERM_PROGRAM") == "iTerm.app" or env.get("ITERM_SESSION_ID"):
-        return "iterm2", "running inside iTerm2 (TERM_PROGRAM=iTerm.app)"
-    if env.get("TMUX"):
-        return "tmux", "running inside tmux ($TMUX is set)"
-    return "process", "not inside tmux or iTerm2: teammates run as background processes"
+    steps: list[str] = []  # one line per backend passed over, in order
+    unusable = False
+    for name in AUTO_ORDER[:-1]:
+        outside = _outside(name, env)
+        if outside is not None:
+            steps.append(f"{name}: {outside}")
+            continue
+        backend = (provided or {}).get(name) or _probe_backend(name, env)
+        ok, reason = _usable(backend)
+        if ok:  # (a backend we are not inside goes unsaid: "inside tmux" says it)
+            return name, "; ".join([*(steps if unusable else ()), _inside(name, env)])
+        unusable = True
+        steps.append(f"{_inside(name, env)} but {name} cannot be used ({reason})")
+    if not unusable:
+        return "process", "not inside tmux or iTerm2: teammates run as background processes"
+    return "process", "; ".join([*steps, "so process: teammates run as background processes"])
+
+
+def _probe_backend(name: str, env: Mapping[str, str]) -> Backend:
+    """The backend `name`, looking at `env` where it can (iTerm2 reads its session from it)."""
+    if name == "iterm2":
+        backend: Backend = _implementation(name)(environ=env)
+        return backend
+    return get_backend(name)
 
 
 # Implementations by name, looked up when asked for (so this module imports none of them and
@@ -103,26 +156,35 @@ def get_backend(name: str, provided: Mapping[str, Backend] | None = None) -> Bac
     holds instances the caller owns (a swarm's own in-process backend), used instead."""
     if provided is not None and name in provided:
         return provided[name]
+    backend: Backend = _implementation(name)()
+    return backend
+
+
+def _implementation(name: str) -> Any:
+    """The class of backend `name`, imported now; UsageError for an unknown name."""
     target = _IMPLEMENTATIONS.get(name)
     if target is None:
         raise UsageError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
     module, _, cls = target.partition(":")
-    backend: Backend = getattr(importlib.import_module(module), cls)()
-    return backend
+    return getattr(importlib.import_module(module), cls)
 
 
 def choose(
     name: str,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     provided: Mapping[str, Backend] | None = None,
 ) -> tuple[Backend, str]:
-    """(backend, why) for `name`, refusing an unavailable one with its reason."""
+    """(backend, why) for `name`: `auto` falls through AUTO_ORDER (see `detect`); a backend
+    asked for by name is refused with its reason when it cannot run, never replaced."""
     if name not in BACKEND_NAMES:
         raise UsageError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
     why = "asked for with --backend"
     if name == "auto":
-        name, why = detect(environ)
-    backend = get_backend(name, provided)
+        name, why = detect(environ, provided)
+    if name == "iterm2" and not (provided and name in provided):
+        backend = _probe_backend(name, os.environ if environ is None else environ)
+    else:
+        backend = get_backend(name, provided)
     ok, reason = backend.available()
     if not ok:
         raise BackendUnavailable(f"backend {name!r} is not available: {reason}")

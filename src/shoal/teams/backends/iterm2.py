@@ -145,6 +145,22 @@ class ITerm2Backend:
             return False, f"not running inside iTerm2 (TERM_PROGRAM is {shown})"
         return True, "inside iTerm2, with the iterm2 Python API"
 
+    def usable(self) -> tuple[bool, str]:
+        """`available`, and the API answers a connection (what `auto` checks before it
+        chooses iTerm2: an API that is installed but switched off falls through to tmux)."""
+        ok, reason = self.available()
+        if not ok:
+            return ok, reason
+
+        async def hello(connection: Any) -> None:
+            return None
+
+        try:
+            self._run("cannot connect to iTerm2's Python API", hello)
+        except ShoalError as exc:
+            return False, str(exc)
+        return True, reason
+
     def _api(self) -> Any:
         ok, reason = self.available()
         if not ok:

@@ -119,8 +119,17 @@ TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
     ("TaskOutput", TaskOutputArgs, "Read the output of a background task."),
     ("TaskStop", TaskStopArgs, "Stop a running background task."),
     ("Agent", AgentArgs, "Run a subagent on a task and wait for its answer."),
-    ("TeamCreate", TeamCreateArgs, "Create a team (a lead, an empty list, no members yet)."),
-    ("TeamDelete", TeamDeleteArgs, "Delete a team that has no active members."),
+    (
+        "TeamCreate",
+        TeamCreateArgs,
+        "Create a team (a lead, an empty list, no members yet); a taken name gets a word slug; "
+        "refused while this agent's leader leads a team (one team per leader).",
+    ),
+    (
+        "TeamDelete",
+        TeamDeleteArgs,
+        "Delete a team; refused while it has active members (ask them to shut down first).",
+    ),
 )
 
 
@@ -255,10 +264,12 @@ class TeamTools:
         return f"task {args.task_id} is {final['status']}"
 
     def teamcreate(self, args: TeamCreateArgs) -> str:
+        from shoal.teams.founding import found
         from shoal.teams.store import Teams
 
-        tf = Teams(self.layout).create(args.team_name, args.description)
-        return f"created team {tf.name} (lead {tf.lead_agent_id})"
+        # (this agent's leader leads its team: one team per leader, as `team create --team`)
+        made = found(Teams(self.layout), args.team_name, args.description, leader_of=self.team)
+        return "\n".join(made.lines())
 
     def teamdelete(self, args: TeamDeleteArgs) -> str:
         from shoal.teams.store import Teams
