@@ -182,7 +182,9 @@ def test_a_four_phase_run_on_anthropic_models(cli: Cli, served: Server, tmp_path
         paths = {path for path, _ in served.requests}
         assert paths == {"/v1/messages"}
         first = served.requests[0][1]
-        assert {t["name"] for t in first["tools"]} == {"Agent", "SendMessage", "TaskStop"}
+        assert {t["name"] for t in first["tools"]} == {
+            "Agent", "SendMessage", "TaskStop", "subscribe_pr_activity", "unsubscribe_pr_activity",
+        }  # fmt: skip
         agent = next(t for t in first["tools"] if t["name"] == "Agent")
         assert {"write_set", "budget"} <= set(agent["input_schema"]["properties"])
     finally:

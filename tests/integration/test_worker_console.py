@@ -327,6 +327,9 @@ def test_a_claude_teammate_shows_the_readable_text_of_its_stream_not_the_raw_jso
     send(cli, "hal", "say hello")
     wait_until(lambda: "idle" in shown(), what=lambda: log.read_text())
     text = log.read_text()
-    assert "● Bash(write a file)" in text and "[claude: 3 turn(s), 351 tokens" in text
+    assert (
+        "● Bash(write a file)" in text
+        and "[claude: 3 turn(s), 141 tokens (120 in the latest request, 21 out)" in text
+    )
     assert '"type":"assistant"' not in text  # (the raw stream stays in its own file)
     assert text.index("● Bash(") < text.index("sent     task_notification to team-lead")

@@ -17,6 +17,7 @@ from typing import Any, Final, Protocol
 
 from shoal.core import git
 from shoal.core.errors import ShoalError, UsageError
+from shoal.core.filestamp import SETTLE_NS, Stamp, settled, stamp_of
 from shoal.core.paths import Layout
 from shoal.core.procs import Termination
 from shoal.core.tasks import (
@@ -48,9 +49,6 @@ def ready_timeout(batch: int, in_process: bool) -> float:
 
 
 SHUTDOWN_TIMEOUT_S = float(os.environ.get("SHOAL_SHUTDOWN_TIMEOUT", "10"))
-# A file changed less than this long ago may change again within the filesystem's timestamp
-# granularity without its mtime moving: it is looked at once more on the next pass.
-STATUS_SETTLE_NS = 50_000_000
 # Texts of messages kept in a teammate's task record are cut to this many characters (the
 # record is in state.json: 50 messages of a thousand teammates must stay a few MB at most).
 MESSAGE_TEXT_CAP = 200
@@ -196,7 +194,7 @@ class MemberRun:
     in_process: bool = False
     ending: Termination | None = None  # a kill in progress (TERM sent; KILL at its deadline)
     # (inode, size, mtime_ns) of the status file last read; None: read it on the next look.
-    status_key: tuple[int, int, int] | None = None
+    status_key: Stamp | None = None
     status: dict[str, Any] | None = None  # the member's status as last applied
     sent: deque[dict[str, Any]] = field(
         default_factory=lambda: deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
@@ -290,7 +288,7 @@ class MemberRecords:
             return
         if mtime == self._status_dir_seen:
             return
-        self._status_dir_seen = mtime if time.time_ns() - mtime > STATUS_SETTLE_NS else None
+        self._status_dir_seen = mtime if time.time_ns() - mtime > SETTLE_NS else None
         for run in self.members.values():
             if not run.in_process:
                 found = self._read_status(run)
@@ -299,18 +297,12 @@ class MemberRecords:
 
     def _read_status(self, run: MemberRun) -> dict[str, Any] | None:
         """The member's status file if it changed since the last read, else None."""
-        path = self._status_dir / f"{run.name}.json"
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if key == run.status_key:
+        stamp = stamp_of(self._status_dir / f"{run.name}.json")
+        if stamp is None or stamp == run.status_key:
             return None
         status = self.leader.teams.read_status(self.leader.team, run.name)
         if status is not None:
-            settled = time.time_ns() - st.st_mtime_ns > STATUS_SETTLE_NS
-            run.status_key = key if settled else None
+            run.status_key = settled(stamp)
         return status
 
     def _refresh(self, run: MemberRun) -> None:

@@ -27,6 +27,7 @@ from shoal.core.config import worker_stall_s
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.events import TaskProgress, task_started, task_terminated
 from shoal.core.faults import pause_point
+from shoal.core.filestamp import Stamp, settled, stamp_of
 from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
 from shoal.core.procs import Termination, find_by_argument, is_alive, process_start_time
@@ -87,7 +88,10 @@ class _Live:
     future: Future[Any] | None = None  # in-process
     feed: Feed | None = None  # in-process
     ending: Termination | None = None
-    status_mtime: int = 0
+    status_seen: Stamp | None = None
+    # The `waiting` of the status file last read: the record follows the file's changes only,
+    # so a file read again (its stamp not yet settled) never undoes an answer the lead gave.
+    status_waiting: Any = None
     last_event: float = 0.0
     last_activity: float = field(default_factory=time.monotonic)  # a status written, or none
     busy: bool = False  # running a command, or waiting for a permission answer
@@ -536,13 +540,10 @@ class AgentKind:
             self._settle(live, store)
 
     def _read_status(self, live: _Live, store: TaskStore) -> AgentStatus | None:
-        try:
-            mtime = live.status_file.stat().st_mtime_ns
-        except OSError:
+        stamp = stamp_of(live.status_file)
+        if stamp is None or stamp == live.status_seen:
             return None
-        if mtime == live.status_mtime:
-            return None
-        live.status_mtime = mtime
+        live.status_seen = settled(stamp)
         status = AgentStatus.load(live.status_file)
         if status is None:
             return None
@@ -550,8 +551,10 @@ class AgentKind:
         live.busy = bool(status.commands) or status.waiting is not None
         progress = _progress(status.progress)
         task = store.get(live.task_id)
-        if isinstance(task, LocalAgentTaskState) and task.waiting_for != status.waiting:
-            store.set_task(live.task_id, waiting_for=status.waiting)
+        if status.waiting != live.status_waiting:
+            live.status_waiting = status.waiting
+            if isinstance(task, LocalAgentTaskState) and task.waiting_for != status.waiting:
+                store.set_task(live.task_id, waiting_for=status.waiting)
         if isinstance(task, LocalAgentTaskState) and status.violations != task.violations:
             store.set_task(live.task_id, violations=status.violations)
         if progress is not None and isinstance(task, LocalAgentTaskState):
@@ -582,7 +585,7 @@ class AgentKind:
         if live.handle is not None and self._tmux is not None:
             with contextlib.suppress(ShoalError, OSError):
                 self._tmux.kill(live.handle)
-        live.status_mtime = 0
+        live.status_seen = None
         self._read_status(live, store)
         status = AgentStatus.load(live.status_file)
         task = store.get(live.task_id)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.core.errors import ShoalError
 from shoal.core.events import TaskProgress, task_started, task_terminated
+from shoal.core.filestamp import Stamp, settled, stamp_of
 from shoal.core.procs import (
     Termination,
     current_identity,
@@ -189,7 +190,7 @@ class _Run:
     status_file: Path
     proc: ShellProcess
     ending: Termination | None = None
-    status_mtime: int = 0
+    status_seen: Stamp | None = None
     last_event: float = 0.0
 
 
@@ -367,13 +368,10 @@ class DreamKind:
             self._settle(run, store)
 
     def _read_status(self, run: _Run, store: TaskStore) -> AgentStatus | None:
-        try:
-            mtime = run.status_file.stat().st_mtime_ns
-        except OSError:
+        stamp = stamp_of(run.status_file)
+        if stamp is None or stamp == run.status_seen:
             return None
-        if mtime == run.status_mtime:
-            return None
-        run.status_mtime = mtime
+        run.status_seen = settled(stamp)
         status = AgentStatus.load(run.status_file)
         task = store.get(run.task_id)
         if status is None or not isinstance(task, DreamTaskState) or task.is_terminal:
@@ -412,7 +410,7 @@ class DreamKind:
         self.runs.pop(run.task_id, None)
         self._exited.discard(run.task_id)
         store.unwatch_pid(run.task_id)
-        run.status_mtime = 0
+        run.status_seen = None
         status = self._read_status(run, store)
         task = store.get(run.task_id)
         if not isinstance(task, DreamTaskState) or task.is_terminal:
