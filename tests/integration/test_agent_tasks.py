@@ -776,7 +776,12 @@ def test_a_subagent_dies_with_its_parent(leader: Cli, tmp_path: Path) -> None:
         "--backend", "process", "top",
     )  # fmt: skip
     parent_id = out.stdout.strip()
-    wait_until(lambda: (tmp_path / "child_waiting").exists(), what="the subagent's command")
+    # (two runner processes start one after the other: on a loaded machine that takes a while)
+    wait_until(
+        lambda: (tmp_path / "child_waiting").exists(),
+        timeout=90,
+        what=lambda: "the subagent's command; " + leader("ps", "--team", TEAM, "--all").stdout,
+    )
     listed = json.loads(leader("ps", "--team", TEAM, "--json").stdout)
     (child,) = [t for t in listed if t.get("parent_agent") == parent_id]
     assert child["permission_mode"] == "bypassPermissions"  # inherited from its parent
