@@ -174,6 +174,10 @@ UltraplanPhase = Literal["running", "needs_input", "plan_ready"]
 
 # --------------------------------------------------------------------------- task states
 
+RETIRED_TEAMMATE_FIELDS: Final = frozenset({"pending_user_messages"})
+"""Fields a teammate's record had in older versions, ignored when read: a message for a
+teammate waits in its maildir inbox (`shoal inbox NAME`), which is its queue."""
+
 
 class TaskStateBase(_Frozen):
     """Fields every task has; subclasses fix `type`. Plain data only: no live handles."""
@@ -386,6 +390,8 @@ class RemoteAgentTaskState(TaskStateBase):
     command: str = ""
     title: str = ""
     todo_list: tuple[JsonDict, ...] = ()
+    """The job's agent's task list as the job last reported it (its `todo` marker):
+    {content, status: pending, in_progress or completed}."""
     log: tuple[JsonDict, ...] = ()
     is_long_running: bool = False
     poll_started_at: float = Field(default_factory=time.time)
@@ -413,7 +419,6 @@ class InProcessTeammateTaskState(TaskStateBase):
     permission_mode: PermissionMode = "default"
     progress: AgentProgress | None = None
     messages: tuple[JsonDict, ...] = ()
-    pending_user_messages: tuple[str, ...] = ()
     is_idle: bool = False
     shutdown_requested: bool = False
     error: str | None = None
@@ -422,6 +427,14 @@ class InProcessTeammateTaskState(TaskStateBase):
     evict_after: float | None = None
     workflow_id: str | None = None
     """The workflow (`w...` task) that brought this member up for its steps, if any."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data: Any) -> Any:
+        # Records of older versions carry fields since dropped: they load without them.
+        if isinstance(data, dict) and any(k in data for k in RETIRED_TEAMMATE_FIELDS):
+            return {k: v for k, v in data.items() if k not in RETIRED_TEAMMATE_FIELDS}
+        return data
 
     @field_validator("messages")
     @classmethod
