@@ -407,9 +407,12 @@ def _activity(text: str, at: float) -> ToolActivity:
 
 
 def _written_at(status: Mapping[str, Any]) -> float:
-    """When a status file was written (its `updated_at`), else now."""
-    with contextlib.suppress(TypeError, ValueError):
-        return datetime.fromisoformat(str(status["updated_at"]).replace("Z", "+00:00")).timestamp()
+    """When a status file was written (its `updated_at`), else now (an in-process member's
+    status, handed over directly, has none)."""
+    written = status.get("updated_at")
+    if isinstance(written, str):
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(written.replace("Z", "+00:00")).timestamp()
     return time.time()
 
 
