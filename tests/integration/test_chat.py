@@ -12,9 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from shoal.core.paths import Layout
+from shoal.orchestrator.session_files import current_session_files
 from tests.conftest import Cli
 from tests.polling import wait_until
 
@@ -156,3 +159,84 @@ def test_chat_needs_a_terminal(cli: Cli) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "needs a terminal" in out.stderr
+
+
+GATED = """
+final = "answer to: {{prompt}}"
+
+[[turn]]
+wait_for = "{gate}"
+[[turn.call]]
+tool = "Bash"
+args = {{ command = "echo gated" }}
+"""
+
+
+def test_the_record_and_the_pill_follow_a_query_to_the_background_and_back(
+    cli: Cli, home: Path, tmp_path: Path
+) -> None:
+    up = cli("up", "--team", TEAM, "--detach", "--quiet", env={"SHOAL_POLL_INTERVAL": "0.1"})
+    assert up.returncode == 0, up.stderr
+    gate = tmp_path / "go"
+    script = tmp_path / "gated.toml"
+    script.write_text(GATED.format(gate=gate))
+    socket = f"shoal-chat-b-{tmp_path.name}"[-60:]
+    command = " ".join(
+        shlex.quote(a)
+        for a in ["env", f"SHOAL_HOME={home}", sys.executable, "-m", "shoal", "chat",
+                  "--team", TEAM, "--model", f"scripted:{script}",
+                  "--permission-mode", "bypassPermissions", "--cwd", str(tmp_path)]
+    )  # fmt: skip
+    pane = Pane(socket, f"{command}; sleep 60")
+
+    def records() -> list[dict[str, Any]]:
+        session = current_session_files(Layout(home), TEAM)  # (state.json, as ps reads it)
+        return list(session.read_tasks_raw().values()) if session is not None else []
+
+    def query() -> dict[str, Any]:
+        (row,) = [t for t in records() if t.get("agent_type") == "main-session"]
+        return row
+
+    def pill() -> str:
+        return cli("pill", "--team", TEAM).stdout.strip()
+
+    try:
+        pane.wait_for("/help for the commands")
+        pane.keys("the question", "Enter")
+        # In its chat's foreground: held there, and not a background task for the pill.
+        wait_until(lambda: records() and query()["retain"], what="the query held")
+        row = query()
+        task_id = str(row["id"])
+        assert row["status"] == "running" and row["is_backgrounded"] is False
+        assert pill() == ""
+        pane.keys("C-b", "C-b")
+        pane.wait_for(f"[{task_id} moved to the background")
+        assert query()["is_backgrounded"] is True
+        assert pill() == "1 local agent"
+        ps = cli("ps", "--team", TEAM).stdout
+        assert "[main session, in the background]" in ps, ps
+        wait_until(lambda: not query()["retain"], what="the chat to let go of it")
+        pane.keys(f"/fg {task_id}", "Enter")
+        pane.wait_for(f"[{task_id} is in the foreground]")
+        assert query()["is_backgrounded"] is False
+        assert pill() == ""
+        pane.keys("C-b", "C-b")
+        wait_until(lambda: query()["is_backgrounded"] is True, what="backgrounded again")
+        gate.touch()
+        screen = pane.wait_for(f"◆ {task_id} completed", timeout=30)
+        assert "(in the background: answer to: the question" in screen
+        assert pill() == ""  # (ended: nothing runs in the background)
+        # Its end is told once: one notification event, one line in the chat.
+        out = cli("events", "--team", TEAM, "--json")
+        told = [
+            e
+            for e in map(json.loads, out.stdout.splitlines())
+            if e.get("subtype") == "task_notification" and e.get("task_id") == task_id
+        ]
+        assert len(told) == 1, told
+        pane.keys("/tasks", "Enter")
+        pane.wait_for(f"{task_id}  completed")
+        assert pane.screen().count(f"◆ {task_id} completed") == 1
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+        cli("down", "--team", TEAM)

@@ -3,10 +3,12 @@
 The conversation runs as a `local_agent` task of the team's leader (agent_type
 `main-session`, left out of a coordinator's workers and panel); the REPL sends it each line
 and prints its readable transcript as it grows, and the ends of the session's other tasks as
-they come. Ctrl+B twice moves the running query to the background (it goes on, and tells when
-it is done) and gives a fresh prompt; `/fg ID` brings a query back, `/stop ID` stops a task,
-`/tasks` lists them. Ctrl+C stops the running turn; Ctrl+D or `/exit` leaves (a running query
-goes on in the background).
+they come. The query it follows is held against eviction while it does (holds.py). Ctrl+B
+twice moves the running query to the background, in the leader's record too
+(`is_backgrounded`: the pill and the board count it; it goes on, and tells when it is done),
+and gives a fresh prompt; `/fg ID` brings a query back (the one in the foreground goes to
+the background), `/stop ID` stops a task, `/tasks` lists them. Ctrl+C stops the running
+turn; Ctrl+D or `/exit` leaves (a running query goes on in the background).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import ShoalError, UsageError
 
 DOUBLE_PRESS_S: Final = 1.0
+MAIN_SESSION: Final = "main-session"  # (the agent_type of its queries)
 POLL_S: Final = 0.05
 RESULT: Final = re.compile(r"<result>(.*?)</result>", re.DOTALL)
 HELP: Final = (
@@ -59,6 +62,18 @@ class Chat:
         self.session = _session(env.layout, team)
         self.state = ChatState()
         self._events_offset = self._events_size()
+        self.hold: Any = None  # the hold on the followed query (a ViewHold), once started
+
+    def start_holding(self) -> None:
+        """Hold the followed query against eviction from now on (a thread renews it)."""
+        from shoal.orchestrator.holds import ViewHold
+
+        self.hold = ViewHold(self.env.layout, self.team, "chat")
+        self.hold.show(self.state.current)
+
+    def stop_holding(self) -> None:
+        if self.hold is not None:
+            self.hold.close()
 
     # -- the leader ------------------------------------------------------------------------
 
@@ -107,8 +122,13 @@ class Chat:
         elif word == "/fg":
             if not arg:
                 raise UsageError("/fg ID (see /tasks)")
-            if self.record(arg) is None:
+            record = self.record(arg)
+            if record is None:
                 raise UsageError(f"no task {arg} in this session (see /tasks)")
+            current = self.state.current
+            if current is not None and current != arg:  # (the one it replaces goes back)
+                self.move(current, background=True, quiet=True)
+                self.state.backgrounded.add(current)
             self.state.backgrounded.discard(arg)
             click.echo(f"[{arg} is in the foreground]")
             self.follow(arg, from_start=True)
@@ -136,9 +156,22 @@ class Chat:
             click.echo("[nothing runs in the foreground]")
             return
         self.pump()
+        self.move(current, background=True)
         self.state.backgrounded.add(current)
         self.state.current, self.state.output = None, None
+        if self.hold is not None:
+            self.hold.show(None)
         click.echo(f"[{current} moved to the background; /fg {current} brings it back]")
+
+    def move(self, task_id: str, *, background: bool, quiet: bool = False) -> None:
+        """The query's record goes to the background or the foreground (one that has left
+        the leader's registry has no place to move: said, unless `quiet`, and the chat goes
+        on)."""
+        try:
+            self.call("background", {"task_id": task_id, "background": background})
+        except ShoalError as exc:
+            if not quiet:
+                click.echo(f"[{task_id}: {exc}]")
 
     def stop_turn(self) -> None:
         if self.state.current is None:
@@ -152,10 +185,16 @@ class Chat:
 
     def follow(self, task_id: str, *, from_start: bool, skip_prompt: bool = False) -> None:
         task = self.record(task_id) or {}
+        if task.get("agent_type") == MAIN_SESSION and task.get("is_backgrounded"):
+            # (followed, it is in the foreground: so is a continuation of it)
+            ended = task.get("status") in ("completed", "failed", "killed")
+            self.move(task_id, background=False, quiet=ended)
         self.state.current = task_id
         self.state.output = Path(task["output_file"]) if task.get("output_file") else None
         self.state.offset = 0
         self._skip_prompt = skip_prompt and not from_start
+        if self.hold is not None:
+            self.hold.show(task_id)
 
     def pump(self) -> None:
         """Print what the foreground query wrote since the last look."""
@@ -258,6 +297,7 @@ async def _repl(chat: Chat) -> None:
     with patch_stdout(raw=True):
         watcher = asyncio.ensure_future(watch())
         click.echo(f"shoal chat on team {chat.team}: /help for the commands, Ctrl+D to leave")
+        chat.start_holding()
         try:
             while True:
                 try:
@@ -271,9 +311,11 @@ async def _repl(chat: Chat) -> None:
                     click.echo(f"shoal: {exc}")
         finally:
             watcher.cancel()
+            chat.stop_holding()
     if chat.state.current is not None:
         record = chat.record(chat.state.current) or {}
         if record.get("status") == "running":
+            chat.move(chat.state.current, background=True)
             click.echo(f"{chat.state.current} goes on in the background (shoal ps)")
 
 

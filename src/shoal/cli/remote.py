@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,8 @@ def job(remote_type: str, model: str | None, rel: str, prompt: str) -> None:
     """On a cluster node: run one agent with `shoal agent --foreground` under a private home,
     in a private copy of the job's working directory (Ray's unpacked package is shared by the
     jobs of the same content: an agent must not change it under another), stream its
-    transcript, then print the markers its task's leader reads."""
+    transcript, its task list as it changes (the `todo` marker: the task's todo_list), then
+    print the markers its task's leader reads."""
     from shoal.core.paths import Layout
     from shoal.workers.remote import QUESTION, preamble
 
@@ -249,7 +251,19 @@ def job(remote_type: str, model: str | None, rel: str, prompt: str) -> None:
         argv = [*shoal, "agent", "--foreground", "--permission-mode", "bypassPermissions"]
         argv += ["--model", model] if model else []
         argv += ["--cwd", str(where)]
-        code = subprocess.run([*argv, "--", text], env=env, cwd=where, check=False).returncode
+        agent = subprocess.Popen([*argv, "--", text], env=env, cwd=where)
+        stop = threading.Event()
+        todo = threading.Thread(target=_report_todo, args=(Layout(home), stop), daemon=True)
+        todo.start()
+        try:
+            code = agent.wait()
+        except BaseException:  # (a stop: the agent goes first, as subprocess.run would)
+            agent.kill()
+            agent.wait()
+            raise
+        finally:
+            stop.set()
+            todo.join(timeout=5)
         # The agent is done: a stop now must not cut the wrap-up short (`down` inherits this).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         finished = True
@@ -309,6 +323,32 @@ def _agent_result(layout: Any) -> str:
     agents = [t for t in records if t.get("type") == "local_agent"]
     agents.sort(key=lambda t: t.get("start_time") or 0)
     return str(agents[-1].get("result") or "") if agents else ""
+
+
+TODO_EVERY_S = 0.5
+
+
+def _report_todo(layout: Any, stop: threading.Event) -> None:
+    """Print the job's agent's task list (its TaskCreate/TaskUpdate list: the job team's)
+    as a `todo` marker each time it changes, and once more when `stop` is set."""
+    from shoal.core.errors import ShoalError
+    from shoal.teams.store import Teams
+    from shoal.teams.tasklist import TaskList
+
+    tasks = TaskList(Teams(layout), "job")
+    last: list[dict[str, str]] | None = None
+    while True:
+        stopped = stop.wait(TODO_EVERY_S)
+        try:
+            items = [{"content": t.subject, "status": t.status.value} for t in tasks.list()]
+        except (ShoalError, OSError):
+            items = last or []
+        if items != (last or []):
+            last = items
+            sys.stdout.write(f"::shoal-todo:: {orjson.dumps(items).decode()}\n")
+            sys.stdout.flush()
+        if stopped:
+            return
 
 
 def _marker(name: str, value: str) -> None:

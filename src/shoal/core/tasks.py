@@ -14,6 +14,9 @@ from shoal.core.taskstatus import (
     _TYPE_BY_PREFIX as _TYPE_BY_PREFIX,
 )
 from shoal.core.taskstatus import (
+    AGENT_MESSAGES_UI_CAP as AGENT_MESSAGES_UI_CAP,
+)
+from shoal.core.taskstatus import (
     AGENT_TASK_TYPES as AGENT_TASK_TYPES,
 )
 from shoal.core.taskstatus import (
@@ -27,6 +30,9 @@ from shoal.core.taskstatus import (
 )
 from shoal.core.taskstatus import (
     MAX_TASK_OUTPUT_BYTES as MAX_TASK_OUTPUT_BYTES,
+)
+from shoal.core.taskstatus import (
+    MESSAGE_TEXT_CAP as MESSAGE_TEXT_CAP,
 )
 from shoal.core.taskstatus import (
     OUTPUT_READ_CHUNK as OUTPUT_READ_CHUNK,
@@ -107,7 +113,8 @@ class ShellResult(_Frozen):
 
 
 class ToolActivity(_Frozen):
-    """One tool call an agent made, for progress display."""
+    """One tool call an agent made, for progress display; `at` is when it was made (epoch
+    seconds; None only in the records of shoal versions that did not say)."""
 
     tool_name: str
     description: str = ""
@@ -167,6 +174,10 @@ UltraplanPhase = Literal["running", "needs_input", "plan_ready"]
 
 # --------------------------------------------------------------------------- task states
 
+RETIRED_TEAMMATE_FIELDS: Final = frozenset({"pending_user_messages"})
+"""Fields a teammate's record had in older versions, ignored when read: a message for a
+teammate waits in its maildir inbox (`shoal inbox NAME`), which is its queue."""
+
 
 class TaskStateBase(_Frozen):
     """Fields every task has; subclasses fix `type`. Plain data only: no live handles."""
@@ -185,6 +196,9 @@ class TaskStateBase(_Frozen):
     owner: str | None = None
     """The inbox or agent that receives this task's notification."""
     is_backgrounded: bool = True
+    retain: bool = False
+    """Held open by a view (`hold`): never evicted while set (the leader keeps the holds; the
+    seed has it on agent tasks, shoal's views show every kind)."""
 
     @model_validator(mode="after")
     def _id_matches_type(self) -> TaskStateBase:
@@ -281,11 +295,15 @@ class LocalAgentTaskState(TaskStateBase):
     usage: TaskUsage | None = None
     progress: AgentProgress | None = None
     pending_messages: tuple[str, ...] = ()
-    retain: bool = False
-    """Held open by the UI: never evicted while set."""
+    """Messages sent to it while it runs that it has not taken into its conversation yet
+    (each leaves as the agent drains it at a tool-round boundary)."""
     disk_loaded: bool = False
+    """Its `messages` were read back from its transcript on disk (a resume, or a view that
+    opened an agent whose record had none), not gathered as it ran."""
     evict_after: float | None = None
     messages: tuple[JsonDict, ...] = ()
+    """The last AGENT_MESSAGES_UI_CAP messages of its conversation, for views: {role: user or
+    assistant, kind: text or tool_use, text (cut to MESSAGE_TEXT_CAP), at}."""
     resumed_from: str | None = None
     """The agent task this one continues (same agent_id and transcript)."""
     backend: str = "process"
@@ -356,6 +374,11 @@ class LocalAgentTaskState(TaskStateBase):
     """A replayed coordinator's: the recorded transcript of each worker of the run it
     re-drives, by the worker's description and prompt (its workers replay those)."""
 
+    @field_validator("messages")
+    @classmethod
+    def _cap_messages(cls, value: tuple[JsonDict, ...]) -> tuple[JsonDict, ...]:
+        return value[-AGENT_MESSAGES_UI_CAP:]
+
 
 class RemoteAgentTaskState(TaskStateBase):
     """An agent running elsewhere, polled for completion; metadata also lives in a sidecar file."""
@@ -367,6 +390,8 @@ class RemoteAgentTaskState(TaskStateBase):
     command: str = ""
     title: str = ""
     todo_list: tuple[JsonDict, ...] = ()
+    """The job's agent's task list as the job last reported it (its `todo` marker):
+    {content, status: pending, in_progress or completed}."""
     log: tuple[JsonDict, ...] = ()
     is_long_running: bool = False
     poll_started_at: float = Field(default_factory=time.time)
@@ -394,7 +419,6 @@ class InProcessTeammateTaskState(TaskStateBase):
     permission_mode: PermissionMode = "default"
     progress: AgentProgress | None = None
     messages: tuple[JsonDict, ...] = ()
-    pending_user_messages: tuple[str, ...] = ()
     is_idle: bool = False
     shutdown_requested: bool = False
     error: str | None = None
@@ -403,6 +427,14 @@ class InProcessTeammateTaskState(TaskStateBase):
     evict_after: float | None = None
     workflow_id: str | None = None
     """The workflow (`w...` task) that brought this member up for its steps, if any."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data: Any) -> Any:
+        # Records of older versions carry fields since dropped: they load without them.
+        if isinstance(data, dict) and any(k in data for k in RETIRED_TEAMMATE_FIELDS):
+            return {k: v for k, v in data.items() if k not in RETIRED_TEAMMATE_FIELDS}
+        return data
 
     @field_validator("messages")
     @classmethod
@@ -661,7 +693,7 @@ def is_panel_agent_task(task: TaskStateBase) -> bool:
 def in_grace(task: TaskStateBase, now: float) -> bool:
     """True while a task is held against removal: retained by a view, or an ended agent task
     within its panel grace (`evict_after`, default end_time + 30 s)."""
-    if getattr(task, "retain", False):
+    if task.retain:
         return True
     if task.type not in AGENT_TASK_TYPES or not task.is_terminal:
         return False

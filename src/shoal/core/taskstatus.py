@@ -25,6 +25,11 @@ OUTPUT_READ_CHUNK: Final = 8 * 1024**2
 """The most output the poll loop reads from one task in one tick."""
 TEAMMATE_MESSAGES_UI_CAP: Final = 50
 """Messages kept per in-process teammate for display (292 agents once reached 36.8 GB)."""
+AGENT_MESSAGES_UI_CAP: Final = TEAMMATE_MESSAGES_UI_CAP
+"""Messages kept per local agent for display (its `messages`), as for a teammate."""
+MESSAGE_TEXT_CAP: Final = 200
+"""Characters of a message's text kept in a record's `messages` (the record is in
+state.json: 50 messages of a thousand agents must stay a few MB at most)."""
 RECENT_ACTIVITIES_CAP: Final = 5
 DREAM_TURNS_CAP: Final = 30
 MAIN_SESSION_AGENT_TYPE: Final = "main-session"

@@ -362,6 +362,10 @@ def new_agent_task(host: AgentHost, spec: AgentSpec) -> LocalAgentTaskState:
         worker_of=parent.worker_of if parent is not None else None,
         write_set=parent.write_set if parent is not None else None,
         allow_network=spec.allow_network or (parent.allow_network if parent else False),
+        # A main-session query runs in its chat's foreground until Ctrl+B twice sends it to
+        # the background; a continuation stays where the query it continues was.
+        is_backgrounded=agent_type != MAIN_SESSION_AGENT_TYPE
+        or (parent is not None and parent.is_backgrounded),
     )
 
 

@@ -7,7 +7,8 @@ leader running it fails at once, naming `shoal up`.
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
 request is validated into one model per operation (`ping, sh, stop, await, spawn, down, agent,
 agent_send, permission, pr_subscribe, pr_unsubscribe`, and the queue's `group_add, group_rm,
-group_list, parallel, pause, resume, restart, clean, send_input`), carried out
+group_list, parallel, pause, resume, restart, clean, send_input`, and the views' `hold,
+release, background`), carried out
 through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
 code is a declared field. `stop`, `await` and `spawn` answer later (once the task has ended,
 once the teammates are ready), so the loop never waits for them.
@@ -250,6 +251,38 @@ class SendInputRequest(_Request):
     eof: bool = False
 
 
+class HoldRequest(_Request):
+    """A view holds a task while it shows it (never evicted meanwhile; orchestrator/holds.py):
+    renewed within `lease_s`, ended by `release` or by the view's process (`pid`) ending."""
+
+    op: Literal["hold"] = "hold"
+    task_id: str
+    holder: str = Field(min_length=1)
+    pid: int | None = None
+    pid_started_at: float | None = None
+    lease_s: float = Field(default=30.0, gt=0)
+
+
+class ReleaseRequest(_Request):
+    """A view lets go of the task it held."""
+
+    op: Literal["release"] = "release"
+    task_id: str
+    holder: str = Field(min_length=1)
+
+
+class BackgroundRequest(_Request):
+    """`shoal chat`'s Ctrl+B twice (`background`) and `/fg` (not): a main-session query's
+    record moves to the background (the pill counts it) or back to the foreground."""
+
+    op: Literal["background"] = "background"
+    task_id: str
+    background: bool = True
+
+
+ViewRequest = HoldRequest | ReleaseRequest | BackgroundRequest
+"""Requests of the views about the tasks they show, answered at once."""
+
 QueueRequest = (
     GroupAddRequest
     | GroupRemoveRequest
@@ -278,7 +311,8 @@ ControlRequest = Annotated[
     | DreamRequest
     | MonitorRequest
     | WorkflowRequest
-    | QueueRequest,
+    | QueueRequest
+    | ViewRequest,
     Field(discriminator="op"),
 ]
 
@@ -316,6 +350,9 @@ OPERATIONS = (
     "restart",
     "clean",
     "send_input",
+    "hold",
+    "release",
+    "background",
 )
 
 
@@ -474,6 +511,11 @@ class ControlTarget(Protocol):
         """Carry out a request about queued and running tasks; its JSON-able result."""
         ...
 
+    def view_request(self, request: ViewRequest) -> Any:
+        """Hold or release a task for a view, or move a main-session query to or from the
+        background; its JSON-able result."""
+        ...
+
     def note(self, text: str) -> None: ...
 
     def flush_state(self) -> None:
@@ -600,6 +642,8 @@ class ControlServer:
             answer(sent, None)
         elif isinstance(request, QueueRequest):
             answer(target.queue_control(request), None)
+        elif isinstance(request, ViewRequest):
+            answer(target.view_request(request), None)
         elif isinstance(request, PrSubscribeRequest):
             answer(target.pr_activity(request), None)
         elif isinstance(request, PermissionRequest):

@@ -39,6 +39,7 @@ from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.agent_runner import ControlPort
 from shoal.orchestrator.control import ControlServer
+from shoal.orchestrator.holds import Holds
 from shoal.orchestrator.leases import LEASES_FILE
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
 from shoal.orchestrator.pr_feed import pr_policy, pr_request
@@ -102,6 +103,8 @@ class Leader(LeaderRequests):
         self.control = ControlServer(layout, team, self)
         self.scheduler = Scheduler(self)
         self.policies.append(self.scheduler)
+        self.holds = Holds()  # (views' holds on tasks: holds.py)
+        self.policies.append(self.holds)
         self._mail: queue.SimpleQueue[AnyMessage] = queue.SimpleQueue()
         self._calls = queue.SimpleQueue()
         self._step_errors: dict[str, str] = {}

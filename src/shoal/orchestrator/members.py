@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -391,28 +392,49 @@ def _cut(text: str | None) -> str | None:
     return text[:MESSAGE_TEXT_CAP] + "…"
 
 
-def _activity(text: str) -> ToolActivity:
-    """An activity line of a status file as a ToolActivity; its first word (e.g. `run` of
-    `run: make`) stands for the tool."""
-    return ToolActivity(tool_name=text.split(":", 1)[0].split(" ", 1)[0], description=text)
+def _activity(text: str, at: float) -> ToolActivity:
+    """An activity line of a status file as a ToolActivity made at `at`; its first word
+    (e.g. `run` of `run: make`) stands for the tool."""
+    return ToolActivity(tool_name=text.split(":", 1)[0].split(" ", 1)[0], description=text, at=at)
+
+
+def _written_at(status: Mapping[str, Any]) -> float:
+    """When a status file was written (its `updated_at`), else now (an in-process member's
+    status, handed over directly, has none)."""
+    written = status.get("updated_at")
+    if isinstance(written, str):
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(written.replace("Z", "+00:00")).timestamp()
+    return time.time()
 
 
 def _progress(status: Mapping[str, Any]) -> AgentProgress | None:
-    """The progress a status file reports (counts, summary, latest and recent activities)."""
+    """The progress a status file reports (counts, summary, latest and recent activities,
+    each at the time the member gives, else when the status was written)."""
     raw = status.get("progress")
     counts: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     recent = status.get("recent_activities")
-    texts = [a for a in recent if isinstance(a, str) and a] if isinstance(recent, list) else []
+    listed = recent if isinstance(recent, list) else []
+    raw_times = status.get("activity_times")
+    times = raw_times if isinstance(raw_times, list) and len(raw_times) == len(listed) else []
     current = status.get("activity")
-    if not counts and not texts and not current:
+    if not counts and not listed and not current:
         return None
+    written = _written_at(status)
+    pairs = [
+        (a, t if isinstance(t, int | float) else written)
+        for a, t in zip(listed, times or [written] * len(listed), strict=True)
+        if isinstance(a, str) and a
+    ]
+    began = status.get("activity_at")
+    at = began if isinstance(began, int | float) else written
     summary = counts.get("summary")
     try:
         return AgentProgress(
             tool_use_count=int(counts.get("tool_use_count") or 0),
             token_count=int(counts.get("token_count") or 0),
-            last_activity=_activity(str(current)) if current else None,
-            recent_activities=tuple(_activity(a) for a in texts[-RECENT_ACTIVITIES_CAP:]),
+            last_activity=_activity(str(current), at) if current else None,
+            recent_activities=tuple(_activity(a, t) for a, t in pairs[-RECENT_ACTIVITIES_CAP:]),
             summary=str(summary) if summary else None,
         )
     except (TypeError, ValueError):  # (a pydantic ValidationError is a ValueError)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from shoal.core.errors import ShoalError, TaskError, UsageError
 from shoal.core.tasks import (
+    MAIN_SESSION_AGENT_TYPE,
     STOPPED_ON_REQUEST,
     AnyTaskState,
     DreamTaskState,
@@ -35,7 +36,15 @@ from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator import coordinator, task_ops
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
-from shoal.orchestrator.control import MonitorRequest, QueueRequest, ShellSpec
+from shoal.orchestrator.control import (
+    HoldRequest,
+    MonitorRequest,
+    QueueRequest,
+    ReleaseRequest,
+    ShellSpec,
+    ViewRequest,
+)
+from shoal.orchestrator.holds import Holds
 from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import LeaderStore
@@ -65,6 +74,7 @@ class LeaderRequests(LeaderStore, ABC):
     dreams: DreamKind
     monitors: MonitorKind
     kinds: dict[TaskType, TaskKind]
+    holds: Holds
     queue: deque[str]
     _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
     _loop_thread: threading.Thread | None
@@ -538,6 +548,73 @@ class LeaderRequests(LeaderStore, ABC):
         if not self._owns():
             return self.call(lambda: self.queue_control(request)).result()
         return task_ops.handle(self, request)
+
+    def view_request(self, request: ViewRequest) -> Any:
+        """A view holds or releases a task it shows (holds.py), or `shoal chat` moves its
+        query to or from the background."""
+        if not self._owns():
+            return self.call(lambda: self.view_request(request)).result()
+        if isinstance(request, HoldRequest):
+            held = self.holds.hold(
+                self,
+                request.task_id,
+                request.holder,
+                pid=request.pid,
+                pid_started_at=request.pid_started_at,
+                lease=request.lease_s,
+            )
+            self._read_back(request.task_id)
+            return held
+        if isinstance(request, ReleaseRequest):
+            return self.holds.release(self, request.task_id, request.holder)
+        return self.background(request.task_id, request.background).model_dump(mode="json")
+
+    def background(self, task_id: str, background: bool) -> LocalAgentTaskState:
+        """Move main-session query `task_id` to the background (`is_backgrounded`: the pill
+        and the board count it, its end is told as it comes) or back to the foreground."""
+        task = self.registry.get(task_id)
+        if task is None and task_id in self.history():
+            raise TaskError(f"task {task_id} has ended and left the registry; it stays put")
+        if not isinstance(task, LocalAgentTaskState) or task.agent_type != MAIN_SESSION_AGENT_TYPE:
+            what = "no task" if task is None else f"task {task_id} is not a main-session query;"
+            raise TaskError(
+                f"{what} {task_id} to move (only `shoal chat`'s queries go to the background)"
+            )
+        self.set_task(task_id, is_backgrounded=background)
+        current = self.registry.get(task_id)
+        assert isinstance(current, LocalAgentTaskState)
+        return current
+
+    def _read_back(self, task_id: str) -> None:
+        """A view holds an agent whose record has no messages (it ran before they were kept,
+        or its runner died before telling any): they are read back from its transcript, off
+        the loop's thread, and the record says so (`disk_loaded`)."""
+        task = self.registry.get(task_id)
+        if (
+            not isinstance(task, LocalAgentTaskState)
+            or task.messages
+            or task.disk_loaded
+            or task.id in self.agents.runs  # (a running one's runner gathers them)
+            or not task.transcript
+        ):
+            return
+        path = Path(task.transcript)
+
+        def load() -> None:
+            from shoal.workers.agent.loop import conversation_messages
+            from shoal.workers.agent.transcript import Transcript
+
+            try:
+                messages = conversation_messages(Transcript.load(path).messages)
+            except (ShoalError, OSError, ValueError) as exc:
+                why = f"could not read {path} for a view: {exc}"
+                self.call(lambda: self.note(why))
+                return
+            if messages:
+                kept = tuple(messages)
+                self.call(lambda: self.set_task(task_id, messages=kept, disk_loaded=True))
+
+        threading.Thread(target=load, name="transcript-read", daemon=True).start()
 
     def stop(
         self,

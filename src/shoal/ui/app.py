@@ -55,6 +55,12 @@ def _swarm(screen: Screen[Any]) -> SwarmApp:
 class SwarmScreen(Screen[None]):
     """A screen that shows part of a snapshot and knows what is selected."""
 
+    shown_task: str | None = None
+    """The task this screen shows, held against eviction while it is on top."""
+
+    def on_screen_resume(self) -> None:
+        _swarm(self).source.show(self.shown_task)
+
     def update_snapshot(self, snapshot: Snapshot) -> None:
         """Show `snapshot` (called on every reread)."""
 
@@ -253,7 +259,7 @@ class TaskDetail(_DetailScreen):
 
     def __init__(self, task_id: str) -> None:
         super().__init__()
-        self.task_id = task_id
+        self.task_id = self.shown_task = task_id
 
     def update_snapshot(self, snapshot: Snapshot) -> None:
         row = snapshot.task(self.task_id)
@@ -309,7 +315,7 @@ class OutputScreen(SwarmScreen):
 
     def __init__(self, task_id: str) -> None:
         super().__init__()
-        self.task_id = task_id
+        self.task_id = self.shown_task = task_id
         self.read_offset: int | None = None
         self._pending = b""
         self._error: str | None = None
@@ -419,6 +425,7 @@ class SwarmApp(App[None]):
     def on_unmount(self) -> None:
         if self._signal is not None:
             self._signal.close()
+        self.source.close()
 
     def _watch_loop(self) -> None:
         worker = get_current_worker()

@@ -173,6 +173,14 @@ class SwarmSource(Protocol):
 
     def answer_plan(self, member: str, approve: bool, feedback: str | None = None) -> str: ...
 
+    def show(self, task_id: str | None) -> None:
+        """The task a view shows now (None: none): held against eviction while it does."""
+        ...
+
+    def close(self) -> None:
+        """The views are gone: let go of what they held."""
+        ...
+
 
 def read_jsonl(path: Path, max_bytes: int | None = None) -> Iterator[JsonDict]:
     """JSON objects of the last `max_bytes` of a JSON-lines file (all of it when None)."""
@@ -320,6 +328,7 @@ class FileSource:
         self._history: HistoryReader | None = None
         self._history_rows: dict[str, TaskRow] = {}
         self._history_lock = threading.Lock()
+        self._hold: Any = None  # (a holds.ViewHold, from the first task a view shows)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -477,6 +486,22 @@ class FileSource:
         return read_output_delta(self._output_path(task_id), offset, 1 << 20)
 
     # -- acting ----------------------------------------------------------------------------------
+
+    def show(self, task_id: str | None) -> None:
+        """Hold `task_id` with the leader while a detail or output view shows it (a thread
+        renews the hold; no leader running, nothing is evicted and nothing is held)."""
+        if self._hold is None:
+            if task_id is None:
+                return
+            from shoal.orchestrator.holds import ViewHold
+
+            self._hold = ViewHold(self.layout, self.team, "ui")
+        self._hold.show(task_id)
+
+    def close(self) -> None:
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
 
     def stop_task(self, task_id: str) -> JsonDict:
         """Ask the leader to stop `task_id`; its final record."""

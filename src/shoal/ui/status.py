@@ -286,7 +286,7 @@ def one_line(text: Any, width: int = 80, *, line_sep: str = " ") -> str:
 def agent_notes(task: Mapping[str, Any]) -> str:
     """What an agent waits on or has spent: `  [waits: shoal approve a1b2c3d4e.1 (Bash)]`,
     `  [waiting for the lease of a1b2c3d4e]`, `  [waiting for the model for 8 s]`,
-    `  [budget: 1,200/20,000 tokens, 3/40 tool uses]`."""
+    `  [budget: 1,200/20,000 tokens, 3/40 tool uses]`, `  [main session, in the background]`."""
     waiting = task.get("waiting_for")
     shown = ""
     if isinstance(waiting, dict) and waiting.get("request_id"):
@@ -321,4 +321,7 @@ def agent_notes(task: Mapping[str, Any]) -> str:
         shown += f"  [budget: {', '.join(parts)}]"
     if task.get("violations"):
         shown += f"  [{len(task['violations'])} lease violation(s)]"
+    if task.get("agent_type") == "main-session" and running:
+        where = "in the background" if task.get("is_backgrounded", True) else "in its chat"
+        shown += f"  [main session, {where}]"
     return shown

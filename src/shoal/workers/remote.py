@@ -400,6 +400,32 @@ def _marker_text(markers: Mapping[str, str], name: str) -> str | None:
     return raw
 
 
+TODO_KEEP: Final = 100  # items of a job's task list kept in its record
+TODO_STATUSES: Final = ("pending", "in_progress", "completed")
+
+
+def todo_of(markers: Mapping[str, str]) -> tuple[dict[str, str], ...] | None:
+    """The job's agent's task list from its latest `todo` marker (a JSON list of {content,
+    status}), each content cut to 200 characters; None when it printed none, or garbage."""
+    raw = markers.get("todo")
+    if raw is None:
+        return None
+    try:
+        items = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(items, list):
+        return None
+    return tuple(
+        {
+            "content": item["content"][:200],
+            "status": item.get("status") if item.get("status") in TODO_STATUSES else "pending",
+        }
+        for item in items[:TODO_KEEP]
+        if isinstance(item, dict) and isinstance(item.get("content"), str)
+    )
+
+
 def job_verdict(
     task: RemoteAgentTaskState, info: JobInfo, markers: Mapping[str, str]
 ) -> Verdict | None:
@@ -900,6 +926,9 @@ class RemoteKind:
             changes["host"] = info.host
         if job.markers != (meta.get("markers") or {}):
             changes["remote_task_metadata"] = {**meta, "markers": dict(job.markers)}
+        todo = todo_of(job.markers)
+        if todo is not None and todo != task.todo_list:
+            changes["todo_list"] = todo
         if info.status != _last_status(task):
             changes["log"] = _logged(task, info.status.lower(), _first_line(info.message))
         checker = _CHECKERS.get(task.remote_task_type, job_verdict)

@@ -170,6 +170,7 @@ class TeammateRunner:
         self._plan_answers: dict[str, tuple[bool, str | None]] = {}
         self._messages: deque[dict[str, Any]] = deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
         self._activities: deque[str] = deque(maxlen=RECENT_ACTIVITIES)
+        self._activity_times: deque[float] = deque(maxlen=RECENT_ACTIVITIES)  # (epoch s)
         self._status: dict[str, Any] = {}
         # Whether the lead has heard of this idle spell (one notice per change): a fact about the
         # notices, not a run state (a teammate is idle before its first turn, and tells no one).
@@ -656,8 +657,13 @@ class TeammateRunner:
         self._turn_steps += 1
         self.console.step(text)
         self._activities.append(text)
+        self._activity_times.append(time.time())
+        self._summary = text  # (as it works; its turn's end says how the turn went)
         self._set_status(
-            activity=text, recent_activities=list(self._activities), progress=self._progress()
+            activity=text,
+            recent_activities=list(self._activities),
+            activity_times=list(self._activity_times),
+            progress=self._progress(),
         )
 
     def _progress(self) -> dict[str, Any]:
@@ -745,6 +751,8 @@ class TeammateRunner:
             self.console.sent(kind, LEAD_NAME, about)
 
     def _set_status(self, **changes: Any) -> None:
+        if "activity" in changes and changes["activity"] != self._status.get("activity"):
+            changes["activity_at"] = time.time()  # (epoch s: when it began)
         self._status.update(changes)
         self._status["messages"] = list(self._messages)
         self.teams.write_status(self.team, self.name, self._status)

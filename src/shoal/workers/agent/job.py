@@ -121,6 +121,9 @@ class AgentStatus(BaseModel):
     commands: tuple[tuple[int, float | None], ...] = ()  # its running commands: (pgid, start)
     note: str | None = None  # e.g. what was wrong with the transcript it resumed from
     violations: tuple[dict[str, Any], ...] = ()  # a worker's changes outside its lease
+    drained: int = 0  # messages sent to it that reached its conversation, so far
+    messages: tuple[dict[str, Any], ...] = ()  # its conversation's last 50, for views
+    from_disk: bool = False  # `messages` began with a transcript read back (a resume)
     updated_at: float = 0.0
 
     def save(self, path: Path) -> None:

@@ -101,6 +101,10 @@ class _Live:
     extra: dict[str, Any] = field(default_factory=dict)
     # An in-process run whose outcome the full disk kept out of its status file.
     unsaved: JobOutcome | None = None
+    # Messages sent to it (its record's pending_messages, before the cap) and, of them, how
+    # many its runner says reached the conversation: the difference is what still waits.
+    sent: int = 0
+    drained: int = 0
 
 
 class _InProcessHost:
@@ -271,6 +275,7 @@ class AgentKind:
             and is_alive(task.pid, task.pid_started_at)
         ):
             live.proc = ShellProcess(task.pid, task.pid_started_at, child=False)
+            self._count_from(live, task)
             self.runs[task.id] = live
             store.watch_pid(task.id, task.pid)
             store.note(f"adopted agent {task.id} (pid {task.pid})")
@@ -279,6 +284,14 @@ class AgentKind:
             return  # (queued again by the caller)
         self.runs[task.id] = live
         self._settle(live, store, unattended=True)
+
+    @staticmethod
+    def _count_from(live: _Live, task: LocalAgentTaskState) -> None:
+        """What an adopted runner drained so far, and so what its record's pending messages
+        are of (one drained after the last leader's last look stays listed until it ends)."""
+        status = AgentStatus.load(live.status_file)
+        live.drained = status.drained if status is not None else 0
+        live.sent = live.drained + len(task.pending_messages)
 
     def _find_runner(
         self, task: LocalAgentTaskState, job_file: Path, status_file: Path, store: TaskStore
@@ -349,6 +362,8 @@ class AgentKind:
                 live.inbox if live is not None else job_paths(session_dir_of(task), task.id)[2],
                 make_message(sender=sender or LEAD_NAME, to=task.id, kind="text", text=text),
             )
+        if live is not None:
+            live.sent += 1
         pending = (*task.pending_messages, text)[-PENDING_CAP:]
         store.set_task(task.id, pending_messages=pending)
 
@@ -549,7 +564,7 @@ class AgentKind:
             return None
         live.last_activity = time.monotonic()
         live.busy = bool(status.commands) or status.waiting is not None
-        progress = _progress(status.progress)
+        progress = _progress(status.progress, status.updated_at or None)
         task = store.get(live.task_id)
         if status.waiting != live.status_waiting:
             live.status_waiting = status.waiting
@@ -557,6 +572,8 @@ class AgentKind:
                 store.set_task(live.task_id, waiting_for=status.waiting)
         if isinstance(task, LocalAgentTaskState) and status.violations != task.violations:
             store.set_task(live.task_id, violations=status.violations)
+        if isinstance(task, LocalAgentTaskState):
+            self._conversation(live, status, task, store)
         if progress is not None and isinstance(task, LocalAgentTaskState):
             store.set_task(live.task_id, progress=progress)
             if self.on_spent is not None and (task.coordinator or task.worker_of):
@@ -576,6 +593,24 @@ class AgentKind:
                     )
                 )
         return status
+
+    @staticmethod
+    def _conversation(
+        live: _Live, status: AgentStatus, task: LocalAgentTaskState, store: TaskStore
+    ) -> None:
+        """The record's pending messages less those the runner drained (one by one, as it
+        takes them), and its messages for views as the runner gathered them."""
+        changes: dict[str, Any] = {}
+        if status.drained != live.drained:
+            live.drained = status.drained
+            waiting = max(0, live.sent - live.drained)
+            changes["pending_messages"] = task.pending_messages[-waiting:] if waiting else ()
+        if status.messages and status.messages != task.messages:
+            changes["messages"] = status.messages
+        if status.from_disk and not task.disk_loaded:
+            changes["disk_loaded"] = True
+        if changes:
+            store.set_task(live.task_id, **changes)
 
     def _settle(self, live: _Live, store: TaskStore, *, unattended: bool = False) -> None:
         """Give an ended agent its final state from its status file."""
@@ -759,21 +794,31 @@ def _first_line(text: str) -> str | None:
     return line[:200] or None
 
 
-def _progress(raw: Mapping[str, Any]) -> AgentProgress | None:
+def _progress(raw: Mapping[str, Any], seen: float | None = None) -> AgentProgress | None:
+    """The progress of a runner's status; each activity at the time the runner gives it
+    (`seen`, when the status was written, for a runner that gave none)."""
     if not raw:
         return None
+    texts = [a for a in raw.get("recent_activities") or () if isinstance(a, str)]
+    times = [t for t in raw.get("recent_activity_times") or () if isinstance(t, int | float)]
+    if len(times) != len(texts):
+        times = [seen or time.time()] * len(texts)
     recent = tuple(
-        ToolActivity(tool_name=a.split("(", 1)[0], description=a)
-        for a in raw.get("recent_activities") or ()
-        if isinstance(a, str)
+        ToolActivity(tool_name=a.split("(", 1)[0], description=a, at=at)
+        for a, at in zip(texts, times, strict=True)
     )
     last = raw.get("last_activity")
+    last_at = raw.get("last_activity_at")
     return AgentProgress(
         tool_use_count=int(raw.get("tool_use_count") or 0),
         token_count=int(raw.get("token_count") or 0),
         latest_input_tokens=int(raw.get("latest_input_tokens") or 0),
         cumulative_output_tokens=int(raw.get("cumulative_output_tokens") or 0),
-        last_activity=ToolActivity(tool_name=last.split("(", 1)[0], description=last)
+        last_activity=ToolActivity(
+            tool_name=last.split("(", 1)[0],
+            description=last,
+            at=last_at if isinstance(last_at, int | float) else seen or time.time(),
+        )
         if isinstance(last, str)
         else None,
         recent_activities=recent,

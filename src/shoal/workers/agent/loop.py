@@ -1,9 +1,12 @@
 """One agent run: pydantic-ai's `Agent.iter()` driven node by node, with what shoal adds on
 top — the sidechain transcript appended after every node, the readable output file, progress
-(tool uses, tokens, the 5 latest activities) at each round, pending messages drained at tool
-round boundaries (pydantic-ai's own `AgentRun.enqueue`), and limits that end the run `failed`
-with the limit named: turns (model requests), tokens, tool uses and wall time. While a request
-is out, the progress summary says "waiting for the model for N s", renewed every WAIT_TICK_S.
+(tool uses, tokens, the 5 latest activities, each with its time, a summary: the latest thing
+the agent said, else its latest tool call) at each round, the last 50 messages of the
+conversation for views, pending messages drained at tool round boundaries (pydantic-ai's own
+`AgentRun.enqueue`, each counted as it reaches a request), and limits that end the run
+`failed` with the limit named: turns (model requests), tokens, tool uses and wall time. While
+a request is out, the progress summary adds "waiting for the model for N s", renewed every
+WAIT_TICK_S.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import re
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from shoal.core.config import TOOL_RETRIES
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import FILE_MODE
+from shoal.core.taskstatus import AGENT_MESSAGES_UI_CAP, MESSAGE_TEXT_CAP
 from shoal.workers.agent.tools import (
     FILE_TOOLS,
     TOOL_SPECS,
@@ -48,6 +52,8 @@ RECENT_ACTIVITIES: Final = 5
 # How often the wait for a model response is renewed in the progress (the leader's event
 # throttle, PROGRESS_EVENT_INTERVAL_S, is shorter, so each renewal is at most one event).
 WAIT_TICK_S: Final = 2.0
+# How often, while a request is out, the messages it took are counted (see _tick_waits).
+DRAIN_CHECK_S: Final = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,15 +69,25 @@ class Limits:
 @dataclass
 class Progress:
     """The seed's agent progress (its ProgressTracker): counts, the latest activity and the
-    five before it. Tokens count as the seed counts them: each request's input is the whole
-    conversation so far, so only the latest request's counts, beside every output."""
+    five before it (each with the time it was made), the summary. Tokens count as the seed
+    counts them: each request's input is the whole conversation so far, so only the latest
+    request's counts, beside every output.
+
+    Beside it, what the runner reports with it but not as progress: the conversation's last
+    messages (`messages`, for views) and how many pending messages reached it (`drained`)."""
 
     tool_use_count: int = 0
     latest_input_tokens: int = 0  # the latest request's input, cache reads and writes included
     cumulative_output_tokens: int = 0
     last_activity: str | None = None
     recent_activities: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIVITIES))
+    activity_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIVITIES))
     summary: str | None = None
+    messages: deque[dict[str, Any]] = field(
+        default_factory=lambda: deque(maxlen=AGENT_MESSAGES_UI_CAP)
+    )
+    drained: int = 0
+    from_disk: bool = False  # `messages` began with a conversation read back (a resume)
 
     @property
     def token_count(self) -> int:
@@ -91,9 +107,19 @@ class Progress:
             if isinstance(message, ModelResponse):
                 self.count(message.usage)
 
-    def note(self, activity: str) -> None:
+    def note(self, activity: str, at: float | None = None) -> None:
         self.last_activity = activity
         self.recent_activities.append(activity)
+        self.activity_times.append(time.time() if at is None else at)
+
+    def said(self, role: str, text: str, kind: str = "text", at: float | None = None) -> None:
+        """One message of the conversation, for views (its text cut to MESSAGE_TEXT_CAP)."""
+        text = text.strip()
+        if not text:
+            return
+        cut = text if len(text) <= MESSAGE_TEXT_CAP else text[:MESSAGE_TEXT_CAP] + "…"
+        at = time.time() if at is None else at
+        self.messages.append({"role": role, "kind": kind, "text": cut, "at": at})
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -102,9 +128,43 @@ class Progress:
             "latest_input_tokens": self.latest_input_tokens,
             "cumulative_output_tokens": self.cumulative_output_tokens,
             "last_activity": self.last_activity,
+            "last_activity_at": self.activity_times[-1] if self.activity_times else None,
             "recent_activities": list(self.recent_activities),
+            "recent_activity_times": list(self.activity_times),
             "summary": self.summary,
         }
+
+
+def summary_of(text: str) -> str | None:
+    """The first line of what the agent said, cut to 200 characters, for its summary."""
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return None
+
+
+def conversation_messages(
+    messages: Iterable[ModelMessage], into: Progress | None = None
+) -> list[dict[str, Any]]:
+    """The messages of a conversation as views show them (user texts, assistant texts and
+    tool calls; the last AGENT_MESSAGES_UI_CAP), e.g. of a transcript read back from disk."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
+
+    progress = into if into is not None else Progress()
+    for message in messages:
+        at = getattr(message, "timestamp", None)
+        when = at.timestamp() if at is not None else None
+        if isinstance(message, ModelRequest):
+            for text in prompt_texts([message]):
+                progress.said("user", text, at=when)
+        elif isinstance(message, ModelResponse):
+            for part in message.parts:
+                if isinstance(part, TextPart):
+                    progress.said("assistant", part.content, at=when)
+                elif isinstance(part, ToolCallPart):
+                    line = describe_call(part.tool_name, part.args_as_dict())
+                    progress.said("assistant", line, "tool_use", at=when)
+    return list(progress.messages)
 
 
 @dataclass(frozen=True)
@@ -351,6 +411,12 @@ class AgentLoop:
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
+        # Texts enqueued that count as the task's pending messages (sent to it, not a
+        # coordinator's worker notifications), by text, until each reaches a request.
+        self._counted: Counter[str] = Counter()
+        self._run_drained: Counter[str] = Counter()  # of `_into_run`, those already counted
+        self._since = 0  # where the run in progress began in the history
+        self._work_summary: str | None = None  # the latest the agent said or did
         self._run_prompt: str | None = None  # the prompt the run in progress began with
         self._acks: list[tuple[str, Callable[[], None]]] = []  # run once a text is recorded
         self._asked_at: float | None = None  # when the request now out was sent
@@ -387,19 +453,43 @@ class AgentLoop:
                 kept.append(text)
         return kept
 
-    def enqueue(self, text: str) -> None:
-        """A message for the agent: drained at the next tool round as a user message."""
+    def enqueue(self, text: str, *, counted: bool = True) -> None:
+        """A message for the agent: drained at the next tool round as a user message.
+        `counted`: one of the task's pending messages (`Progress.drained` counts it once it
+        reaches a request); a coordinator's worker notifications are not."""
+        if counted:
+            self._counted[text] += 1
         if self._run is not None and self._run.result is None:
             self._run.enqueue(text)
             self._into_run.append(text)
         else:
             self._pending.append(text)
 
-    def _undelivered(self, since: int) -> list[str]:
-        """The texts enqueued into the run that never reached a request of its history after
-        message `since` (a run stopped or failed before its next request): kept for the next."""
+    def took(self, texts: Iterable[str]) -> None:
+        """`texts` left the queue for the conversation: each counted one is drained."""
+        for text in texts:
+            if self._counted[text] > 0:
+                self._counted[text] -= 1
+                if not self._counted[text]:
+                    del self._counted[text]
+                self.progress.drained += 1
 
-        delivered = prompt_texts(self.history[since:])
+    def _count_run_drained(self, messages: Sequence[ModelMessage] | None = None) -> None:
+        """Count the texts enqueued into the run in progress that have reached a request (of
+        the history, or of `messages`: the run's own, with the request now out)."""
+        if not self._into_run:
+            return
+        left = self._undelivered(self._since, messages)
+        delivered = Counter(self._into_run) - Counter(left)
+        self.took((delivered - self._run_drained).elements())
+        self._run_drained = delivered
+
+    def _undelivered(self, since: int, messages: Sequence[ModelMessage] | None = None) -> list[str]:
+        """The texts enqueued into the run that never reached a request of its history (or
+        `messages`) after message `since` (a run stopped or failed before its next request):
+        kept for the next."""
+
+        delivered = prompt_texts((self.history if messages is None else messages)[since:])
         if self._run_prompt is not None and self._run_prompt in delivered:
             delivered.remove(self._run_prompt)  # (the run's own prompt delivers none of them)
         # (several queued texts may reach one request together, joined in one prompt part)
@@ -422,9 +512,12 @@ class AgentLoop:
         ):
             self.history.pop()
 
-    def pending(self) -> list[str]:
-        """Take the messages queued for a next run (they came after this one ended)."""
+    def pending(self, *, drained: bool = True) -> list[str]:
+        """Take the messages queued for a next run (they came after this one ended);
+        `drained`: they go into the conversation now (else they are handed on, undrained)."""
         texts, self._pending = self._pending, []
+        if drained:
+            self.took(texts)
         return self._not_yet_said(texts)
 
     async def run(self, prompt: str | None) -> Outcome:
@@ -442,8 +535,10 @@ class AgentLoop:
             tool_calls_limit=self.limits.max_tool_uses,
         )
         texts = [*self._not_yet_said(self._pending), *([prompt] if prompt else [])]
+        self.took(self._pending)
         self._pending.clear()
-        since = len(self.history)
+        since = self._since = len(self.history)
+        self._run_drained = Counter()
         self._run_prompt = "\n\n".join(texts) if texts else None
         if texts:
             self.output.write("".join(f"> {t}\n\n" for t in texts))
@@ -483,8 +578,10 @@ class AgentLoop:
                     self._record()
                 except NoSpaceError as exc:  # (the run ends failed, naming the file)
                     error = error or str(exc)
+            self._count_run_drained()
             self._pending[:0] = self._undelivered(since)
             self._into_run = []
+            self._run_drained = Counter()
         usage = run.usage if run is not None else None
         # (the counts go on over every run of this loop: a coordinator runs once per batch)
         total = self.progress.token_count
@@ -515,24 +612,43 @@ class AgentLoop:
 
     def _waited(self, since: float | None) -> None:
         """A request went out at `since` (None: none is out): the summary says how long the
-        model has been waited for."""
+        model has been waited for, and once it answered, the latest the agent said or did."""
         self._asked_at = since
-        self.progress.summary = (
-            None if since is None else f"waiting for the model for {time.monotonic() - since:.0f} s"
-        )
+        if since is None:
+            self.progress.summary = self._work_summary
+            return
+        wait = f"waiting for the model for {time.monotonic() - since:.0f} s"
+        self.progress.summary = f"{self._work_summary} ({wait})" if self._work_summary else wait
 
     async def _tick_waits(self) -> None:
-        """While a request is out, renew its wait in the progress every WAIT_TICK_S."""
+        """While a request is out, renew its wait in the progress every WAIT_TICK_S, and
+        count the messages it took as it went (pydantic-ai puts them in the run's history
+        before it sends the request) every DRAIN_CHECK_S."""
+        ticks = 0
+        every = max(1, round(WAIT_TICK_S / DRAIN_CHECK_S))
         while True:
-            await asyncio.sleep(WAIT_TICK_S)
-            if self._asked_at is not None and self.on_progress is not None:
+            await asyncio.sleep(DRAIN_CHECK_S)
+            ticks += 1
+            if self._asked_at is None or self.on_progress is None:
+                continue
+            drained = self.progress.drained
+            if self._run is not None:
+                self._count_run_drained(list(self._run.all_messages()))
+            if ticks % every == 0:
                 self._waited(self._asked_at)
+            if ticks % every == 0 or self.progress.drained != drained:
                 self.on_progress(self.progress)
 
     def _after(self, node: Any, run: Any) -> None:
         """Record a node: transcript, readable output, progress."""
         from pydantic_ai import Agent
-        from pydantic_ai.messages import RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
+        from pydantic_ai.messages import (
+            ModelRequest,
+            RetryPromptPart,
+            TextPart,
+            ToolCallPart,
+            ToolReturnPart,
+        )
 
         # (a request node is yielded just before it is sent; the next node comes with the answer)
         self._waited(time.monotonic() if Agent.is_model_request_node(node) else None)
@@ -546,22 +662,35 @@ class AgentLoop:
             self._record()
         if Agent.is_call_tools_node(node):
             self._count(node.model_response.usage)
+            # (the request it answers, as sent: with the messages drained into it)
+            asked = next((m for m in reversed(self.history) if isinstance(m, ModelRequest)), None)
+            for text in prompt_texts([asked] if asked is not None else []):
+                self.progress.said("user", text)
+            said: str | None = None
             for part in node.model_response.parts:
                 if isinstance(part, TextPart) and part.content.strip():
                     self.output.write(f"{part.content.strip()}\n")
+                    self.progress.said("assistant", part.content)
+                    said = summary_of(part.content) or said
                     if self.journal is not None:
                         Output(self.journal).write(f"{part.content.strip()}\n\n")
                 elif isinstance(part, ToolCallPart):
                     line = describe_call(part.tool_name, part.args_as_dict())
                     self.progress.tool_use_count += 1
                     self.progress.note(line)
+                    self.progress.said("assistant", line, "tool_use")
                     self.output.write(f"● {line}\n")
+            # (the summary: what it said this round, else the call it made last)
+            self._work_summary = said or self.progress.last_activity or self._work_summary
+            if self._asked_at is None:
+                self.progress.summary = self._work_summary
         elif Agent.is_model_request_node(node):
             for req_part in node.request.parts:
                 if isinstance(req_part, ToolReturnPart):
                     self.output.write(_short(req_part.model_response_str()) + "\n")
                 elif isinstance(req_part, RetryPromptPart):
                     self.output.write(_short(f"error: {req_part.model_response()}") + "\n")
+        self._count_run_drained()
         if self.on_progress is not None:
             self.on_progress(self.progress)
 

@@ -35,7 +35,14 @@ from shoal.mailbox.store import Maildir
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
-from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
+from shoal.workers.agent.loop import (
+    AgentLoop,
+    Limits,
+    Output,
+    Progress,
+    conversation_messages,
+    make_tools,
+)
 from shoal.workers.agent.mcp_tools import McpServer, open_servers
 from shoal.workers.agent.models import ModelSpec, build_model
 from shoal.workers.agent.permissions import PLAN_TOOL_SPECS, Gate
@@ -66,9 +73,11 @@ class StatusWriter:
         self.violations: list[dict[str, Any]] = []  # a worker's changes outside its lease
         self._written = 0.0
         self._progress: dict[str, Any] = {}
+        self._tracker: Progress | None = None  # (its messages and drained count go along)
 
     def progress(self, progress: Progress, *, force: bool = False) -> None:
         self._progress = progress.to_record()
+        self._tracker = progress
         now = time.monotonic()
         if force or now - self._written >= STATUS_INTERVAL_S:
             self._written = now
@@ -109,13 +118,17 @@ class StatusWriter:
         )
 
     def _save(self, status: AgentStatus, *, final: bool = False) -> None:
-        update = {
+        update: dict[str, Any] = {
             "note": self.note,
             "waiting": self.waiting,
             "commands": tuple((pgid, started) for pgid, started in self.commands.items()),
             "violations": tuple(self.violations),
             "updated_at": time.time(),
         }
+        if self._tracker is not None:
+            update["drained"] = self._tracker.drained
+            update["messages"] = tuple(self._tracker.messages)
+            update["from_disk"] = self._tracker.from_disk
         status = status.model_copy(update=update)
         try:
             status.save(self.path)
@@ -142,16 +155,22 @@ class Feed:
     def attach(self, loop: asyncio.AbstractEventLoop, agent: AgentLoop) -> None:
         self._loop, self._agent = loop, agent
 
-    def put(self, text: str, ack: Callable[[], None] | None = None) -> None:
+    def put(
+        self, text: str, ack: Callable[[], None] | None = None, *, counted: bool = True
+    ) -> None:
         """Queue `text`; `ack` (a coordinator's notification) runs once it is recorded in the
-        transcript, and at once when a notification of that task is there already."""
+        transcript, and at once when a notification of that task is there already. A message
+        sent to the task (neither acked nor said by shoal itself, `counted`) is one of its
+        pending messages until it reaches the conversation."""
         if self._loop is None or self._agent is None:
             assert ack is None, "acked messages are fed only once the agent runs"
             self.late.append(text)
             return
-        self._loop.call_soon_threadsafe(self._deliver, text, ack)
+        self._loop.call_soon_threadsafe(self._deliver, text, ack, counted and ack is None)
 
-    def _deliver(self, text: str, ack: Callable[[], None] | None = None) -> None:
+    def _deliver(
+        self, text: str, ack: Callable[[], None] | None = None, counted: bool = True
+    ) -> None:
         if self.on_text is not None and ack is None:
             text = self.on_text(text)
         if ack is not None and self._agent is not None:
@@ -163,8 +182,10 @@ class Feed:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(text)  # (the agent waits for a message after a stopped turn)
+            if counted and self._agent is not None:
+                self._agent.progress.drained += 1
         elif self._agent is not None:
-            self._agent.enqueue(text)
+            self._agent.enqueue(text, counted=counted)
 
     async def next_message(self, timeout: float | None = None) -> str | None:
         """Wait for the next message (after a stopped turn, or a coordinator's idle turn);
@@ -292,7 +313,10 @@ def watch_coordinator_inbox(
             try:
                 serve()
             except Exception as exc:  # (the inbox, not the agent, failed: say so, go on)
-                feed.put(f"[shoal: the notification inbox {path} failed ({exc}); retrying]")
+                feed.put(
+                    f"[shoal: the notification inbox {path} failed ({exc}); retrying]",
+                    counted=False,
+                )
                 stop.wait(1.0)
 
     def serve() -> None:
@@ -626,6 +650,9 @@ async def run_job(
                 else None,
             )
             loop.progress.count_history(own_part(history, forking=FORK_TAG in job.prompt))
+            if history:  # (a resume: its views see the conversation so far, read from disk)
+                conversation_messages(history, loop.progress)
+                loop.progress.from_disk = True
             if status.note:
                 loop.output.write(f"[resumed: {status.note}]\n")
             for line in notes:
@@ -699,4 +726,4 @@ async def run_job(
         if "TMPDIR" in tmp_env:
             shutil.rmtree(tmp_env["TMPDIR"], ignore_errors=True)
         if loop is not None:  # messages queued after the run ended: the leader resumes with them
-            feed.late.extend(loop.pending())
+            feed.late.extend(loop.pending(drained=False))
