@@ -119,6 +119,11 @@ def settled(cli: Cli, coordinator: str) -> list[dict[str, Any]]:
     return wait_until(done, timeout=90, what="the coordinator and its workers to end")
 
 
+def shown(tasks: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What a failed check prints: each task's id, status and error."""
+    return [(t["id"], t.get("description"), t["status"], t.get("error")) for t in tasks]
+
+
 def runs(work: Path) -> list[str]:
     """Who ran, once per run (the workers may take the lease in either order)."""
     return sorted((work / "runs.txt").read_text().splitlines())
@@ -141,7 +146,7 @@ def test_a_leader_killed_as_a_waiting_worker_takes_its_lease_runs_it_once(
 ) -> None:
     coordinator, work = kill_at(team, "lease-taken" + SECOND_LEASE, tmp_path)
     tasks = settled(team, coordinator)
-    assert all(t["status"] == "completed" for t in workers(tasks).values()), tasks
+    assert all(t["status"] == "completed" for t in workers(tasks).values()), shown(tasks)
     assert runs(work) == ["one", "two"]  # the second not run twice
     two = later(tasks)
     wait_until(lambda: not leases(two), what="the workers' leases to be released")
@@ -163,6 +168,6 @@ def test_a_leader_killed_after_writing_a_start_ahead_never_starts_it_again(
 def test_a_leader_killed_after_spawning_adopts_the_runner(team: Cli, tmp_path: Path) -> None:
     coordinator, work = kill_at(team, "spawned" + THIRD_START, tmp_path)
     tasks = settled(team, coordinator)
-    assert all(t["status"] == "completed" for t in workers(tasks).values()), tasks
+    assert all(t["status"] == "completed" for t in workers(tasks).values()), shown(tasks)
     assert later(tasks)["pid"] is not None  # (found by its job file in the process table)
     assert runs(work) == ["one", "two"]

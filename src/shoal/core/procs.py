@@ -10,6 +10,9 @@ from collections.abc import Callable
 
 # psutil's create_time is a float derived from jiffies; allow for rounding between reads.
 START_TIME_TOLERANCE_S = 0.05
+# A start time read from /proc is ticks since boot plus the boot time in whole seconds
+# (`btime`): it runs up to a second behind the wall clock that `since` values are taken from.
+BOOT_TIME_SLACK_S = 1.0
 # How long to wait for a SIGKILLed process to disappear.
 KILL_WAIT_S = 2.0
 
@@ -117,7 +120,7 @@ def _oldest(matches: Callable[[str], bool], since: float) -> tuple[int, float] |
             continue
         pid = int(entry.name)
         started = process_start_time(pid)
-        if started is None or started < since - START_TIME_TOLERANCE_S:
+        if started is None or started < since - BOOT_TIME_SLACK_S - START_TIME_TOLERANCE_S:
             continue
         if is_alive(pid, started):
             found.append((started, pid))
