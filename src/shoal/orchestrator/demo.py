@@ -181,15 +181,20 @@ def run_demo(
         say(f"teammates run with backend {result.backend} ({result.why})")
         if result.backend == "tmux":
             say(f"  watch them: shoal attach --team {team}")
+        # Given up after `timeout` s in which no task moved (a slow machine is no failure).
         deadline = time.monotonic() + timeout
+        last: tuple[object, ...] = ()
         while time.monotonic() < deadline:
             items = tasklist.list()
             if all(t.status == "completed" for t in items):
                 break
+            now = tuple((t.id, t.status, t.owner) for t in items)
+            if now != last:
+                last, deadline = now, time.monotonic() + timeout
             time.sleep(0.1)
         else:
             raise ShoalError(
-                f"the demo did not finish within {timeout:g}s; see `shoal task list --team {team}`"
+                f"the demo made no progress for {timeout:g}s; see `shoal task list --team {team}`"
             )
         for item in tasklist.list():
             result.done_by[item.subject] = item.owner or "?"

@@ -97,7 +97,8 @@ def run_coordinator_demo(
     say: Callable[[str], None] = print,
     timeout: float = DEMO_TIMEOUT_S,
 ) -> CoordinatorDemoResult:
-    """Run the demo; raises ShoalError if it cannot finish in `timeout` seconds."""
+    """Run the demo; raises ShoalError if it goes `timeout` seconds without progress (a worker
+    starting or ending, a tool call of the coordinator): a slow machine is no failure."""
     started = time.monotonic()
     teams = Teams(layout)
     team = teams.create("demo-coordinator", "shoal demo --coordinator", unique=True).name
@@ -127,11 +128,13 @@ def run_coordinator_demo(
                 say(f"  watch them: shoal attach --team {team}")
             deadline = time.monotonic() + timeout
             final: LocalAgentTaskState | None = None
+            last: tuple[object, ...] = ()
             while time.monotonic() < deadline:
                 # A lease wait can be shorter than one look at the workers: the leader's note,
                 # written when the wait begins, is what says it happened.
                 waits = _lease_waits(leader)
-                for worker in _workers(leader, coordinator.agent_id):
+                workers = _workers(leader, coordinator.agent_id)
+                for worker in workers:
                     if worker.id in waits and worker.id not in waited:
                         waited.add(worker.id)
                         say(
@@ -146,10 +149,16 @@ def run_coordinator_demo(
                 if task.is_terminal:
                     final = task
                     break
+                now = (
+                    task.progress.tool_use_count if task.progress else 0,
+                    *((w.id, w.status.value) for w in workers),
+                )
+                if now != last:
+                    last, deadline = now, time.monotonic() + timeout
                 time.sleep(0.05)
             if final is None:
                 raise ShoalError(
-                    f"the coordinator demo did not finish within {timeout:g}s; see "
+                    f"the coordinator demo made no progress for {timeout:g}s; see "
                     f"`shoal ps --team {team} --all`"
                 )
             if final.status.value != "completed":
