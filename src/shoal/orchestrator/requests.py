@@ -35,13 +35,19 @@ from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator import coordinator, task_ops
 from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
-from shoal.orchestrator.control import MonitorRequest, QueueRequest, ShellSpec
+from shoal.orchestrator.control import (
+    MonitorRequest,
+    QueueRequest,
+    ShellSpec,
+    TaskAttachmentsRequest,
+)
 from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
+from shoal.workers.agent.attachments import AttachmentDesk
 from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
 from shoal.workers.agent.permissions import narrowest
 from shoal.workers.agent.team_tools import signed
@@ -61,6 +67,7 @@ class LeaderRequests(LeaderStore, ABC):
     swarm: Swarm
     scheduler: Scheduler
     agents: AgentKind
+    attachments: AttachmentDesk
     remote: RemoteKind
     dreams: DreamKind
     monitors: MonitorKind
@@ -384,10 +391,26 @@ class LeaderRequests(LeaderStore, ABC):
             return
         owner = self.registry.get(task.owner) if task.owner else None
         if isinstance(owner, LocalAgentTaskState):
+            if isinstance(task, LocalShellTaskState) and task.completion_status_sent_in_attachment:
+                return  # (its end and last output reached the agent in an attachment)
             if not owner.is_terminal and owner.status != TaskStatus.PENDING:
                 self.agents.send(owner, xml, self)
             return
         super().notify_owner(task, xml, summary, status=status, msg_id=msg_id)
+
+    def task_attachments(self, request: TaskAttachmentsRequest) -> dict[str, Any]:
+        """An agent's runner acks what reached its transcript and asks for the new output of
+        its background tasks (workers/agent/attachments.py)."""
+        if not self._owns():
+            return self.call(lambda: self.task_attachments(request)).result()
+        return self.attachments.answer(
+            self,
+            self.registry.get_all_tasks(),
+            request.agent,
+            request.acks,
+            fetch=request.fetch,
+            idle=request.idle,
+        )
 
     def stop_turn(self, task_id: str) -> AnyTaskState:
         """Stop only the current turn of agent task `task_id` (it waits for a message)."""

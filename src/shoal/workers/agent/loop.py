@@ -1,9 +1,11 @@
 """One agent run: pydantic-ai's `Agent.iter()` driven node by node, with what shoal adds on
 top — the sidechain transcript appended after every node, the readable output file, progress
 (tool uses, tokens, the 5 latest activities) at each round, pending messages drained at tool
-round boundaries (pydantic-ai's own `AgentRun.enqueue`), and limits that end the run `failed`
-with the limit named: turns (model requests), tokens, tool uses and wall time. While a request
-is out, the progress summary says "waiting for the model for N s", renewed every WAIT_TICK_S.
+round boundaries (pydantic-ai's own `AgentRun.enqueue`), the new output of the agent's
+background tasks attached before each model request (attachments.py), and limits that end
+the run `failed` with the limit named: turns (model requests), tokens, tool uses and wall
+time. While a request is out, the progress summary says "waiting for the model for N s",
+renewed every WAIT_TICK_S.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from shoal.core.config import TOOL_RETRIES
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import FILE_MODE
+from shoal.workers.agent.attachments import AttachSource, attached_ends
 from shoal.workers.agent.tools import (
     FILE_TOOLS,
     TOOL_SPECS,
@@ -331,6 +334,7 @@ class AgentLoop:
         on_progress: Callable[[Progress], None] | None = None,
         journal: Path | None = None,
         tool_retries: int = TOOL_RETRIES,
+        attach: AttachSource | None = None,
     ) -> None:
         from pydantic_ai import Agent
 
@@ -348,6 +352,7 @@ class AgentLoop:
         self.progress = Progress()
         self.on_progress = on_progress
         self.journal = journal  # a coordinator's texts, kept where its workers can read them
+        self.attach = attach  # what the background tasks wrote, before each request
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
@@ -379,7 +384,9 @@ class AgentLoop:
         ends once: its end is never told twice, whatever path brought it again)."""
         from shoal.core.notify import END_NOTIFICATION
 
-        said = {m.group(1) for text in self.user_texts() for m in END_NOTIFICATION.finditer(text)}
+        texts_so_far = self.user_texts()
+        said = {m.group(1) for text in texts_so_far for m in END_NOTIFICATION.finditer(text)}
+        said |= attached_ends(texts_so_far)  # (an attachment told it)
         kept: list[str] = []
         for text in texts:
             found = END_NOTIFICATION.match(text.lstrip())
@@ -429,6 +436,7 @@ class AgentLoop:
 
     async def run(self, prompt: str | None) -> Outcome:
         """One run from `prompt` (None: continue from the history's last request)."""
+        from pydantic_ai import Agent
         from pydantic_ai.exceptions import (
             AgentRunError,
             UnexpectedModelBehavior,
@@ -461,6 +469,8 @@ class AgentLoop:
                     self._run = run
                     async for node in run:
                         self._after(node, run)
+                        if self.attach is not None and Agent.is_model_request_node(node):
+                            await self._attach(run)
                     assert run.result is not None
                     result = run.result.output
         except TimeoutError:
@@ -499,6 +509,17 @@ class AgentLoop:
             turns=usage.requests if usage is not None else 0,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
+
+    async def _attach(self, run: Any) -> None:
+        """Before a model request: what the agent's background tasks wrote since the last
+        one goes into it (acked once it is in the transcript)."""
+        assert self.attach is not None
+        got = await self.attach.fetch()
+        if got is None:
+            return
+        run.enqueue(got.text)
+        self.output.write(got.note)
+        self.on_recorded(got.text, got.ack)
 
     def _model_error(self, exc: Exception) -> str:
         """The reason of a run the model ended: pydantic-ai's words, or shoal's for a tool
