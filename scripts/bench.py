@@ -1572,10 +1572,14 @@ def _round_script(rounds: int) -> Any:
     return FunctionModel(answer)
 
 
-async def _shoal_rounds(work: Path, rounds: int, tag: str) -> float:
+async def _shoal_rounds(work: Path, rounds: int, tag: str, *, attach: bool = False) -> float:
+    from shoal.workers.agent.attachments import Attacher, owned_tasks_file
     from shoal.workers.agent.loop import AgentLoop, Output, make_tools
     from shoal.workers.agent.tools import Workspace
     from shoal.workers.agent.transcript import Transcript
+
+    def no_leader(op: str, args: dict[str, Any]) -> Any:
+        raise BenchError(f"an agent with no background task asked its leader ({op})")
 
     loop = AgentLoop(
         _round_script(rounds),
@@ -1583,6 +1587,8 @@ async def _shoal_rounds(work: Path, rounds: int, tag: str) -> float:
         tools=make_tools(Workspace(cwd=work, mode="bypassPermissions"), ["Read"]),
         transcript=Transcript(work / f"{tag}.jsonl"),
         output=Output(work / f"{tag}.output"),
+        # (as a runner has it: no task started for it, so one stat a round and no call)
+        attach=Attacher(no_leader, "a00000000", owned_tasks_file(work, tag)) if attach else None,
     )
     t0 = time.perf_counter()
     outcome = await loop.run("go")
@@ -1624,9 +1630,18 @@ def bench_agent(cfg: Config) -> SectionResult:
         Row(f"time per tool round ({rounds} rounds of Read)", "ms", shoal_t / rounds * 1000,
             bare_t / rounds * 1000, "lower", "<= 3x", shoal_t / bare_t <= 3)
     )  # fmt: skip
+    attach_t = min(
+        asyncio.run(_shoal_rounds(work, rounds, f"t{i}", attach=True)) for i in range(cfg.repeats)
+    )
+    result.rows.append(
+        Row(f"time per tool round, attachments on, no background task ({rounds} rounds)", "ms",
+            attach_t / rounds * 1000, bare_t / rounds * 1000, "lower", "<= 3x",
+            attach_t / bare_t <= 3)
+    )  # fmt: skip
     result.notes.append(
         "the baseline is a bare pydantic-ai Agent.run of the same FunctionModel script; shoal "
-        "adds the transcript append per node, the readable output and progress"
+        "adds the transcript append per node, the readable output and progress (and, with "
+        "attachments on, a stat of the agent's task list before each request)"
     )
     # 100 concurrent agents on one event loop.
     n, per = 100, 10
@@ -1674,10 +1689,55 @@ def bench_agent(cfg: Config) -> SectionResult:
                     min(times) < 0.3)
             )  # fmt: skip
         _shoal_cli(home, "wait", "--team", "bench")
+        # A round through a real leader, with one background task open (a control round
+        # trip per request, a block most rounds: it prints every 20 ms) and with none.
+        n = 30 if cfg.quick else 100
+        quiet = min(_leader_rounds(home, work, n, False) for _ in range(cfg.repeats))
+        busy = min(_leader_rounds(home, work, n, True) for _ in range(cfg.repeats))
+        result.rows.append(
+            Row(f"time per tool round of a leader's agent, one background task open ({n})",
+                "ms", busy * 1000, quiet * 1000, "lower", "< +10 ms", busy - quiet < 0.010)
+        )  # fmt: skip
+        _shoal_cli(home, "wait", "--team", "bench")
     finally:
         _shoal_cli(home, "down", "--team", "bench")
     result.notes.append("the first-request baseline is one bare `python -c pass`")
+    result.notes.append(
+        "the open-task baseline is the same in-process agent of the same leader with no "
+        "background task (Read rounds, the scripted model)"
+    )
     return result
+
+
+def _leader_rounds(home: Path, work: Path, rounds: int, background: bool) -> float:
+    """Seconds per tool round of an in-process agent of the running leader: `rounds` rounds
+    of Read after a first turn that starts a chatty background task (or runs `true`), timed
+    from the transcript's own timestamps (the agent's start is left out)."""
+    import datetime
+
+    first = (
+        'args = { command = "while :; do echo tick; sleep 0.02; done", run_in_background = true }'
+        if background
+        else 'args = { command = "true" }'
+    )
+    read = '[[turn]]\n[[turn.call]]\ntool = "Read"\nargs = { file_path = "f.txt" }\n'
+    script = work / f"rounds-{background}.toml"
+    script.write_text(f'[[turn]]\n[[turn.call]]\ntool = "Bash"\n{first}\n' + read * rounds)
+    record = json.loads(_shoal_cli(
+        home, "agent", "--team", "bench", "--backend", "in-process", "--model",
+        f"scripted:{script}", "--cwd", str(work), "--permission-mode", "bypassPermissions",
+        "--json", "go",
+    ).stdout)  # fmt: skip
+    _shoal_cli(home, "wait", "--team", "bench", record["id"])
+    stamps = []
+    for line in Path(record["transcript"]).read_text().splitlines():
+        message = json.loads(line).get("message") or {}
+        if message.get("kind") == "response":
+            stamps.append(datetime.datetime.fromisoformat(message["timestamp"]).timestamp())
+    if len(stamps) < rounds + 2:
+        raise BenchError(f"agent {record['id']} answered {len(stamps)} of {rounds + 2} requests")
+    # (from the response that started the task to the last one: `rounds` rounds of Read)
+    return (stamps[-1] - stamps[1]) / rounds
 
 
 @section("sandbox", "the command sandbox: one Bash `true` call, confined and not")

@@ -190,6 +190,18 @@ def test_acks_are_a_maximum_and_move_only_what_they_name(tmp_path: Path) -> None
     assert (raw["start"], raw["text"], raw["total_lines"]) == (6, "4\n", 4)
 
 
+def test_an_ack_of_the_run_before_a_restart_in_place_is_void(tmp_path: Path) -> None:
+    task = shell(tmp_path, b"new run\n", restarts=1)
+    store = Store(agent(), task)
+    desk = AttachmentDesk()
+    store.answer(desk, [AttachmentAck(task_id=task.id, offset=3, total_lines=9)], fetch=False)
+    assert store.tasks[task.id] == task
+    (raw,) = store.answer(desk)["attachments"]
+    assert raw["text"] == "new run\n" and raw["run"] == 1
+    store.answer(desk, [TaskAttachment.model_validate(raw).ack()], fetch=False)
+    assert store.tasks[task.id].output_offset == 8
+
+
 def test_the_desk_refuses_what_is_not_the_agents(tmp_path: Path) -> None:
     mine = shell(tmp_path, b"x")
     other = shell(tmp_path, b"y", task_id="bother001", owner="aother001", agent_id="aother001")
@@ -302,7 +314,7 @@ def test_the_runner_asks_only_when_something_of_its_is_open(tmp_path: Path) -> N
         got.ack()
         assert await attacher.fetch() is None  # (open: asked again, with the ack)
         assert leader.calls[-1]["acks"] == [
-            {"task_id": "bshell001", "offset": 4, "total_lines": 1, "final": False}
+            {"task_id": "bshell001", "offset": 4, "total_lines": 1, "final": False, "run": 0}
         ]
         calls = len(leader.calls)
         assert await attacher.fetch() is None and len(leader.calls) == calls  # (closed)

@@ -87,12 +87,14 @@ class _Frozen(BaseModel):
 
 class AttachmentAck(_Frozen):
     """What of a task's output is in the agent's transcript: through byte `offset`, with
-    `total_lines` lines shown so far; `final`: its end too."""
+    `total_lines` lines shown so far; `final`: its end too. `run`: the task's `restarts` (a
+    task run again in place starts a new output file: an ack of the run before is void)."""
 
     task_id: str
     offset: int = Field(ge=0)
     total_lines: int = Field(0, ge=0)
     final: bool = False
+    run: int = Field(0, ge=0)
 
 
 class TaskAttachment(_Frozen):
@@ -112,6 +114,7 @@ class TaskAttachment(_Frozen):
     total_lines: int
     final: bool = False
     summary: str | None = None
+    run: int = 0  # (the task's `restarts`)
 
     @property
     def skipped(self) -> int:
@@ -119,7 +122,11 @@ class TaskAttachment(_Frozen):
 
     def ack(self) -> AttachmentAck:
         return AttachmentAck(
-            task_id=self.task_id, offset=self.end, total_lines=self.total_lines, final=self.final
+            task_id=self.task_id,
+            offset=self.end,
+            total_lines=self.total_lines,
+            final=self.final,
+            run=self.run,
         )
 
 
@@ -200,6 +207,7 @@ def read_attachment(
         total_lines=task.last_reported_total_lines + lines,
         final=final,
         summary=summary_for(task) if final else None,
+        run=task.restarts,
     )
 
 
@@ -281,6 +289,8 @@ class AttachmentDesk:
                 f"task {ack.task_id} is not a background task of agent {agent_id}: "
                 "it cannot acknowledge its output"
             )
+        if ack.run != task.restarts:
+            return  # (of its run before it was run again in place)
         size = max(output_size(task.output_file), task.output_offset)
         if ack.offset > size:
             raise TaskError(
@@ -453,7 +463,7 @@ class Attacher:
     def _new(self, attachment: TaskAttachment) -> bool:
         """False for what the transcript has already (a leader behind the acks)."""
         seen = self.acks.get(attachment.task_id)
-        if seen is None:
+        if seen is None or seen.run != attachment.run:
             return True
         return attachment.end > seen.offset or (attachment.final and not seen.final)
 
@@ -462,12 +472,13 @@ class Attacher:
         when one told an end, which it holds back until then)."""
         for ack in acks:
             old = self.acks.get(ack.task_id)
-            if old is not None:
+            if old is not None and old.run == ack.run:
                 ack = AttachmentAck(
                     task_id=ack.task_id,
                     offset=max(ack.offset, old.offset),
                     total_lines=max(ack.total_lines, old.total_lines),
                     final=ack.final or old.final,
+                    run=ack.run,
                 )
             self.acks[ack.task_id] = ack
         self._version += 1
