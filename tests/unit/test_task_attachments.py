@@ -23,6 +23,7 @@ from shoal.core.tasks import (
 from shoal.workers.agent.attachments import (
     ATTACHMENT_CAP_BYTES,
     ATTACHMENT_ROUND_BYTES,
+    FETCH_EVERY_S,
     Attached,
     Attacher,
     AttachmentAck,
@@ -174,7 +175,7 @@ def test_acks_are_a_maximum_and_move_only_what_they_name(tmp_path: Path) -> None
     desk = AttachmentDesk()
     first = store.answer(desk)
     (raw,) = first["attachments"]
-    assert raw["text"] == "1\n2\n3\n" and first["open"] is True
+    assert raw["text"] == "1\n2\n3\n" and first["open"] == [task.id]
     assert store.tasks[task.id].output_offset == 0  # (read, not yet acked)
     ack = TaskAttachment.model_validate(raw).ack()
     store.answer(desk, [ack], fetch=False)
@@ -232,7 +233,7 @@ def test_an_end_is_held_for_the_attachment_then_flagged(tmp_path: Path) -> None:
     assert isinstance(flagged, LocalShellTaskState)
     assert flagged.completion_status_sent_in_attachment
     assert not desk.holds(flagged, store.get)  # (now notified, without the agent's message)
-    assert store.answer(desk) == {"attachments": [], "open": False}
+    assert store.answer(desk) == {"attachments": [], "open": [], "more": False}
 
 
 def test_an_idle_or_ended_agent_holds_nothing_back(tmp_path: Path) -> None:
@@ -263,7 +264,7 @@ def test_a_round_stops_growing_past_its_budget(tmp_path: Path) -> None:
     assert [a["task_id"] for a in got["attachments"]] == [t.id for t in tasks][
         : len(got["attachments"])
     ]
-    assert got["open"] is True  # (the rest comes next round)
+    assert got["more"] is True and len(got["open"]) == n  # (the rest comes next round)
 
 
 # --------------------------------------------------------------------------- the runner's half
@@ -297,27 +298,39 @@ def att(task_id: str, start: int, text: str, *, final: bool = False) -> dict[str
     ).model_dump()  # fmt: skip
 
 
-def test_the_runner_asks_only_when_something_of_its_is_open(tmp_path: Path) -> None:
+def test_the_runner_asks_only_when_there_can_be_news(tmp_path: Path) -> None:
     owned = owned_tasks_file(tmp_path / "session", AGENT)
     owned.parent.mkdir(parents=True)
-    leader = Leader({"attachments": [att("bshell001", 0, "one\n")], "open": True})
+    task = shell(tmp_path)
+    exit_file = tmp_path / "session" / "tasks" / "bshell001.exit"
+    leader = Leader({"attachments": [att("bshell001", 0, "one\n")], "open": ["bshell001"]})
     attacher = Attacher(leader, AGENT, owned)
 
     async def go() -> None:
         assert await attacher.fetch() is None and leader.calls == []  # (no task: one stat)
-        note_owned(shell(tmp_path))
-        assert owned.read_text() == "bshell001\n"
-        got = await attacher.fetch()
+        note_owned(task, exit_file)
+        assert owned.read_text() == f"bshell001\t{task.output_file}\t{exit_file}\n"
+        got = await attacher.fetch()  # (a task was started for it)
         assert isinstance(got, Attached) and "<output>one\n</output>" in got.text
         assert got.note == "  ⎿ attached bshell001: 1 new line(s)\n"
         assert leader.calls[-1]["acks"] == []  # (not in the transcript yet)
         got.ack()
-        assert await attacher.fetch() is None  # (open: asked again, with the ack)
+        calls = len(leader.calls)
+        assert await attacher.fetch() is None and len(leader.calls) == calls  # (still files)
+        append(task, b"two\n")
+        leader.replies = [{"attachments": [], "open": ["bshell001"]}] * 2
+        assert await attacher.fetch() is None and len(leader.calls) == calls + 1  # (it wrote)
         assert leader.calls[-1]["acks"] == [
             {"task_id": "bshell001", "offset": 4, "total_lines": 1, "final": False, "run": 0}
         ]
-        calls = len(leader.calls)
-        assert await attacher.fetch() is None and len(leader.calls) == calls  # (closed)
+        exit_file.write_text("0\n")  # (it ended)
+        assert await attacher.fetch() is None and len(leader.calls) == calls + 2
+        attacher.asked_at -= FETCH_EVERY_S  # (however still, asked again after a while)
+        assert await attacher.fetch() is None and len(leader.calls) == calls + 3
+        assert attacher.open == []  # (the default answer: nothing open)
+        exit_file.unlink()
+        append(task, b"three\n")
+        assert await attacher.fetch() is None and len(leader.calls) == calls + 3  # (closed)
 
     asyncio.run(go())
 
@@ -325,20 +338,21 @@ def test_the_runner_asks_only_when_something_of_its_is_open(tmp_path: Path) -> N
 def test_a_leader_that_does_not_answer_costs_a_round_and_no_ack(tmp_path: Path) -> None:
     owned = owned_tasks_file(tmp_path, AGENT)
     leader = Leader(
-        {"attachments": [att("bshell001", 0, "one\n")], "open": True},
+        {"attachments": [att("bshell001", 0, "one\n")], "open": ["bshell001"]},
         ShoalError("the leader of team 't' stopped before answering"),
         # (the next leader: it had not heard the ack, and reads piece one again)
         {"attachments": [att("bshell001", 0, "one\n"), att("bshell002", 0, "two\n")],
-         "open": True},
+         "open": ["bshell001", "bshell002"]},
     )  # fmt: skip
     attacher = Attacher(leader, AGENT, owned)
-    attacher.open = True
+    attacher.retry = True
 
     async def go() -> None:
         first = await attacher.fetch()
         assert first is not None
         first.ack()
-        assert await attacher.fetch() is None and attacher.open  # (asked again next round)
+        attacher.more = True  # (as though the round's budget had left some out)
+        assert await attacher.fetch() is None and attacher.retry  # (asked again next round)
         again = await attacher.fetch()
         assert leader.calls[-1]["acks"] == leader.calls[-2]["acks"] != []
         assert again is not None
@@ -349,7 +363,8 @@ def test_a_leader_that_does_not_answer_costs_a_round_and_no_ack(tmp_path: Path) 
 
 def test_an_end_is_acked_at_once_and_idle_is_said_and_renewed(tmp_path: Path) -> None:
     owned = owned_tasks_file(tmp_path, AGENT)
-    leader = Leader({"attachments": [att("bshell001", 0, "bye\n", final=True)], "open": True})
+    final = {"attachments": [att("bshell001", 0, "bye\n", final=True)], "open": ["bshell001"]}
+    leader = Leader(final)
     ends: list[str] = []
 
     def checked(task_id: str, text: str) -> str:
@@ -357,7 +372,7 @@ def test_an_end_is_acked_at_once_and_idle_is_said_and_renewed(tmp_path: Path) ->
         return text + "\n[checked]"
 
     attacher = Attacher(leader, AGENT, owned, on_end=checked)
-    attacher.open = True
+    attacher.retry = True
 
     async def go() -> None:
         got = await attacher.fetch()
@@ -370,11 +385,11 @@ def test_an_end_is_acked_at_once_and_idle_is_said_and_renewed(tmp_path: Path) ->
         flush = leader.calls[-1]
         assert flush["fetch"] is False and flush["acks"][0]["final"] is True
         calls = len(leader.calls)
-        attacher.open = False
+        attacher.open = []
         await attacher.idle()  # (closed, nothing started since: nothing to say)
         assert len(leader.calls) == calls
-        attacher.open = True
-        leader.replies = [{"attachments": [], "open": True}]
+        attacher.open = ["bshell001"]
+        leader.replies = [{"attachments": [], "open": ["bshell001"]}]
         await attacher.idle()
         await attacher.idle()  # (said: not again before IDLE_RENEW_S)
         assert [c["idle"] for c in leader.calls[calls:]] == [True]

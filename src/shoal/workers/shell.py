@@ -543,7 +543,8 @@ class ShellKind:
                 start_time=time.time(),
             )
             self._watch(task.id, proc, store)
-            note_owned(task)  # (its agent asks for its output from its next round on)
+            # (its agent asks for its output from its next round on)
+            note_owned(task, exit_file_for(task.output_file))
         store.emit(task_started(store.get(task.id) or task))
 
     def poll(

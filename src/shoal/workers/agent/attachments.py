@@ -25,9 +25,11 @@ hears it too), and its tasks' ends then reach it as notifications, as before (on
 The runner, too, drops an end notification of a task whose end its transcript already has
 from an attachment.
 
-The runner asks only while the leader said something of its is open, or when the list of
-tasks started for it (`sessions/{s}/agents/{agent}.tasks`, one id a line, appended when each
-starts) has grown: an agent with no background task pays one stat a round.
+The runner asks only when there can be news: the list of tasks started for it
+(`sessions/{s}/agents/{agent}.tasks`, a line each, appended when one starts) has grown, or of
+the tasks the leader said are open one's output file has grown or its exit file appeared
+since it last asked, or FETCH_EVERY_S has passed (an end without an exit file: a SIGKILL). An
+agent with no background task pays one stat a round; one with a quiet task, two stats a task.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ ATTACH_WAIT_S: Final = 10.0
 # How often an agent that waits for a message tells its leader so again (a leader started
 # since holds its tasks' ends back until it hears it).
 IDLE_RENEW_S: Final = 2.0
+# However still its open tasks' files look, a runner asks again once this long has passed.
+FETCH_EVERY_S: Final = 1.0
 OPEN_TAG: Final = "<task-output>"
 CLOSE_TAG: Final = "</task-output>"
 # An attachment that told a task's end; group 1 is the task id.
@@ -134,14 +138,16 @@ class TaskAttachment(_Frozen):
 
 
 def owned_tasks_file(session_dir: Path, agent_task: str) -> Path:
-    """Where the ids of the background tasks started for agent task `agent_task` are listed."""
+    """Where the background tasks started for agent task `agent_task` are listed: a line
+    each, `{task id}\t{output file}\t{exit file}`."""
     return session_dir / AGENTS_DIR / f"{agent_task}.tasks"
 
 
-def note_owned(task: LocalShellTaskState) -> None:
+def note_owned(task: LocalShellTaskState, exit_file: Path) -> None:
     """Add a starting background task to its agent's list (the runner then asks for its
-    output). A hint only: a list that cannot be written costs the agent the attachments of a
-    task it did not start itself, never a notification."""
+    output, and looks at its files to know when to ask again). A hint only: a list that
+    cannot be written costs the agent the attachments of a task it did not start itself,
+    never a notification."""
     agent = task.agent_task
     if agent is None:
         return
@@ -150,16 +156,27 @@ def note_owned(task: LocalShellTaskState) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, FILE_MODE)
         try:
-            os.write(fd, f"{task.id}\n".encode())
+            os.write(fd, f"{task.id}\t{task.output_file}\t{exit_file}\n".encode())
         finally:
             os.close(fd)
 
 
-def _size(path: Path) -> int:
+def _size(path: Path | str) -> int:
     try:
         return os.stat(path).st_size
     except OSError:
         return -1
+
+
+def _listed(path: Path) -> dict[str, tuple[str, str]]:
+    """The tasks an agent's list names: id -> (output file, exit file)."""
+    found: dict[str, tuple[str, str]] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3:
+                found[parts[0]] = (parts[1], parts[2])
+    return found
 
 
 # --------------------------------------------------------------------------- the leader's half
@@ -245,7 +262,8 @@ class AttachmentDesk:
         idle: bool = False,
     ) -> dict[str, Any]:
         """Record `acks`, then (`fetch`) read what agent `agent_id`'s tasks wrote since:
-        {"attachments": [...], "open": whether anything of it is left to tell}."""
+        {"attachments": [...], "open": [the ids of its tasks with something left to tell],
+        "more": whether the round's budget left some out}."""
         agent = store.get(agent_id)
         if not isinstance(agent, LocalAgentTaskState) or agent.is_terminal:
             raise TaskError(
@@ -264,12 +282,16 @@ class AttachmentDesk:
         elif fetch:
             self.idle.discard(agent_id)
         found: list[TaskAttachment] = []
+        more = False
         if fetch:
             budget = ATTACHMENT_ROUND_BYTES
             for task_id in mine:
                 task = store.get(task_id)
-                if not isinstance(task, LocalShellTaskState) or budget <= 0:
+                if not isinstance(task, LocalShellTaskState):
                     continue
+                if budget <= 0:
+                    more = True
+                    break
                 if task.completion_status_sent_in_attachment or task.status is TaskStatus.PENDING:
                     continue
                 attachment = read_attachment(task)
@@ -277,8 +299,9 @@ class AttachmentDesk:
                     found.append(attachment)
                     budget -= attachment.end - attachment.shown_from
         pause_point("attachments-read")
-        still_open = bool(found) or any(_still_open(store.get(i)) for i in mine)
-        return {"attachments": [a.model_dump() for a in found], "open": still_open}
+        told = {a.task_id for a in found}
+        still_open = [i for i in mine if i in told or _still_open(store.get(i))]
+        return {"attachments": [a.model_dump() for a in found], "open": still_open, "more": more}
 
     def _apply(self, store: DeskStore, agent_id: str, mine: set[str], ack: AttachmentAck) -> None:
         task = store.get(ack.task_id)
@@ -419,31 +442,53 @@ class Attacher:
         # (task id, text) -> text: a worker's lease check of a command that ended
         self.on_end = on_end
         self.wait_s = wait_s
-        self.open = False  # the leader's last answer: something of ours is left to tell
+        self.open: list[str] = []  # the leader's last answer: our tasks left to tell of
+        self.more = False  # it left some out (its round's budget): ask again
+        self.retry = False  # it did not answer: ask again
         self.seen = -1  # the size of `owned_file` when the leader was last asked
+        self.files: dict[str, tuple[str, str]] = {}  # our tasks' output and exit files
+        self.looked: dict[str, tuple[int, bool]] = {}  # how they looked when we last asked
+        self.asked_at = -FETCH_EVERY_S
         self.acks: dict[str, AttachmentAck] = {}  # what the transcript holds, by task
         self._version = 0  # bumped by each ack; the leader confirmed those up to _confirmed
         self._confirmed = 0
         self._idle_said: float | None = None  # when the leader was last told we wait idle
         self._flushes: set[asyncio.Task[None]] = set()
 
+    def _look(self, task_id: str) -> tuple[int, bool] | None:
+        files = self.files.get(task_id)
+        if files is None:
+            return None
+        return _size(files[0]), os.path.exists(files[1])
+
     def due(self) -> bool:
-        """Whether the leader has anything of ours: it said so, or a task was started for us
-        since we asked (one stat)."""
-        return self.open or _size(self.owned_file) != self.seen
+        """Whether the leader may have news for us (stats only): a task was started for us
+        since we asked, or one it said is open wrote or ended since, or FETCH_EVERY_S passed."""
+        if _size(self.owned_file) != self.seen or self.retry or self.more:
+            return True
+        if not self.open:
+            return False
+        if time.monotonic() - self.asked_at >= FETCH_EVERY_S:
+            return True
+        return any((now := self._look(i)) is None or now != self.looked.get(i) for i in self.open)
 
     async def fetch(self) -> Attached | None:
         """The attachments of the request about to go (None: nothing new, or the leader did
         not answer: what it would have said comes next round)."""
+        if not self.due():
+            return None  # (no background task: one stat; quiet ones: two stats each)
         size = _size(self.owned_file)
-        if not self.open and size == self.seen:
-            return None  # (no background task: one stat)
+        if size != self.seen:
+            self.files = _listed(self.owned_file)
+        looked = {i: look for i in self.files if (look := self._look(i)) is not None}
+        asked_at = time.monotonic()
         reply = await self._ask(fetch=True)
         if reply is None:
             return None
-        self.seen = size
+        self.seen, self.looked, self.asked_at = size, looked, asked_at
+        self.retry = False
         self._idle_said = None
-        self.open = bool(reply.get("open"))
+        self._answered(reply)
         found = [TaskAttachment.model_validate(a) for a in reply.get("attachments") or ()]
         found = [a for a in found if self._new(a)]
         if not found:
@@ -501,13 +546,19 @@ class Attacher:
         if self._idle_said is not None and now - self._idle_said < IDLE_RENEW_S:
             return
         size = _size(self.owned_file)
-        if not self.open and size == self.seen:
+        if not self.open and not self.retry and size == self.seen:
             return
         reply = await self._ask(fetch=False, idle=True)
         if reply is not None:
             self._idle_said = now
             self.seen = size
-            self.open = bool(reply.get("open"))
+            self.files = _listed(self.owned_file)
+            self._answered(reply)
+
+    def _answered(self, reply: dict[str, Any]) -> None:
+        listed = reply.get("open")
+        self.open = [str(i) for i in listed] if isinstance(listed, list) else []
+        self.more = bool(reply.get("more"))
 
     async def _ask(self, *, fetch: bool, idle: bool = False) -> dict[str, Any] | None:
         version = self._version
@@ -523,7 +574,7 @@ class Attacher:
             )
         except (ShoalError, OSError, TimeoutError):
             # (no leader, or one that stopped: asked again next round, the acks with it)
-            self.open = True
+            self.retry = True
             return None
         self._confirmed = max(self._confirmed, version)
         return reply if isinstance(reply, dict) else {}
