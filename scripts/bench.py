@@ -1572,10 +1572,14 @@ def _round_script(rounds: int) -> Any:
     return FunctionModel(answer)
 
 
-async def _shoal_rounds(work: Path, rounds: int, tag: str) -> float:
+async def _shoal_rounds(work: Path, rounds: int, tag: str, *, attach: bool = False) -> float:
+    from shoal.workers.agent.attachments import Attacher, owned_tasks_file
     from shoal.workers.agent.loop import AgentLoop, Output, make_tools
     from shoal.workers.agent.tools import Workspace
     from shoal.workers.agent.transcript import Transcript
+
+    def no_leader(op: str, args: dict[str, Any]) -> Any:
+        raise BenchError(f"an agent with no background task asked its leader ({op})")
 
     loop = AgentLoop(
         _round_script(rounds),
@@ -1583,6 +1587,8 @@ async def _shoal_rounds(work: Path, rounds: int, tag: str) -> float:
         tools=make_tools(Workspace(cwd=work, mode="bypassPermissions"), ["Read"]),
         transcript=Transcript(work / f"{tag}.jsonl"),
         output=Output(work / f"{tag}.output"),
+        # (as a runner has it: no task started for it, so one stat a round and no call)
+        attach=Attacher(no_leader, "a00000000", owned_tasks_file(work, tag)) if attach else None,
     )
     t0 = time.perf_counter()
     outcome = await loop.run("go")
@@ -1618,15 +1624,26 @@ def bench_agent(cfg: Config) -> SectionResult:
     work.mkdir(parents=True, exist_ok=True)
     (work / "f.txt").write_text("one line\n")
     rounds = 50 if cfg.quick else 200
-    shoal_t = min(asyncio.run(_shoal_rounds(work, rounds, f"r{i}")) for i in range(cfg.repeats))
-    bare_t = min(asyncio.run(_bare_rounds(work, rounds)) for _ in range(cfg.repeats))
+    # (alternated, best of each: on a shared machine the load moves between trials)
+    plain, attached, bare = [], [], []
+    for i in range(cfg.repeats):
+        plain.append(asyncio.run(_shoal_rounds(work, rounds, f"r{i}")))
+        attached.append(asyncio.run(_shoal_rounds(work, rounds, f"t{i}", attach=True)))
+        bare.append(asyncio.run(_bare_rounds(work, rounds)))
+    shoal_t, attach_t, bare_t = min(plain), min(attached), min(bare)
     result.rows.append(
         Row(f"time per tool round ({rounds} rounds of Read)", "ms", shoal_t / rounds * 1000,
             bare_t / rounds * 1000, "lower", "<= 3x", shoal_t / bare_t <= 3)
     )  # fmt: skip
+    result.rows.append(
+        Row(f"time per tool round, attachments on, no background task ({rounds} rounds)", "ms",
+            attach_t / rounds * 1000, bare_t / rounds * 1000, "lower", "<= 3x",
+            attach_t / bare_t <= 3)
+    )  # fmt: skip
     result.notes.append(
         "the baseline is a bare pydantic-ai Agent.run of the same FunctionModel script; shoal "
-        "adds the transcript append per node, the readable output and progress"
+        "adds the transcript append per node, the readable output and progress (and, with "
+        "attachments on, a stat of the agent's task list before each request)"
     )
     # 100 concurrent agents on one event loop.
     n, per = 100, 10
@@ -1674,10 +1691,60 @@ def bench_agent(cfg: Config) -> SectionResult:
                     min(times) < 0.3)
             )  # fmt: skip
         _shoal_cli(home, "wait", "--team", "bench")
+        # A round through a real leader: with no background task, with one open but quiet
+        # (stats only), and with one that prints every 20 ms (a control round trip and a
+        # block nearly every round).
+        n = 60 if cfg.quick else 200
+        best = {"none": 1e9, "quiet": 1e9, "chatty": 1e9}
+        for _ in range(cfg.repeats):  # (alternated, as above)
+            for kind in best:
+                best[kind] = min(best[kind], _leader_rounds(home, work, n, kind))
+        for kind, target, limit in (("quiet", "< +2 ms", 0.002), ("chatty", "< +10 ms", 0.010)):
+            result.rows.append(
+                Row(f"time per tool round of a leader's agent, one {kind} background task "
+                    f"open ({n})", "ms", best[kind] * 1000, best["none"] * 1000, "lower",
+                    target, best[kind] - best["none"] < limit)
+            )  # fmt: skip
     finally:
         _shoal_cli(home, "down", "--team", "bench")
     result.notes.append("the first-request baseline is one bare `python -c pass`")
+    result.notes.append(
+        "the open-task baseline is the same in-process agent of the same leader with no "
+        "background task (Read rounds, the scripted model)"
+    )
     return result
+
+
+def _leader_rounds(home: Path, work: Path, rounds: int, background: str) -> float:
+    """Seconds per tool round of an in-process agent of the running leader: `rounds` rounds
+    of Read after a first turn that starts a `background` task ("none": runs `true`), timed
+    from the transcript's own timestamps (the agent's start is left out)."""
+    import datetime
+
+    first = {
+        "none": 'args = { command = "true" }',
+        "quiet": 'args = { command = "sleep 600", run_in_background = true }',
+        "chatty": 'args = { command = "while :; do echo tick; sleep 0.02; done", '
+        "run_in_background = true }",
+    }[background]
+    read = '[[turn]]\n[[turn.call]]\ntool = "Read"\nargs = { file_path = "f.txt" }\n'
+    script = work / f"rounds-{background}.toml"
+    script.write_text(f'[[turn]]\n[[turn.call]]\ntool = "Bash"\n{first}\n' + read * rounds)
+    record = json.loads(_shoal_cli(
+        home, "agent", "--team", "bench", "--backend", "in-process", "--model",
+        f"scripted:{script}", "--cwd", str(work), "--permission-mode", "bypassPermissions",
+        "--json", "go",
+    ).stdout)  # fmt: skip
+    _shoal_cli(home, "wait", "--team", "bench", record["id"])
+    stamps = []
+    for line in Path(record["transcript"]).read_text().splitlines():
+        message = json.loads(line).get("message") or {}
+        if message.get("kind") == "response":
+            stamps.append(datetime.datetime.fromisoformat(message["timestamp"]).timestamp())
+    if len(stamps) < rounds + 2:
+        raise BenchError(f"agent {record['id']} answered {len(stamps)} of {rounds + 2} requests")
+    # (from the response that started the task to the last one: `rounds` rounds of Read)
+    return (stamps[-1] - stamps[1]) / rounds
 
 
 @section("sandbox", "the command sandbox: one Bash `true` call, confined and not")

@@ -128,7 +128,7 @@ def tail_lines(path: PathLike, n: int = 10, max_bytes: int = 4096) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()[-n:]
 
 
-def _partial_char_at_end(data: bytes) -> int:
+def partial_char_at_end(data: bytes) -> int:
     """How many bytes at the end of `data` begin a UTF-8 character it does not finish."""
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
@@ -156,5 +156,5 @@ def read_window(path: PathLike, offset: int | None, max_bytes: int) -> tuple[str
             skip += 1
         data, start = data[skip:], start + skip
     if start + len(data) < size:
-        data = data[: len(data) - _partial_char_at_end(data)]
+        data = data[: len(data) - partial_char_at_end(data)]
     return data.decode("utf-8", errors="replace"), start, start + len(data), size

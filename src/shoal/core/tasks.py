@@ -232,7 +232,11 @@ class LocalShellTaskState(TaskStateBase):
     """The agent that started the shell; its shells are killed when it exits."""
     kind: Literal["bash", "monitor"] = "bash"
     last_reported_total_lines: int = 0
+    """Lines of its output its agent has been shown (see `agent_task`); with `output_offset`,
+    advanced only once an attachment carrying them is in the agent's transcript."""
     completion_status_sent_in_attachment: bool = False
+    """Its end and last output reached its agent in an attachment: its notification is not
+    sent to the agent again (workers/agent/attachments.py)."""
     kill_reason: str | None = None
     error: str | None = None
     """Why the shell could not be started (a failure without an exit code)."""
@@ -280,6 +284,16 @@ class LocalShellTaskState(TaskStateBase):
     """The FIFO its standard input reads (`sh --stdin`; `shoal send-input` writes to it)."""
     workflow_id: str | None = None
     """The workflow (`w...` task) this task is a step of, if any."""
+
+    @property
+    def agent_task(self) -> str | None:
+        """The agent task that owns it (its Bash run_in_background, or `sh --agent` of an
+        agent task) and so reads its new output as attachments at each tool round; None
+        for a shell of the lead or of a teammate."""
+        agent = self.agent_id
+        if agent is None or agent != self.owner or not TASK_ID_PATTERN.fullmatch(agent):
+            return None
+        return agent if _TYPE_BY_PREFIX[agent[0]] == TaskType.LOCAL_AGENT else None
 
 
 class LocalAgentTaskState(TaskStateBase):

@@ -6,12 +6,12 @@ leader running it fails at once, naming `shoal up`.
 
 On the leader's side, `ControlServer` answers them from the loop's "answer control" step: the
 request is validated into one model per operation (`ping, sh, stop, await, spawn, down, agent,
-agent_send, permission, pr_subscribe, pr_unsubscribe`, and the queue's `group_add, group_rm,
-group_list, parallel, pause, resume, restart, clean, send_input`, and the views' `hold,
-release, background`), carried out
-through the narrow `ControlTarget` interface, and answered with a `ControlReply` whose exit
-code is a declared field. `stop`, `await` and `spawn` answer later (once the task has ended,
-once the teammates are ready), so the loop never waits for them.
+agent_send, permission, pr_subscribe, pr_unsubscribe, task_attachments`, and the queue's
+`group_add, group_rm, group_list, parallel, pause, resume, restart, clean, send_input`, and
+the views' `hold, release, background`), carried out through the narrow `ControlTarget`
+interface, and answered with a `ControlReply` whose exit code is a declared field. `stop`,
+`await` and `spawn` answer later (once the task has ended, once the teammates are ready), so
+the loop never waits for them.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from shoal.orchestrator.client import call as call
 from shoal.orchestrator.client import reply_inbox_path as reply_inbox_path
 from shoal.orchestrator.client import require_leader as require_leader
 from shoal.teams.models import LEAD_NAME
+from shoal.workers.agent.attachments import AttachmentAck
 
 # -- requests and replies, one model per operation ---------------------------------------------
 
@@ -151,6 +152,19 @@ class PrSubscribeRequest(_Request):
     agent: str
     repo: str
     number: int
+
+
+class TaskAttachmentsRequest(_Request):
+    """An agent's runner, before a model request: record `acks` (what earlier answers put
+    in its transcript), then (`fetch`) the new output of the background tasks agent task
+    `agent` owns; `idle`: it waits for a message, so their ends reach it as notifications
+    (workers/agent/attachments.py)."""
+
+    op: Literal["task_attachments"] = "task_attachments"
+    agent: str
+    acks: list[AttachmentAck] = Field(default_factory=list)
+    fetch: bool = True
+    idle: bool = False
 
 
 class RemoteRequest(_Request):
@@ -306,6 +320,7 @@ ControlRequest = Annotated[
     | AgentSendRequest
     | PermissionRequest
     | PrSubscribeRequest
+    | TaskAttachmentsRequest
     | RemoteRequest
     | RemoteAnswerRequest
     | DreamRequest
@@ -336,6 +351,7 @@ OPERATIONS = (
     "permission",
     "pr_subscribe",
     "pr_unsubscribe",
+    "task_attachments",
     "remote",
     "remote_answer",
     "dream",
@@ -485,6 +501,10 @@ class ControlTarget(Protocol):
 
     def pr_activity(self, request: PrSubscribeRequest) -> dict[str, Any]:
         """Subscribe a coordinator to a PR's activity, or end its subscription."""
+        ...
+
+    def task_attachments(self, request: TaskAttachmentsRequest) -> dict[str, Any]:
+        """Record an agent's acks, then the new output of its background tasks."""
         ...
 
     def start_remote(self, spec: Any) -> AnyTaskState:
@@ -646,6 +666,8 @@ class ControlServer:
             answer(target.view_request(request), None)
         elif isinstance(request, PrSubscribeRequest):
             answer(target.pr_activity(request), None)
+        elif isinstance(request, TaskAttachmentsRequest):
+            answer(target.task_attachments(request), None)
         elif isinstance(request, PermissionRequest):
             answer(
                 target.answer_permission(request.request_id, request.approve, request.reason),

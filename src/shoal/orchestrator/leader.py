@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from shoal.core.config import Limits
 from shoal.core.errors import ShoalError, TaskError
-from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived
+from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived, task_terminated
 from shoal.core.faults import pause_point
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
@@ -52,6 +52,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
 from shoal.workers import shell
+from shoal.workers.agent.attachments import AttachmentDesk
 from shoal.workers.agent.kind import AgentKind
 from shoal.workers.agent.pr_activity import PR_ACTIVITY_FILE, PrActivity
 from shoal.workers.commands import settle_and_release
@@ -93,6 +94,7 @@ class Leader(LeaderRequests):
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
         self.agents.resume_with = self.resume_agent
         self.agents.on_spent = self.check_run_budget
+        self.attachments = AttachmentDesk()
         self.remote = RemoteKind()
         self.dreams = DreamKind(layout.home)
         self.monitors = MonitorKind()
@@ -381,7 +383,12 @@ class Leader(LeaderRequests):
     def notify(self) -> None:
         """Send each terminal task's notification exactly once; answer who waits for an end."""
         for task in self.registry.terminal_tasks():
-            if not task.notified:
+            if not task.notified and self.attachments.holds(task, self.registry.get):
+                # (its agent's next attachment tells the end: announced now, notified then)
+                if task.id not in self.snapshot.announced:
+                    self.emit(task_terminated(task))
+                    self.snapshot.announced.add(task.id)
+            elif not task.notified:
                 extras = self.kinds[task.type].notification(task)
                 if notify_once(self, task, extras):
                     self.snapshot.dirty = True

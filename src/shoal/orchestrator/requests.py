@@ -42,6 +42,7 @@ from shoal.orchestrator.control import (
     QueueRequest,
     ReleaseRequest,
     ShellSpec,
+    TaskAttachmentsRequest,
     ViewRequest,
 )
 from shoal.orchestrator.holds import Holds
@@ -51,6 +52,7 @@ from shoal.orchestrator.store import LeaderStore
 from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.workers import shell
+from shoal.workers.agent.attachments import AttachmentDesk
 from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
 from shoal.workers.agent.permissions import narrowest
 from shoal.workers.agent.team_tools import signed
@@ -70,6 +72,7 @@ class LeaderRequests(LeaderStore, ABC):
     swarm: Swarm
     scheduler: Scheduler
     agents: AgentKind
+    attachments: AttachmentDesk
     remote: RemoteKind
     dreams: DreamKind
     monitors: MonitorKind
@@ -394,10 +397,26 @@ class LeaderRequests(LeaderStore, ABC):
             return
         owner = self.registry.get(task.owner) if task.owner else None
         if isinstance(owner, LocalAgentTaskState):
+            if isinstance(task, LocalShellTaskState) and task.completion_status_sent_in_attachment:
+                return  # (its end and last output reached the agent in an attachment)
             if not owner.is_terminal and owner.status != TaskStatus.PENDING:
                 self.agents.send(owner, xml, self)
             return
         super().notify_owner(task, xml, summary, status=status, msg_id=msg_id)
+
+    def task_attachments(self, request: TaskAttachmentsRequest) -> dict[str, Any]:
+        """An agent's runner acks what reached its transcript and asks for the new output of
+        its background tasks (workers/agent/attachments.py)."""
+        if not self._owns():
+            return self.call(lambda: self.task_attachments(request)).result()
+        return self.attachments.answer(
+            self,
+            self.registry.get_all_tasks(),
+            request.agent,
+            request.acks,
+            fetch=request.fetch,
+            idle=request.idle,
+        )
 
     def stop_turn(self, task_id: str) -> AnyTaskState:
         """Stop only the current turn of agent task `task_id` (it waits for a message)."""

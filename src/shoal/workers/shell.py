@@ -39,6 +39,7 @@ from shoal.core.tasks import (
     TaskType,
     missing_env,
 )
+from shoal.workers.agent.attachments import note_owned
 from shoal.workers.kinds import Poll, TaskStore
 
 # The wrapper: "$1" is the exit file, "$2" the working directory, then either a command line
@@ -542,6 +543,8 @@ class ShellKind:
                 start_time=time.time(),
             )
             self._watch(task.id, proc, store)
+            # (its agent asks for its output from its next round on)
+            note_owned(task, exit_file_for(task.output_file))
         store.emit(task_started(store.get(task.id) or task))
 
     def poll(
@@ -715,7 +718,11 @@ class ShellKind:
                 store.set_task(task_id, pid_started_at=proc.started_at)
 
     def _read_delta(self, task: LocalShellTaskState, store: TaskStore) -> None:
-        """Advance the task's reported offset over new output (8 MiB a read)."""
+        """Advance the task's reported offset over new output (8 MiB a read). Not of an
+        agent's task: its agent is the reader, and the offset moves when an attachment
+        reached it (workers/agent/attachments.py)."""
+        if task.agent_task is not None:
+            return
         data, offset = read_output_delta(task.output_file, task.output_offset)
         if not data:
             return
@@ -736,7 +743,10 @@ class ShellKind:
         task = store.get(task_id)
         if not isinstance(task, LocalShellTaskState):
             return
-        self._read_delta(task, store)
+        if task.agent_task is None:
+            self._read_delta(task, store)
+        else:  # (only looked at here: its agent's attachments move its offset)
+            self._output[task_id] = (path, size)
         self._check_cap(task_id, size, now, store)
 
     def _check_fast_writers(self, store: TaskStore, now: float) -> None:

@@ -3,10 +3,11 @@ top — the sidechain transcript appended after every node, the readable output 
 (tool uses, tokens, the 5 latest activities, each with its time, a summary: the latest thing
 the agent said, else its latest tool call) at each round, the last 50 messages of the
 conversation for views, pending messages drained at tool round boundaries (pydantic-ai's own
-`AgentRun.enqueue`, each counted as it reaches a request), and limits that end the run
-`failed` with the limit named: turns (model requests), tokens, tool uses and wall time. While
-a request is out, the progress summary adds "waiting for the model for N s", renewed every
-WAIT_TICK_S.
+`AgentRun.enqueue`, each counted as it reaches a request), the new output of the agent's
+background tasks attached before each model request (attachments.py), and limits that end
+the run `failed` with the limit named: turns (model requests), tokens, tool uses and wall
+time. While a request is out, the progress summary adds "waiting for the model for N s",
+renewed every WAIT_TICK_S.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from shoal.core.config import TOOL_RETRIES
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import FILE_MODE
 from shoal.core.taskstatus import AGENT_MESSAGES_UI_CAP, MESSAGE_TEXT_CAP
+from shoal.workers.agent.attachments import AttachSource, attached_ends
 from shoal.workers.agent.tools import (
     FILE_TOOLS,
     TOOL_SPECS,
@@ -391,6 +393,7 @@ class AgentLoop:
         on_progress: Callable[[Progress], None] | None = None,
         journal: Path | None = None,
         tool_retries: int = TOOL_RETRIES,
+        attach: AttachSource | None = None,
     ) -> None:
         from pydantic_ai import Agent
 
@@ -408,6 +411,7 @@ class AgentLoop:
         self.progress = Progress()
         self.on_progress = on_progress
         self.journal = journal  # a coordinator's texts, kept where its workers can read them
+        self.attach = attach  # what the background tasks wrote, before each request
         self._pending: list[str] = []
         self._run: Any = None
         self._into_run: list[str] = []  # what was enqueued into the run in progress
@@ -445,7 +449,9 @@ class AgentLoop:
         ends once: its end is never told twice, whatever path brought it again)."""
         from shoal.core.notify import END_NOTIFICATION
 
-        said = {m.group(1) for text in self.user_texts() for m in END_NOTIFICATION.finditer(text)}
+        texts_so_far = self.user_texts()
+        said = {m.group(1) for text in texts_so_far for m in END_NOTIFICATION.finditer(text)}
+        said |= attached_ends(texts_so_far)  # (an attachment told it)
         kept: list[str] = []
         for text in texts:
             found = END_NOTIFICATION.match(text.lstrip())
@@ -522,6 +528,7 @@ class AgentLoop:
 
     async def run(self, prompt: str | None) -> Outcome:
         """One run from `prompt` (None: continue from the history's last request)."""
+        from pydantic_ai import Agent
         from pydantic_ai.exceptions import (
             AgentRunError,
             UnexpectedModelBehavior,
@@ -556,6 +563,8 @@ class AgentLoop:
                     self._run = run
                     async for node in run:
                         self._after(node, run)
+                        if self.attach is not None and Agent.is_model_request_node(node):
+                            await self._attach(run)
                     assert run.result is not None
                     result = run.result.output
         except TimeoutError:
@@ -596,6 +605,17 @@ class AgentLoop:
             turns=usage.requests if usage is not None else 0,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
+
+    async def _attach(self, run: Any) -> None:
+        """Before a model request: what the agent's background tasks wrote since the last
+        one goes into it (acked once it is in the transcript)."""
+        assert self.attach is not None
+        got = await self.attach.fetch()
+        if got is None:
+            return
+        run.enqueue(got.text)
+        self.output.write(got.note)
+        self.on_recorded(got.text, got.ack)
 
     def _model_error(self, exc: Exception) -> str:
         """The reason of a run the model ended: pydantic-ai's words, or shoal's for a tool

@@ -3,7 +3,8 @@ shoal.orchestrator.agent_runner JOB`, the process and tmux backends) and inside 
 (the in-process backend, many jobs on one event loop).
 
 The runner builds the model and the tools from the job, continues the transcript when the job
-is a resume, drains pending messages into the conversation at tool-round boundaries, and
+is a resume, drains pending messages into the conversation at tool-round boundaries, attaches
+the new output of its background tasks before each model request (attachments.py), and
 reports to its status file: progress each round (throttled), then the outcome. It never
 touches the leader's registry; the leader reads the status file.
 """
@@ -33,6 +34,12 @@ from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import PermissionResponseMessage
 from shoal.mailbox.store import Maildir
 from shoal.teams.models import LEAD_NAME
+from shoal.workers.agent.attachments import (
+    IDLE_RENEW_S,
+    Attacher,
+    attached_ends,
+    owned_tasks_file,
+)
 from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, AgentStatus, JobOutcome
 from shoal.workers.agent.loop import (
@@ -173,6 +180,10 @@ class Feed:
     ) -> None:
         if self.on_text is not None and ack is None:
             text = self.on_text(text)
+        if ack is None and self._agent is not None:
+            task_id = notification_task(text)
+            if task_id is not None and task_id in attached_ends(self._agent.user_texts()):
+                return  # (its end, and its last output, reached the agent in an attachment)
         if ack is not None and self._agent is not None:
             task_id = notification_task(text)
             if task_id is not None and task_id in recorded_notifications(self._agent):
@@ -393,6 +404,8 @@ async def _coordinator_wait(
     """After a coordinator's turn: the next message to go on with (a worker's notification,
     or the user's), or None when no worker is outstanding and the coordinator is done."""
     while True:
+        if loop.attach is not None:
+            await loop.attach.idle()  # (an end of its background task may be what wakes it)
         queued = loop.pending()
         if queued:
             return "\n\n".join(queued)
@@ -415,6 +428,16 @@ async def _coordinator_wait(
             loop.output.write(f"[waiting for {'; '.join(what)}]\n")
             status.progress(loop.progress, force=True)
         text = await feed.next_message(timeout=COORDINATOR_IDLE_CHECK_S)
+        if text is not None:
+            return text
+
+
+async def _idle_wait(feed: Feed, attacher: Attacher) -> str:
+    """After a stopped turn: the next message, the leader told (and told again) meanwhile
+    that the agent waits, so its background tasks' ends come as messages that wake it."""
+    while True:
+        await attacher.idle()
+        text = await feed.next_message(timeout=IDLE_RENEW_S)
         if text is not None:
             return text
 
@@ -605,6 +628,7 @@ async def run_job(
                 policy,
                 gate.check,  # (an MCP tool is a command: it asks, or is refused, as Bash is)
             )
+            names: tuple[str, ...] | list[str] = ()
             if job.coordinator:
                 tools = coordinator_tools(job, leader)
             else:
@@ -635,10 +659,19 @@ async def run_job(
                     ),
                     *mcp,  # (offered in every mode; each call passes the gate)
                 ]
+            attacher = Attacher(
+                leader.call,
+                job.task_id,
+                owned_tasks_file(Path(job.output_file).parent.parent, job.task_id),
+                tools=frozenset(names),
+                # (a worker's background command is lease-checked when its end is told)
+                on_end=workspace.background_ended if job.worker else None,
+            )
             loop = AgentLoop(
                 model,
                 instructions=job.instructions,
                 tools=tools,
+                attach=attacher,
                 transcript=transcript,
                 output=Output(Path(job.output_file), echo=job.echo),
                 history=history,
@@ -683,13 +716,14 @@ async def run_job(
                     loop.drop_in_flight()
                     loop.output.write("\n[turn stopped; waiting for the next message]\n")
                     status.progress(loop.progress, force=True)
-                    prompt = await feed.next_message()
+                    prompt = await _idle_wait(feed, attacher)
                     continue
                 if job.coordinator and outcome.status == "completed":
                     prompt = await _coordinator_wait(job, leader, loop, feed, status)
                     if prompt is not None:
                         continue
                 break
+            await attacher.flush()  # (what the last request carried: the leader may hold it)
         for shell_id in list(workspace.background_watch):  # (ended or not: what it did)
             await asyncio.to_thread(workspace.background_ended, shell_id, "")
         status.progress(loop.progress, force=True)

@@ -19,8 +19,11 @@ request, run through pydantic-ai's `FunctionModel` (no network, no randomness).
 Strings (texts and every string inside `args`) are templates: `{prompt}` the latest user
 message, `{last}` the latest tool result, `{result_N}` the N-th tool result of the whole
 conversation (from 1), `{turn}` this turn's number (from 1), `{notified}` the `<result>` of
-the latest task notification (a coordinator's), `{{`/`}}` literal braces. Turns
-count across the conversation, so a resumed agent goes on with the next turn.
+the latest task notification (a coordinator's), `{attached}` the `<task-output>` blocks the
+request being answered carries (what the agent's background tasks wrote since the last
+request: attachments.py; "(nothing attached)" when it carries none; they are never the
+`{prompt}`), `{{`/`}}` literal braces. Turns count across the conversation, so a resumed
+agent goes on with the next turn.
 
 A coordinator's workers run on the coordinator's model, so one script can hold theirs too:
 `[[worker]]` tables, each with `match` (a regex searched in the worker's prompt; omitted: any
@@ -66,12 +69,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shoal.core.errors import UsageError
 from shoal.core.notify import END_NOTIFICATION
+from shoal.workers.agent.attachments import is_attachment
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-_FIELD: Final = re.compile(r"^(prompt|last|turn|notified|result_[1-9][0-9]*)$")
+_FIELD: Final = re.compile(r"^(prompt|last|turn|notified|attached|result_[1-9][0-9]*)$")
 _RESULT: Final = re.compile(r"<result>(.*?)</result>", re.DOTALL)
 _DEFAULT: Final = "default_script.toml"
 
@@ -256,7 +260,7 @@ def _check_template(text: str, where: str) -> None:
         if not _FIELD.match(name):
             raise UsageError(
                 f"{where}: unknown template field {{{name}}} "
-                "(known: {prompt}, {last}, {result_N}, {turn}, {notified})"
+                "(known: {prompt}, {last}, {result_N}, {turn}, {notified}, {attached})"
             )
 
 
@@ -288,15 +292,25 @@ def conversation_values(messages: list[ModelMessage]) -> tuple[int, _Values]:
     values = _Values(prompt="", last="")
     answered = 0
     results = 0
+    attached: list[str] = []  # the attachments since the latest response
     for message in messages:
         if isinstance(message, ModelResponse):
             answered += 1
+            attached = []
             continue
         if not isinstance(message, ModelRequest):
             continue
         for part in message.parts:
             if isinstance(part, UserPromptPart):
                 content = part.content
+                items = [content] if isinstance(content, str) else list(content)
+                blocks = [i for i in items if isinstance(i, str) and is_attachment(i)]
+                attached += blocks
+                if blocks:  # (an attachment is not what the agent was asked)
+                    items = [i for i in items if i not in blocks]
+                    if not items:
+                        continue
+                    content = items[0] if len(items) == 1 and isinstance(items[0], str) else items
                 values["prompt"] = content if isinstance(content, str) else str(content)
                 found = _RESULT.findall(values["prompt"])
                 if found:
@@ -310,6 +324,7 @@ def conversation_values(messages: list[ModelMessage]) -> tuple[int, _Values]:
                 )
                 values[f"result_{results}"] = values["last"] = text
     values["turn"] = str(answered + 1)
+    values["attached"] = "\n".join(attached) if attached else "(nothing attached)"
     return answered, values
 
 
