@@ -296,7 +296,7 @@ def test_a_teammate_record_of_an_older_shoal_still_loads() -> None:
     assert "pending_user_messages" not in InProcessTeammateTaskState.model_fields
 
 
-TODO_SCRIPT = """
+TASK_LIST_SCRIPT = """
 final = "planned"
 
 [[turn]]
@@ -322,7 +322,7 @@ def test_a_remote_job_reports_its_agents_task_list_as_it_changes(
 
     gate = tmp_path / "go"
     script = tmp_path / "todo.toml"
-    script.write_text(TODO_SCRIPT.format(gate=gate))
+    script.write_text(TASK_LIST_SCRIPT.format(gate=gate))
     work = tmp_path / "work"
     work.mkdir()
     job = subprocess.Popen(

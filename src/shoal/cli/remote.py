@@ -325,7 +325,7 @@ def _agent_result(layout: Any) -> str:
     return str(agents[-1].get("result") or "") if agents else ""
 
 
-TODO_EVERY_S = 0.5
+TASK_LIST_POLL_S = 0.5
 
 
 def _report_todo(layout: Any, stop: threading.Event) -> None:
@@ -338,7 +338,7 @@ def _report_todo(layout: Any, stop: threading.Event) -> None:
     tasks = TaskList(Teams(layout), "job")
     last: list[dict[str, str]] | None = None
     while True:
-        stopped = stop.wait(TODO_EVERY_S)
+        stopped = stop.wait(TASK_LIST_POLL_S)
         try:
             items = [{"content": t.subject, "status": t.status.value} for t in tasks.list()]
         except (ShoalError, OSError):

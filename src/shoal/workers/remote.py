@@ -400,8 +400,8 @@ def _marker_text(markers: Mapping[str, str], name: str) -> str | None:
     return raw
 
 
-TODO_KEEP: Final = 100  # items of a job's task list kept in its record
-TODO_STATUSES: Final = ("pending", "in_progress", "completed")
+TASK_LIST_KEEP: Final = 100  # items of a job's task list kept in its record
+TASK_LIST_STATUSES: Final = ("pending", "in_progress", "completed")
 
 
 def todo_of(markers: Mapping[str, str]) -> tuple[dict[str, str], ...] | None:
@@ -419,9 +419,9 @@ def todo_of(markers: Mapping[str, str]) -> tuple[dict[str, str], ...] | None:
     return tuple(
         {
             "content": item["content"][:200],
-            "status": item.get("status") if item.get("status") in TODO_STATUSES else "pending",
+            "status": item.get("status") if item.get("status") in TASK_LIST_STATUSES else "pending",
         }
-        for item in items[:TODO_KEEP]
+        for item in items[:TASK_LIST_KEEP]
         if isinstance(item, dict) and isinstance(item.get("content"), str)
     )
 
