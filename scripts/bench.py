@@ -1156,7 +1156,7 @@ def _leader_pid(home: Path, team: str) -> int:
 def _leader_span(home: Path, ids: list[str]) -> float:
     """Seconds from the first start to the last end of tasks `ids`, as the leader recorded."""
     from shoal.core.paths import Layout
-    from shoal.orchestrator.session import current_session
+    from shoal.teams.session import current_session
 
     session = current_session(Layout(home), "bench")
     if session is None:

@@ -11,8 +11,10 @@ and `from a.b import c` (when c is a submodule) are edges to `a.b.c`, a package 
 `__init__.py`; the parent packages Python imports on the way are not counted (every
 submodule would otherwise form a cycle with an `__init__` that re-exports it).
 
-Layers, lowest first (DESIGN.md): core <- mailbox <- teams <- workers <- orchestrator <- ui <- cli.
-ui and cli are the top: ui may import orchestrator, cli may import ui (not the reverse).
+Layers, lowest first (DESIGN.md, with two more named): core <- mailbox <- teams <- channel <-
+workers <- orchestrator <- demo <- ui <- cli. channel (the control channel's protocol and
+client) sits where both the CLI and the kinds' runners reach it; demo runs a leader. ui and cli
+are the top: ui may import orchestrator, cli may import ui (not the reverse).
 `shoal/__init__.py` and `shoal/__main__.py` are outside the layers.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT = "shoal"
-LAYERS = ("core", "mailbox", "teams", "workers", "orchestrator", "ui", "cli")
+LAYERS = ("core", "mailbox", "teams", "channel", "workers", "orchestrator", "demo", "ui", "cli")
 
 
 @dataclass(frozen=True)

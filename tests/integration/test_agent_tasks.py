@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shoal.core.paths import Layout
-from shoal.orchestrator.session import current_session
+from shoal.teams.session import current_session
 from tests.conftest import Cli, group_gone
 from tests.polling import wait_until
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shoal.core.paths import Layout
-from shoal.orchestrator.session_files import current_session_files
+from shoal.teams.session_files import current_session_files
 from tests.conftest import Cli
 from tests.polling import wait_until
 

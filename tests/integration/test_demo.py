@@ -85,7 +85,7 @@ def test_the_coordinator_demo_goes_through_the_four_phases(
     assert "ran the tests (verified: OK)" in text
     assert "no worker process or pane is left" in text
     assert json.loads(cli("team", "list", "--json").stdout) == []
-    runners = subprocess.run(["pgrep", "-af", "shoal.orchestrator.agent_runner"],
+    runners = subprocess.run(["pgrep", "-af", "shoal.workers.agent.entry"],
                              capture_output=True)  # fmt: skip
     assert str(home) not in runners.stdout.decode()  # (its runners' job files are under it)
     assert [p for p in tmp_path.iterdir() if p != home] == []  # (its project was elsewhere)

@@ -12,7 +12,7 @@ from shoal.core.paths import Layout
 from shoal.orchestrator.detach import LeaderStartError, leader_log_path, start_detached
 from shoal.orchestrator.down import bring_down
 from shoal.orchestrator.liveness import leader_alive, leader_ready
-from shoal.orchestrator.session import current_session
+from shoal.teams.session import current_session
 
 
 def test_start_detached_returns_a_ready_leader(layout: Layout) -> None:

@@ -18,7 +18,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.orchestrator.liveness import leader_alive, leader_ready
-from shoal.orchestrator.session import current_session
+from shoal.teams.session import current_session
 from tests.conftest import Cli, group_gone, pid_gone
 from tests.polling import wait_until
 

@@ -16,13 +16,13 @@ from typing import Any
 import orjson
 import pytest
 
+from shoal.channel.client import call
 from shoal.core.config import Limits
 from shoal.core.events import TaskNotified, TeammateReady
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.mailbox.router import send
-from shoal.orchestrator.control import call
 from shoal.orchestrator.leader import Leader
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams

@@ -30,8 +30,8 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.orchestrator.liveness import leader_alive
-from shoal.orchestrator.session import current_session
-from shoal.workers.ray_jobs import JobExists, JobNotFound, RayJobs
+from shoal.teams.session import current_session
+from shoal.workers.remote.ray_jobs import JobExists, JobNotFound, RayJobs
 from tests.conftest import Cli
 from tests.polling import wait_until
 from tests.ray_cluster import RayHead

@@ -22,7 +22,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.tasks import InProcessTeammateTaskState, parse_task_state
 from shoal.orchestrator.holds import ViewHold
-from shoal.orchestrator.session_files import current_session_files
+from shoal.teams.session_files import current_session_files
 from tests.conftest import Cli
 from tests.polling import wait_until
 
@@ -318,7 +318,7 @@ args = {{ taskId = "1", status = "completed" }}
 def test_a_remote_job_reports_its_agents_task_list_as_it_changes(
     home: Path, tmp_path: Path
 ) -> None:
-    from shoal.workers.remote import MARKER, todo_of
+    from shoal.workers.remote.kind import MARKER, todo_of
 
     gate = tmp_path / "go"
     script = tmp_path / "todo.toml"

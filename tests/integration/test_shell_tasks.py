@@ -16,7 +16,7 @@ from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.leader import Leader
-from shoal.workers import shell
+from shoal.workers.shell import kind as shell
 from tests.conftest import group_gone
 from tests.polling import wait_until
 
@@ -181,7 +181,7 @@ def test_leader_stops_its_tasks_on_sigterm(home: Path) -> None:
         task_id = json.loads(out.stdout)["id"]
         up.send_signal(signal.SIGHUP)
         assert up.wait(30) == 0
-        from shoal.orchestrator.session import current_session
+        from shoal.teams.session import current_session
 
         session = current_session(Layout(home), "g")
         assert session is not None

@@ -15,7 +15,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import InProcessTeammateTaskState
-from shoal.orchestrator.session import current_session
+from shoal.teams.session import current_session
 from shoal.teams.store import MemberState, Teams
 from shoal.teams.tasklist import TaskList
 from tests.conftest import Cli, pid_gone
@@ -312,7 +312,7 @@ def test_worker_dying_at_start_is_reported(home: Path, monkeypatch: pytest.Monke
             "echo 'ImportError: a broken install' >&2\nexit 3\n"
         )
         broken.chmod(0o755)
-        monkeypatch.setattr("shoal.orchestrator.swarm.sys.executable", str(broken))
+        monkeypatch.setattr("shoal.workers.teammate.swarm.sys.executable", str(broken))
         got: dict[str, Any] = {}
         done = threading.Event()
 

@@ -82,7 +82,7 @@ def test_pill_fast_path_skips_click_and_pydantic(cli: Cli, layout: Layout) -> No
 
 
 def _write_completed(layout: Layout, task_id: str) -> None:
-    from shoal.orchestrator.session import Session
+    from shoal.teams.session import Session
 
     session = Session(layout, "01fixturesession")
     state = session.read_state()

@@ -13,7 +13,7 @@ from pathlib import Path
 from shoal.core.paths import Layout
 from shoal.core.tasks import STOPPED_ON_REQUEST
 from shoal.orchestrator.batch.driver import NEVER_STARTED
-from shoal.orchestrator.session import Session
+from shoal.teams.session import Session
 from tests.conftest import Cli
 from tests.polling import wait_until
 

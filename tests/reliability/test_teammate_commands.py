@@ -25,10 +25,10 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.orchestrator.leader import RELEASE_INTERVAL_S, Leader
-from shoal.orchestrator.session import current_session
+from shoal.teams.session import current_session
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskItem, TaskList
-from shoal.workers.commands import CommandRecord, records_of
+from shoal.workers.teammate.commands import CommandRecord, records_of
 from tests.conftest import Cli, group_gone
 from tests.integration.test_loop import running
 from tests.polling import wait_until

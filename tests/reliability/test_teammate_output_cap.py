@@ -17,9 +17,9 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import OutputCapExceeded, ScriptedBrain, TurnContext
-from shoal.workers.commands import CommandRecord
-from shoal.workers.shell import OUTPUT_CAP_SLACK
+from shoal.workers.shell.kind import OUTPUT_CAP_SLACK
+from shoal.workers.teammate.brains import OutputCapExceeded, ScriptedBrain, TurnContext
+from shoal.workers.teammate.commands import CommandRecord
 from tests.conftest import Cli, group_gone
 from tests.polling import wait_until
 from tests.reliability.test_output_cap_hard import loaded

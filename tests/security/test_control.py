@@ -17,8 +17,8 @@ from typing import Any
 import pexpect
 import pytest
 
+from shoal.channel.client import REPLY_PREFIX, request_message
 from shoal.core.paths import Layout
-from shoal.orchestrator.client import REPLY_PREFIX, request_message
 from tests.conftest import Cli
 from tests.polling import wait_until
 from tests.security.support import FAST, Records, running_leader

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from shoal.channel.client import leader_alive
 from shoal.core.paths import Layout
-from shoal.orchestrator.client import leader_alive
 from tests.conftest import Cli
 from tests.polling import wait_until
 from tests.security.support import FAST, Records, running_leader

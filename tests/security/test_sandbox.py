@@ -21,7 +21,7 @@ import pytest
 
 from shoal.core import sandbox
 from shoal.core.sandbox import PRETEND_ABSENT_VAR, Policy
-from shoal.workers.agent import leasecheck
+from shoal.workers.agent.coordinator import leasecheck
 from tests.conftest import Cli
 from tests.integration.test_agent_tasks import BYPASS, FAST, script
 from tests.integration.test_coordinator import SCRIBBLER

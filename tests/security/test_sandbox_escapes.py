@@ -18,7 +18,7 @@ import pytest
 
 from shoal.core import git, sandbox
 from shoal.core.sandbox import Policy, agent_policy
-from shoal.workers.agent import leasecheck
+from shoal.workers.agent.coordinator import leasecheck
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(sandbox.abi() < 1, reason="the kernel offers no Landlock")

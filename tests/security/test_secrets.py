@@ -32,8 +32,8 @@ import pytest
 from shoal.core.secretenv import is_secret
 from shoal.teams.backends.base import SpawnSpec
 from shoal.teams.backends.tmux import SECRETS_DIR, TmuxBackend
-from shoal.workers.ray_jobs import RayError, RayJobs
-from shoal.workers.remote import RemoteError, pack_workdir
+from shoal.workers.remote.kind import RemoteError, pack_workdir
+from shoal.workers.remote.ray_jobs import RayError, RayJobs
 from tests.conftest import Cli
 from tests.polling import wait_until
 from tests.ray_cluster import RayHead
@@ -97,7 +97,7 @@ def command_lines_holding(*needles: str) -> list[str]:
 
 def tasks(home: Path) -> dict[str, dict[str, Any]]:
     from shoal.core.paths import Layout
-    from shoal.orchestrator.session import current_session
+    from shoal.teams.session import current_session
 
     session = current_session(Layout(home), "default")
     if session is None:

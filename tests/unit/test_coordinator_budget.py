@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.tasks import AgentProgress, LocalAgentTaskState, TaskStatus, TaskUsage
-from shoal.orchestrator.coordinator import left, overspent
+from shoal.workers.agent.coordinator.mode import left, overspent
 
 
 def agent(task_id: str, agent_id: str, **kw: Any) -> LocalAgentTaskState:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from shoal.orchestrator.coordinator import system_prompt
+from shoal.workers.agent.coordinator.mode import system_prompt
 
 
 def _rules() -> list[str]:

@@ -17,7 +17,7 @@ from shoal.orchestrator.batch import resolve_backend
 from shoal.orchestrator.batch.agents import _exit_code
 from shoal.orchestrator.batch.parse import SpecLocator, parse_spec
 from shoal.orchestrator.batch.spec import SpecError
-from shoal.workers.brains import (
+from shoal.workers.teammate.brains import (
     ExecBrain,
     Script,
     ScriptedBrain,

@@ -18,9 +18,9 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskItem, TaskList
-from shoal.workers.brains import Script, ScriptedBrain
-from shoal.workers.commands import records_of
-from shoal.workers.runner import RunnerConfig, TeammateRunner
+from shoal.workers.teammate.brains import Script, ScriptedBrain
+from shoal.workers.teammate.commands import records_of
+from shoal.workers.teammate.runner import RunnerConfig, TeammateRunner
 from tests.polling import wait_until_async
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import Script, ScriptedBrain
-from shoal.workers.runner import RunnerConfig, TeammateRunner
+from shoal.workers.teammate.brains import Script, ScriptedBrain
+from shoal.workers.teammate.runner import RunnerConfig, TeammateRunner
 from tests.polling import wait_until_async
 
 

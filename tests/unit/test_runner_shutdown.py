@@ -19,8 +19,8 @@ from shoal.mailbox.store import Maildir
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import Script, ScriptedBrain
-from shoal.workers.runner import RunnerConfig, TeammateRunner
+from shoal.workers.teammate.brains import Script, ScriptedBrain
+from shoal.workers.teammate.runner import RunnerConfig, TeammateRunner
 from tests.polling import wait_until_async
 
 # Far below the lead's shutdown timeout, far above what leaving takes.

@@ -20,8 +20,8 @@ from shoal.mailbox.router import send
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import Script, ScriptedBrain
-from shoal.workers.runner import (
+from shoal.workers.teammate.brains import Script, ScriptedBrain
+from shoal.workers.teammate.runner import (
     RUN_TRANSITIONS,
     TERMINAL_RUN_STATES,
     IllegalRunTransition,

@@ -113,7 +113,7 @@ def test_scripted_write_stays_inside_the_working_directory(tmp_path: object) -> 
     import asyncio
     from pathlib import Path
 
-    from shoal.workers.brains import Script, ScriptedBrain, TurnContext
+    from shoal.workers.teammate.brains import Script, ScriptedBrain, TurnContext
 
     base = Path(str(tmp_path))
     work = base / "work"

@@ -10,7 +10,7 @@ import pytest
 
 from shoal.core.errors import CorruptFileError
 from shoal.core.paths import Layout
-from shoal.orchestrator.session import HistoryReader, Session
+from shoal.teams.session import HistoryReader, Session
 
 
 @pytest.fixture

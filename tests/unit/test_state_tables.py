@@ -18,15 +18,15 @@ from shoal.orchestrator.batch.state import (
     RunStatus,
     TaskRun,
 )
-from shoal.orchestrator.members import (
+from shoal.teams.backends.base import Handle
+from shoal.teams.backends.process import ProcessBackend
+from shoal.workers.teammate.members import (
     PHASE_TRANSITIONS,
     IllegalPhase,
     MemberRun,
     Phase,
     StopCause,
 )
-from shoal.teams.backends.base import Handle
-from shoal.teams.backends.process import ProcessBackend
 
 
 def _task_run() -> TaskRun:

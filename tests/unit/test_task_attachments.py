@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shoal.channel.protocol import AttachmentAck
 from shoal.core.errors import ShoalError, TaskError
 from shoal.core.tasks import (
     AnyTaskState,
@@ -26,7 +27,6 @@ from shoal.workers.agent.attachments import (
     FETCH_EVERY_S,
     Attached,
     Attacher,
-    AttachmentAck,
     AttachmentDesk,
     TaskAttachment,
     attached_ends,
@@ -498,7 +498,7 @@ def test_the_scripted_model_knows_attached() -> None:
 
 def test_the_leader_does_not_move_an_agent_tasks_offset_itself(tmp_path: Path) -> None:
     """Only the agent's acks move it; a lead's shell is read on as before."""
-    from shoal.workers.shell import ShellKind
+    from shoal.workers.shell.kind import ShellKind
 
     kind = ShellKind()
     mine = shell(tmp_path, b"a\nb\n")

@@ -27,7 +27,7 @@ from shoal.core.tasks import (
     TeammateIdentity,
     ToolActivity,
 )
-from shoal.orchestrator.session import Session, SessionState
+from shoal.teams.session import Session, SessionState
 from shoal.teams.store import Teams
 
 TEAM = "demo"

@@ -11,7 +11,7 @@ from shoal.core.errors import NotFoundError
 from shoal.core.paths import Layout
 from shoal.core.tasks import parse_task_state
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.session import Session, SessionState
+from shoal.teams.session import Session, SessionState
 from shoal.teams.store import Teams
 from shoal.ui import source as source_module
 from shoal.ui.source import FileSource

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal.workers import console as console_mod
-from shoal.workers.console import Console, OutputFollower, preview, wants_colour
+from shoal.workers.teammate import console as console_mod
+from shoal.workers.teammate.console import Console, OutputFollower, preview, wants_colour
 from tests.polling import wait_until, wait_until_async
 
 NOON = time.mktime((2026, 1, 2, 12, 0, 5, 0, 0, -1))
@@ -91,7 +91,7 @@ def test_stdout_is_line_buffered_so_a_log_file_has_each_line_at_once(tmp_path: P
     log = tmp_path / "member.log"
     code = (
         "import time\n"
-        "from shoal.workers.console import Console\n"
+        "from shoal.workers.teammate.console import Console\n"
         "c = Console.for_stdout()\n"
         "c.received('text', 'team-lead', 'hi')\n"
         "c.idle()\n"

@@ -8,7 +8,7 @@ import pytest
 
 from shoal.cli.common import get_env
 from shoal.cli.worker import worker
-from shoal.workers.worker import WorkerOptions
+from shoal.workers.teammate.worker import WorkerOptions
 
 
 @pytest.mark.parametrize(

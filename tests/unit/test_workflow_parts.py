@@ -9,8 +9,8 @@ import pytest
 
 from shoal.core.tasks import LocalShellTaskState, parse_task_state
 from shoal.orchestrator.batch.spec import SpecError
-from shoal.orchestrator.workflow import load_spec
-from shoal.orchestrator.workflow_kind import counts_text
+from shoal.orchestrator.batch.workflow import load_spec
+from shoal.orchestrator.batch.workflow_kind import counts_text
 from shoal.ui.steps import nest_steps, step_prefix, workflow_progress
 
 

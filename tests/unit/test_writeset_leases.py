@@ -9,7 +9,7 @@ import pytest
 
 from shoal.core.errors import UsageError
 from shoal.core.writeset import check_write_set, covers, overlaps
-from shoal.orchestrator.leases import Leases
+from shoal.workers.agent.coordinator.leases import Leases
 
 
 @pytest.mark.parametrize(

@@ -184,8 +184,8 @@ def agent(
     The project's .shoal/mcp.json and agent definitions are used only in a trusted directory
     (`shoal trust`, or --trust for this run); on a terminal an untrusted one is asked about.
     """
-    from shoal.orchestrator.client import call
-    from shoal.orchestrator.coordinator import env_mode
+    from shoal.channel.client import call
+    from shoal.workers.agent.coordinator.mode import env_mode
     from shoal.workers.agent.models import ModelSpec
 
     env = get_env(click.get_current_context())
@@ -294,7 +294,7 @@ def agent(
 def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
     """A resumed session keeps its stored mode: say so when it differs from the asked one."""
     from shoal.cli.tasks import _session
-    from shoal.orchestrator.coordinator import mode_message
+    from shoal.workers.agent.coordinator.mode import mode_message
 
     record = (_session(layout, team).read_tasks_raw() or {}).get(task_id) or {}
     message = mode_message(bool(record.get("coordinator")), asked)
@@ -303,9 +303,9 @@ def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
 
 
 def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
+    from shoal.channel.client import call
     from shoal.cli.tasks import _follow, _session
     from shoal.core import consent as consent_text
-    from shoal.orchestrator.client import call
 
     session = _session(layout, team)
     asked: set[str] = set()

@@ -78,7 +78,7 @@ class Chat:
     # -- the leader ------------------------------------------------------------------------
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
-        from shoal.orchestrator.client import call
+        from shoal.channel.client import call
 
         return call(self.env.layout, self.team, op, args)
 
@@ -381,7 +381,7 @@ def chat(
     """
     import sys
 
-    from shoal.orchestrator.coordinator import env_mode
+    from shoal.workers.agent.coordinator.mode import env_mode
     from shoal.workers.agent.models import ModelSpec
 
     if not sys.stdin.isatty():
@@ -410,7 +410,7 @@ def chat(
         spec["trust"] = True
     session = Chat(env, env.team(), spec)
     if resume is not None:
-        from shoal.orchestrator.coordinator import mode_message
+        from shoal.workers.agent.coordinator.mode import mode_message
 
         record = session.record(resume)
         if record is None or record.get("type") != "local_agent":

@@ -58,7 +58,7 @@ def complete_member(ctx: click.Context, _param: click.Parameter, incomplete: str
 def complete_task_id(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
     """Task ids of the team's current session, live and finished, with their descriptions."""
     try:
-        from shoal.orchestrator.session import current_session
+        from shoal.teams.session import current_session
 
         session = current_session(_layout(ctx), _team(ctx))
         if session is None:

@@ -152,7 +152,7 @@ def queue_status(task: dict[str, Any]) -> str | None:
 
 
 def _call(op: str, args: dict[str, Any]) -> Any:
-    from shoal.orchestrator.client import call
+    from shoal.channel.client import call
 
     env = get_env(click.get_current_context())
     return call(env.layout, env.team(), op, args)
@@ -339,7 +339,7 @@ def clean(days: float | None, force: bool, as_json: bool) -> None:
 def live_sessions(layout: Layout) -> set[str]:
     """Sessions a running leader leads (from each team file and each session's state)."""
     from shoal.orchestrator.liveness import leader_alive
-    from shoal.orchestrator.session import Session
+    from shoal.teams.session import Session
     from shoal.teams.store import Teams
 
     live: set[str] = set()

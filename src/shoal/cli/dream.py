@@ -29,7 +29,7 @@ def dream(model: str | None, sessions: int | None, as_json: bool) -> None:
     """Consolidate memory: an agent reads the transcripts and events of recent sessions and
     rewrites the memory files (the project's .shoal/memory/ if it exists, else
     SHOAL_HOME/memory/); prints the dream's task id. Refused while another dream runs."""
-    from shoal.orchestrator.client import call
+    from shoal.channel.client import call
     from shoal.workers.agent.models import ModelSpec
 
     env = get_env(click.get_current_context())

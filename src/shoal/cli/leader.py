@@ -60,10 +60,10 @@ def up(jobs: int, detach: bool, quiet: bool, board_off: bool, tmux_status: bool)
         _detach(layout, team, jobs, quiet)
         _tmux_status(layout, team, tmux_status)
         return
+    from shoal.orchestrator.batch.workflow_kind import install as install_workflows
     from shoal.orchestrator.cleanup import CleanupRegistry
     from shoal.orchestrator.leader import Leader
     from shoal.orchestrator.liveness import leader_alive
-    from shoal.orchestrator.workflow_kind import install as install_workflows
 
     running = leader_alive(layout, team)
     if running is not None:

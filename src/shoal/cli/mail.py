@@ -112,7 +112,7 @@ def _is_agent_task(to: str) -> bool:
 def _send_to_agent(layout: Any, team: str, task_id: str, text: str, as_json: bool) -> None:
     """Queue `text` for a running agent, or resume a finished one with it (via the leader);
     prints the id of the task that gets it."""
-    from shoal.orchestrator.client import call
+    from shoal.channel.client import call
 
     if not text.strip():
         raise UsageError("nothing to send: an agent takes TEXT; nothing was sent")

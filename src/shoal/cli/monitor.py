@@ -76,8 +76,8 @@ def monitor(
     --tool, each result of that tool called every --every seconds) becomes one JSON line of
     the task's output (`shoal logs -f ID`). `shoal stop ID` closes the session politely; a
     server that exits fails the task with its stderr's tail. Prints the task's id."""
-    from shoal.orchestrator.client import call
-    from shoal.workers.monitor import check_monitor
+    from shoal.channel.client import call
+    from shoal.workers.monitor.kind import check_monitor
 
     env = get_env(click.get_current_context())
     path = _config(config, env.layout.home, trust_run)

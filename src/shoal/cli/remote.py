@@ -99,11 +99,11 @@ def submit(
 ) -> None:
     """Submit PROMPT (an agent; `-` reads standard input) or, with --type shell, the command
     after `--` as a Ray job; prints the task's id."""
+    from shoal.channel.client import call
     from shoal.core.secretenv import is_secret
-    from shoal.orchestrator.client import call
-    from shoal.workers.ray_jobs import RayJobs, resolve_address
-    from shoal.workers.remote import check_model_key, pack_workdir
-    from shoal.workers.shell import argv_for
+    from shoal.workers.remote.kind import check_model_key, pack_workdir
+    from shoal.workers.remote.ray_jobs import RayJobs, resolve_address
+    from shoal.workers.shell.kind import argv_for
 
     env = get_env(click.get_current_context())
     team = env.team()
@@ -219,7 +219,7 @@ def job(remote_type: str, model: str | None, rel: str, prompt: str) -> None:
     transcript, its task list as it changes (the `todo` marker: the task's todo_list), then
     print the markers its task's leader reads."""
     from shoal.core.paths import Layout
-    from shoal.workers.remote import QUESTION, preamble
+    from shoal.workers.remote.kind import QUESTION, preamble
 
     text = prompt
     if pre := preamble(remote_type):
@@ -314,7 +314,7 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 def _agent_result(layout: Any) -> str:
     """The final text of the job's agent (its record, live or evicted to the history)."""
     from shoal.cli.tasks import _tasks
-    from shoal.orchestrator.session import current_session
+    from shoal.teams.session import current_session
 
     session = current_session(layout, "job")
     if session is None:

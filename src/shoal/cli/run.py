@@ -494,7 +494,7 @@ def run(
     from shoal.orchestrator.batch import RunOptions, run_batch
     from shoal.orchestrator.batch.parse import parse_spec
     from shoal.orchestrator.batch.spec import parse_halt
-    from shoal.orchestrator.workflow_kind import install as install_workflows
+    from shoal.orchestrator.batch.workflow_kind import install as install_workflows
 
     env = get_env(click.get_current_context())
     if output != "none" and output_format == "stream-json":

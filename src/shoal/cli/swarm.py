@@ -79,7 +79,7 @@ def spawn(
 
     With --json: the teammate as an object, or a list of them for several names.
     """
-    from shoal.orchestrator.client import call
+    from shoal.channel.client import call
 
     env = get_env(click.get_current_context())
     spec = {
@@ -115,7 +115,7 @@ def _remote_task(layout: Any, team: str, name: str) -> str | None:
     if not name.startswith("r") or "." in name:
         return None
     from shoal.cli.tasks import _tasks
-    from shoal.orchestrator.session import current_session
+    from shoal.teams.session import current_session
 
     session = current_session(layout, team)
     # (an ended one too, evicted to the history: the leader then says it waits for nothing)
@@ -135,12 +135,12 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     team = env.team()
     remote_id = _remote_task(env.layout, team, name)
     if remote_id is not None:  # a remote ultraplan waiting for an answer or an approval
-        from shoal.orchestrator.client import call
+        from shoal.channel.client import call
 
         args = {"task_id": remote_id, "approve": approve, "text": feedback}
         return str(call(env.layout, team, "remote_answer", args)["id"])
     if "." in name:  # `{agent task id}.{n}`: an agent's permission request
-        from shoal.orchestrator.client import call
+        from shoal.channel.client import call
 
         _refuse_own_request(env.layout, team, name)
         args = {"request_id": name, "approve": approve, "reason": feedback}
@@ -149,8 +149,8 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
     member = teams.read(team).member(name)
     if member is None:
         raise NotFoundError(f"no member {name!r} in team {team!r} (see `shoal team show {team}`)")
-    from shoal.orchestrator.approval import member_roots, refuse_inside
-    from shoal.orchestrator.client import leader_alive
+    from shoal.channel.client import leader_alive
+    from shoal.workers.agent.approval import member_roots, refuse_inside
 
     roots = member_roots(member.model_dump(), leader_alive(env.layout, team))
     refuse_inside(f"the plan of {name}", roots)
@@ -170,10 +170,10 @@ def _answer_plan(name: str, approve: bool, feedback: str | None) -> str:
 def _refuse_own_request(layout: Any, team: str, request_id: str) -> None:
     """Refuse (ConflictError) when this command runs inside the process tree of the agent
     that made request `request_id` (`{task id}.{n}`): an agent must not approve itself."""
+    from shoal.channel.client import leader_alive
     from shoal.cli.tasks import _tasks
-    from shoal.orchestrator.approval import agent_roots, refuse_inside
-    from shoal.orchestrator.client import leader_alive
-    from shoal.orchestrator.session_files import current_session_files
+    from shoal.teams.session_files import current_session_files
+    from shoal.workers.agent.approval import agent_roots, refuse_inside
 
     session = current_session_files(layout, team)
     if session is None:
@@ -189,7 +189,7 @@ def _show_request(request_id: str, as_json: bool) -> None:
     """Print agent request `request_id` whole (wrapped, control characters made visible)."""
     from shoal.cli.tasks import _tasks
     from shoal.core import consent
-    from shoal.orchestrator.session_files import current_session_files
+    from shoal.teams.session_files import current_session_files
 
     env = get_env(click.get_current_context())
     team = env.team()
@@ -277,11 +277,11 @@ def demo(backend: str | None, coordinator: bool) -> None:
     --coordinator: one coordinator researches, synthesises, implements (write-set leases:
     one writer per file) and verifies through workers, on a temporary project.
     """
-    from shoal.orchestrator.demo import run_demo, tmux_available
+    from shoal.demo.swarm import run_demo, tmux_available
 
     env = get_env(click.get_current_context())
     if coordinator:
-        from shoal.orchestrator.demo_coordinator import run_coordinator_demo, summary
+        from shoal.demo.coordinator import run_coordinator_demo, summary
 
         agent_backend = backend if backend in ("process", "tmux", "in-process") else None
         if agent_backend is None:  # (as the teammates' demo: panes of a dedicated server)

@@ -15,6 +15,7 @@ from typing import Any, Final, TextIO
 import click
 import orjson
 
+from shoal.channel.client import DEFAULT_TIMEOUT_S, Channel, ControlError, leader_alive
 from shoal.cli.common import (
     common_options,
     complete_task_id,
@@ -34,8 +35,7 @@ from shoal.core.errors import (
 from shoal.core.ids import resolve_task_id
 from shoal.core.paths import Layout
 from shoal.core.taskstatus import is_terminal_task_status, retry_due
-from shoal.orchestrator.client import DEFAULT_TIMEOUT_S, Channel, ControlError, leader_alive
-from shoal.orchestrator.session_files import HistoryReader, SessionFiles, current_session_files
+from shoal.teams.session_files import HistoryReader, SessionFiles, current_session_files
 from shoal.ui.status import type_label
 
 POLL_S = 0.05
@@ -160,7 +160,7 @@ def sh(
     as they are (`shoal sh -- pytest -x tests/`). With --batch, every line of FILE is a
     command line and the ids are printed one per line, in order.
     """
-    from shoal.orchestrator.client import call
+    from shoal.channel.client import call
 
     env = get_env(click.get_current_context())
     extra: dict[str, str] = {}
@@ -426,7 +426,7 @@ def stop(task_id: str, turn: bool, as_json: bool) -> None:
     """Stop running task TASK_ID (TERM to its process group, then KILL; an agent with its
     commands). With --turn, only the agent's turn in progress: it waits for the next message
     (`shoal send TASK_ID ...`)."""
-    from shoal.orchestrator.client import call
+    from shoal.channel.client import call
 
     env = get_env(click.get_current_context())
     team = env.team()

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from shoal.cli.common import common_options, get_env
-from shoal.workers.worker import WorkerOptions
+from shoal.workers.teammate.worker import WorkerOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +77,7 @@ def _options(fn: F) -> F:
 def worker(**params: object) -> None:
     """Run as teammate NAME of the team: join, watch the inbox, tell the lead it is ready,
     then work until shut down. Backends start this; you rarely run it by hand."""
-    from shoal.workers.worker import run_worker
+    from shoal.workers.teammate.worker import run_worker
 
     env = get_env(click.get_current_context())
     opts = WorkerOptions(team=env.team(), **params)  # type: ignore[arg-type]

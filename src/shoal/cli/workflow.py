@@ -23,8 +23,8 @@ def workflow(spec_path: str, as_json: bool) -> None:
     under the workflow, `shoal stop ID` stops it and its running steps, and its one
     notification at the end has the counts and the path of its JSON report.
     """
-    from shoal.orchestrator.client import call
-    from shoal.orchestrator.workflow import load_spec
+    from shoal.channel.client import call
+    from shoal.orchestrator.batch.workflow import load_spec
 
     env = get_env(click.get_current_context())
     spec = load_spec(spec_path)  # (a SpecError: exit 2 before the leader is asked)

@@ -132,7 +132,7 @@ def _start_notes(
     are an earlier leader's, said while that one ran (a dream settled under it): the start
     of the next leader is no news of them. Best effort: ((id or None), ()) when they cannot
     be read, or do not show up within `timeout` s."""
-    from shoal.orchestrator.session import current_session
+    from shoal.teams.session import current_session
 
     session_id: str | None = None
     deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from shoal.channel.client import call
 from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive, terminate
@@ -17,13 +18,12 @@ from shoal.core.tasks import (
     TaskStatus,
     transition,
 )
-from shoal.orchestrator.client import call
 from shoal.orchestrator.liveness import leader_alive
-from shoal.orchestrator.session import Session, current_session
 from shoal.teams.models import TeamFile
+from shoal.teams.session import Session, current_session
 from shoal.teams.store import Teams
-from shoal.workers import shell
-from shoal.workers.commands import kill_left_commands
+from shoal.workers.shell import kind as shell
+from shoal.workers.teammate.commands import kill_left_commands
 
 ORPHAN_KILL_GRACE_S = 2.0
 

@@ -171,7 +171,7 @@ class ViewHold:
         self._thread.join(timeout=10)
 
     def _call(self, op: str, args: dict[str, Any]) -> None:
-        from shoal.orchestrator.client import NoLeaderError, call
+        from shoal.channel.client import NoLeaderError, call
 
         try:
             call(self.layout, self.team, op, args, timeout=10)

@@ -37,30 +37,30 @@ from shoal.core.tasks import STOPPED_ON_REQUEST, AnyTaskState, TaskStatus, TaskT
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.agent_runner import ControlPort
 from shoal.orchestrator.control import ControlServer
 from shoal.orchestrator.holds import Holds
-from shoal.orchestrator.leases import LEASES_FILE
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
-from shoal.orchestrator.pr_feed import pr_policy, pr_request
 from shoal.orchestrator.requests import LeaderRequests
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.session import notify_once, resume
 from shoal.orchestrator.store import EventSink, Policy
-from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState
 from shoal.teams.tasklist import TaskList
-from shoal.workers import shell
 from shoal.workers.agent.attachments import AttachmentDesk
+from shoal.workers.agent.coordinator.leases import LEASES_FILE
+from shoal.workers.agent.entry import ControlPort
 from shoal.workers.agent.kind import AgentKind
 from shoal.workers.agent.pr_activity import PR_ACTIVITY_FILE, PrActivity
-from shoal.workers.commands import settle_and_release
+from shoal.workers.agent.pr_feed import pr_policy, pr_request
 from shoal.workers.dream.kind import DreamKind, DreamSpec
 from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
 from shoal.workers.kinds import Poll, TaskKind
-from shoal.workers.monitor import MonitorKind
-from shoal.workers.remote import RemoteKind
+from shoal.workers.monitor.kind import MonitorKind
+from shoal.workers.remote.kind import RemoteKind
+from shoal.workers.shell import kind as shell
+from shoal.workers.teammate.commands import settle_and_release
+from shoal.workers.teammate.swarm import Swarm
 
 __all__ = ["Leader", "Policy", "TaskError"]
 # How often the shared task list is checked for tasks of members that are gone.

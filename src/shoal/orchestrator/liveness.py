@@ -7,10 +7,10 @@ import contextlib
 import os
 import resource
 
+from shoal.channel.client import leader_alive as leader_alive
 from shoal.core.errors import ConflictError, CorruptFileError, ShoalError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
-from shoal.orchestrator.client import leader_alive as leader_alive
 from shoal.teams.models import LEAD_NAME, TeamFile
 from shoal.teams.store import Teams
 
@@ -21,7 +21,7 @@ def leader_ready(layout: Layout, team: str) -> int | None:
     alive = leader_alive(layout, team)
     if alive is None:
         return None
-    from shoal.orchestrator.session import current_session
+    from shoal.teams.session import current_session
 
     try:
         session = current_session(layout, team)

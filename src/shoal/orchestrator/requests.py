@@ -17,6 +17,15 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
+from shoal.channel.protocol import (
+    HoldRequest,
+    MonitorRequest,
+    QueueRequest,
+    ReleaseRequest,
+    ShellSpec,
+    TaskAttachmentsRequest,
+    ViewRequest,
+)
 from shoal.core.errors import ShoalError, TaskError, UsageError
 from shoal.core.tasks import (
     MAIN_SESSION_AGENT_TYPE,
@@ -34,32 +43,24 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator import coordinator, task_ops
-from shoal.orchestrator.agent_tasks import AgentSpec, new_agent_task
-from shoal.orchestrator.control import (
-    HoldRequest,
-    MonitorRequest,
-    QueueRequest,
-    ReleaseRequest,
-    ShellSpec,
-    TaskAttachmentsRequest,
-    ViewRequest,
-)
+from shoal.orchestrator import task_ops
 from shoal.orchestrator.holds import Holds
-from shoal.orchestrator.leases import LeasePolicy, Leases
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import LeaderStore
-from shoal.orchestrator.swarm import Swarm
 from shoal.teams.models import LEAD_NAME
-from shoal.workers import shell
 from shoal.workers.agent.attachments import AttachmentDesk
+from shoal.workers.agent.coordinator import mode as coordinator
+from shoal.workers.agent.coordinator.leases import LeasePolicy, Leases
 from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
 from shoal.workers.agent.permissions import narrowest
+from shoal.workers.agent.spec import AgentSpec, new_agent_task
 from shoal.workers.agent.team_tools import signed
 from shoal.workers.dream.kind import DreamHost, DreamKind, DreamSpec, new_dream_task, release_lock
 from shoal.workers.kinds import TaskKind
-from shoal.workers.monitor import MonitorKind, new_monitor_task
-from shoal.workers.remote import RemoteKind, RemoteSpec, check_model_key, new_remote_task
+from shoal.workers.monitor.kind import MonitorKind, new_monitor_task
+from shoal.workers.remote.kind import RemoteKind, RemoteSpec, check_model_key, new_remote_task
+from shoal.workers.shell import kind as shell
+from shoal.workers.teammate.swarm import Swarm
 
 T = TypeVar("T")
 
@@ -261,7 +262,7 @@ class LeaderRequests(LeaderStore, ABC):
         no job slot, so it starts at once; its steps queue like any shell task."""
         if not self._owns():
             return self.call(lambda: self.start_workflow(spec_path)).result()
-        from shoal.orchestrator.workflow import load_spec, new_id, new_workflow_task
+        from shoal.orchestrator.batch.workflow import load_spec, new_id, new_workflow_task
 
         kind = self.kinds.get(TaskType.LOCAL_WORKFLOW)
         if kind is None:

@@ -38,9 +38,10 @@ from shoal.core.tasks import (
     retry_due,
 )
 from shoal.orchestrator.registry import TaskRegistry
-from shoal.orchestrator.session import GroupState, Session, Snapshot
+from shoal.orchestrator.session import Snapshot
+from shoal.teams.session import GroupState, Session
 from shoal.workers.kinds import TaskKind, TaskStore
-from shoal.workers.shell import ShellKind
+from shoal.workers.shell.kind import ShellKind
 
 
 class SchedulerHost(TaskStore, Protocol):

@@ -22,8 +22,9 @@ from shoal.core.procs import current_identity
 from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, should_evict
 from shoal.mailbox.router import notify_owner
 from shoal.orchestrator.registry import TaskRegistry
-from shoal.orchestrator.session import HistoryReader, Session, Snapshot, new_session_id
+from shoal.orchestrator.session import Snapshot
 from shoal.teams.models import LEAD_NAME
+from shoal.teams.session import HistoryReader, Session, new_session_id
 from shoal.teams.store import Teams
 
 EventSink = Callable[[Event], None]

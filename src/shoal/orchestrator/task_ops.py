@@ -13,17 +13,7 @@ import os
 import time
 from typing import Any, Protocol
 
-from shoal.core.errors import NotFoundError, TaskError, UsageError
-from shoal.core.ids import resolve_task_id
-from shoal.core.tasks import (
-    AnyTaskState,
-    LocalShellTaskState,
-    TaskStatus,
-    TaskType,
-    in_grace,
-    parse_task_state,
-)
-from shoal.orchestrator.control import (
+from shoal.channel.protocol import (
     CleanRequest,
     GroupAddRequest,
     GroupListRequest,
@@ -35,8 +25,18 @@ from shoal.orchestrator.control import (
     SendInputRequest,
     ShellSpec,
 )
+from shoal.core.errors import NotFoundError, TaskError, UsageError
+from shoal.core.ids import resolve_task_id
+from shoal.core.tasks import (
+    AnyTaskState,
+    LocalShellTaskState,
+    TaskStatus,
+    TaskType,
+    in_grace,
+    parse_task_state,
+)
 from shoal.orchestrator.scheduling import DEFAULT_GROUP, Scheduler, SchedulerHost
-from shoal.workers import shell
+from shoal.workers.shell import kind as shell
 
 
 class Leader(SchedulerHost, Protocol):

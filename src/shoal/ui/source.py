@@ -24,8 +24,8 @@ from shoal.core.output import output_size, read_output_delta, tail_lines
 from shoal.core.paths import Layout
 from shoal.core.tasks import TERMINAL_STATUSES, AnyTaskState, parse_task_state
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.session import HistoryReader, Session
 from shoal.teams.models import LEAD_NAME
+from shoal.teams.session import HistoryReader, Session
 from shoal.teams.store import Teams
 from shoal.ui.pill import pill_for
 from shoal.ui.status import (
@@ -505,7 +505,7 @@ class FileSource:
 
     def stop_task(self, task_id: str) -> JsonDict:
         """Ask the leader to stop `task_id`; its final record."""
-        from shoal.orchestrator.client import call
+        from shoal.channel.client import call
 
         result = call(self.layout, self.team, "stop", {"task_id": task_id})
         return result if isinstance(result, dict) else {"id": task_id}

@@ -23,7 +23,7 @@ from shoal.orchestrator.batch.state import Finished, Poster, Started
 from shoal.orchestrator.leader import Leader
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import exit_code_of
+from shoal.workers.teammate.brains import exit_code_of
 
 READY_TIMEOUT_S = 120.0
 

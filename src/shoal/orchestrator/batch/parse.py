@@ -461,7 +461,7 @@ def _parse_members(checker: _Checker, items: object, base: Path) -> list[MemberS
 def _check_script(checker: _Checker, script: str, section: tuple[str, int], where: str) -> None:
     """Load a member's script as its teammate will, so a broken one is a spec error (at the
     `script =` line) instead of a member that fails to start after the run began."""
-    from shoal.workers.brains import Script
+    from shoal.workers.teammate.brains import Script
 
     try:
         Script.load(Path(script))

@@ -29,7 +29,7 @@ WORKER_PRELOAD: Final = (
     "shoal.cli.entry",
     "shoal.cli.main",
     "shoal.cli.worker",
-    "shoal.workers.worker",
+    "shoal.workers.teammate.worker",
     "shoal.mailbox.watcher",
 )
 

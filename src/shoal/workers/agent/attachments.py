@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
+from shoal.channel.protocol import AttachmentAck
 from shoal.core.errors import ShoalError, TaskError
 from shoal.core.faults import pause_point
 from shoal.core.notify import summary_for, xml_escape
@@ -87,18 +88,6 @@ ATTACHED_END: Final = re.compile(
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class AttachmentAck(_Frozen):
-    """What of a task's output is in the agent's transcript: through byte `offset`, with
-    `total_lines` lines shown so far; `final`: its end too. `run`: the task's `restarts` (a
-    task run again in place starts a new output file: an ack of the run before is void)."""
-
-    task_id: str
-    offset: int = Field(ge=0)
-    total_lines: int = Field(0, ge=0)
-    final: bool = False
-    run: int = Field(0, ge=0)
 
 
 class TaskAttachment(_Frozen):

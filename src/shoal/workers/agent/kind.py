@@ -58,11 +58,11 @@ from shoal.workers.agent.job import (
 from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell import ShellProcess, spawn_logged
+from shoal.workers.shell.kind import ShellProcess, spawn_logged
 
 AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
 # The process entry of a runner (in the orchestrator: it gives the runner its leader port).
-RUNNER_MODULE: Final = "shoal.orchestrator.agent_runner"
+RUNNER_MODULE: Final = "shoal.workers.agent.entry"
 # task_progress events of one agent are emitted at most this often.
 PROGRESS_EVENT_INTERVAL_S: Final = 1.0
 # What a tmux pane's runner gets of the leader's environment (with the task's own variables).

@@ -23,7 +23,7 @@ from shoal.workers.agent.models import ModelSpec, build_model, check_model, choo
 from shoal.workers.agent.permissions import Gate
 from shoal.workers.agent.team_tools import TeamTools
 from shoal.workers.agent.tools import ToolFailure, Workspace
-from shoal.workers.brains import TurnContext, TurnResult
+from shoal.workers.teammate.brains import TurnContext, TurnResult
 
 # What a teammate's model may use (its shells and files, the team's list and messages).
 LLM_TEAMMATE_TOOLS = (

@@ -1,5 +1,5 @@
 """Runs one `local_agent` job: the same code in a process of its own (`python -m
-shoal.orchestrator.agent_runner JOB`, the process and tmux backends) and inside the leader
+shoal.workers.agent.entry JOB`, the process and tmux backends) and inside the leader
 (the in-process backend, many jobs on one event loop).
 
 The runner builds the model and the tools from the job, continues the transcript when the job
@@ -57,7 +57,7 @@ from shoal.workers.agent.pr_activity import active_subscriptions
 from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS, LeaderPort, TeamTools
 from shoal.workers.agent.tools import TOOL_SPECS, Workspace
 from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
-from shoal.workers.console import PREVIEW_CHARS
+from shoal.workers.teammate.console import PREVIEW_CHARS
 
 # Progress is written at most this often (the outcome at once).
 STATUS_INTERVAL_S: Final = 0.25

@@ -326,7 +326,7 @@ class Workspace:
                 raise ToolFailure("background commands are not available to this agent")
             watched = None
             if self.write_set is not None:
-                from shoal.workers.agent import leasecheck
+                from shoal.workers.agent.coordinator import leasecheck
 
                 began = time.time()
                 watched = (await asyncio.to_thread(leasecheck.snapshot, self.cwd,
@@ -343,7 +343,7 @@ class Workspace:
                 args.command, self.cwd, self.env, timeout_ms / 1000, self.track_command,
                 self.sandbox,
             )  # fmt: skip
-        from shoal.workers.agent import leasecheck
+        from shoal.workers.agent.coordinator import leasecheck
 
         began = time.time()
         before = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
@@ -381,7 +381,7 @@ class Workspace:
         outside the worker's lease while it ran is reported with the result and recorded."""
         if self.write_set is None:
             return await call()
-        from shoal.workers.agent import leasecheck
+        from shoal.workers.agent.coordinator import leasecheck
 
         began = time.time()
         before = await asyncio.to_thread(leasecheck.snapshot, self.cwd, self.lease_skip)
@@ -399,7 +399,7 @@ class Workspace:
 
     def _lease_check(self, command: str, before: Any, began: float) -> str:
         """The violation note for what changed outside the lease since `before` ("" if none)."""
-        from shoal.workers.agent import leasecheck
+        from shoal.workers.agent.coordinator import leasecheck
 
         assert self.write_set is not None
         after = leasecheck.snapshot(self.cwd, self.lease_skip)

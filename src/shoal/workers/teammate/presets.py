@@ -28,7 +28,7 @@ import orjson
 
 from shoal.core.errors import UsageError
 from shoal.core.paths import FILE_MODE
-from shoal.workers.brains import TurnContext, TurnResult, render, run_command
+from shoal.workers.teammate.brains import TurnContext, TurnResult, render, run_command
 
 PRESETS: Final = ("claude", "codex")
 PUMP_INTERVAL_S: Final = 0.2

@@ -25,12 +25,12 @@ from typing import Final
 from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState
-from shoal.orchestrator.agent_tasks import AgentSpec
-from shoal.orchestrator.coordinator import scratchpad_dir
-from shoal.orchestrator.demo import demo_leader
+from shoal.demo.swarm import demo_leader
 from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams
+from shoal.workers.agent.coordinator.mode import scratchpad_dir
 from shoal.workers.agent.runner import COORDINATOR_JOURNAL
+from shoal.workers.agent.spec import AgentSpec
 
 DEMO_TIMEOUT_S: Final = 55.0
 SCRIPT: Final = "demo_coordinator.toml"
@@ -105,7 +105,7 @@ def run_coordinator_demo(
     project = Path(tempfile.mkdtemp(prefix="shoal-demo-project-"))
     write_project(project)
     script = project.parent / f"{project.name}.toml"
-    script.write_text(resources.files("shoal.orchestrator").joinpath(SCRIPT).read_text())
+    script.write_text(resources.files("shoal.demo").joinpath(SCRIPT).read_text())
     result = CoordinatorDemoResult(team=team, backend=backend, project=str(project))
     seen: set[str] = set()  # workers told as started
     waited: set[str] = set()  # workers told as waiting for a lease

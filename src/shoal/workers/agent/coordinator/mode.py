@@ -45,7 +45,9 @@ def env_mode(env: Mapping[str, str]) -> bool:
 
 def system_prompt() -> str:
     """The coordinator's system prompt (package data, not a string in code)."""
-    return resources.files("shoal.orchestrator").joinpath(PROMPT_FILE).read_text("utf-8")
+    return (
+        resources.files("shoal.workers.agent.coordinator").joinpath(PROMPT_FILE).read_text("utf-8")
+    )
 
 
 def worker_tools(simple: bool) -> tuple[str, ...]:
@@ -219,7 +221,7 @@ def recorded_run(layout: Layout, ref: str) -> tuple[dict[str, Any], list[dict[st
     """The coordinator record `ref` names (its task id, its agent id, or a session with one
     coordinator) and its workers' records, from any session under `layout`; a UsageError
     says what was not found or what is ambiguous."""
-    from shoal.orchestrator.session import Session
+    from shoal.teams.session import Session
 
     root = layout.sessions_dir
     sessions = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

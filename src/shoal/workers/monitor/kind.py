@@ -1,6 +1,6 @@
 """`monitor_mcp` tasks: a long-lived MCP client that writes what a server says, one line each.
 
-The monitor is a process of its own (`python -m shoal.workers.monitor`), started by the
+The monitor is a process of its own (`python -m shoal.workers.monitor.kind`), started by the
 leader in a session of its own with its output file as stdout, so that a server that hangs or
 crashes takes nothing else with it. It connects to one stdio server of an MCP config
 (`{"mcpServers": {name: {command, args, env}}}`), subscribes to the server's resources when it
@@ -45,7 +45,7 @@ from shoal.core.tasks import (
     new_task_id,
 )
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell import spawn_logged
+from shoal.workers.shell.kind import spawn_logged
 
 PING_EVERY_S: Final = 2.0
 PING_TIMEOUT_S: Final = 10.0
@@ -244,7 +244,7 @@ async def _watch(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m shoal.workers.monitor")
+    parser = argparse.ArgumentParser(prog="python -m shoal.workers.monitor.kind")
     parser.add_argument("--config", required=True)
     parser.add_argument("--server", required=True)
     parser.add_argument("--tool", default=None)
@@ -332,7 +332,7 @@ class MonitorKind:
         argv = [
             sys.executable,
             "-m",
-            "shoal.workers.monitor",
+            "shoal.workers.monitor.kind",
             "--config",
             task.config_path or "",
             "--server",

@@ -43,9 +43,15 @@ from shoal.mailbox.watcher import Watcher, shared_watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.brains import Brain, TurnAborted, TurnContext, TurnResult
-from shoal.workers.commands import STATUS_KEY, CommandRecord, dump, settle_and_release, settle_from
-from shoal.workers.console import Console
+from shoal.workers.teammate.brains import Brain, TurnAborted, TurnContext, TurnResult
+from shoal.workers.teammate.commands import (
+    STATUS_KEY,
+    CommandRecord,
+    dump,
+    settle_and_release,
+    settle_from,
+)
+from shoal.workers.teammate.console import Console
 
 # Kinds read even while a turn runs.
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})

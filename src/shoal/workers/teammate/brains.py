@@ -29,12 +29,12 @@ from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import FILE_MODE
 from shoal.core.procs import process_start_time
 from shoal.core.sandbox import Policy, prepare
-from shoal.workers import shell as shell_tasks
-from shoal.workers.commands import RESULT_TAIL_BYTES as RESULT_TAIL_BYTES
-from shoal.workers.commands import CommandRecord, side_file, tail_since
-from shoal.workers.commands import command_failed as command_failed
-from shoal.workers.commands import exit_code_of as exit_code_of
-from shoal.workers.console import Console, OutputFollower
+from shoal.workers.shell import kind as shell_tasks
+from shoal.workers.teammate.commands import RESULT_TAIL_BYTES as RESULT_TAIL_BYTES
+from shoal.workers.teammate.commands import CommandRecord, side_file, tail_since
+from shoal.workers.teammate.commands import command_failed as command_failed
+from shoal.workers.teammate.commands import exit_code_of as exit_code_of
+from shoal.workers.teammate.console import Console, OutputFollower
 
 # Step kinds that change the world: in plan mode they wait for an approved plan.
 WRITE_STEPS = frozenset({"run", "write", "update_task"})

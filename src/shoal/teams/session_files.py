@@ -17,7 +17,7 @@ import orjson
 from shoal.core.errors import CorruptFileError
 from shoal.core.jsonio import read_bytes_nofollow
 from shoal.core.paths import Layout
-from shoal.orchestrator.client import lead_session_id
+from shoal.teams.lead import lead_session_id
 
 
 class SessionFiles:

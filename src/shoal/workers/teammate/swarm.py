@@ -37,7 +37,14 @@ from shoal.core.tasks import (
 from shoal.mailbox.router import send
 from shoal.mailbox.schema import AnyMessage
 from shoal.mailbox.watcher import shared_watcher as get_watcher
-from shoal.orchestrator.members import (
+from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_backend
+from shoal.teams.backends.inprocess import InProcessBackend
+from shoal.teams.colors import pick_color
+from shoal.teams.models import LEAD_NAME
+from shoal.teams.store import JoinSpec
+from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.teammate.brains import Script
+from shoal.workers.teammate.members import (
     SHUTDOWN_TIMEOUT_S,
     BatchReply,
     MemberRecords,
@@ -53,14 +60,7 @@ from shoal.orchestrator.members import (
     make_worktree,
     ready_timeout,
 )
-from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_backend
-from shoal.teams.backends.inprocess import InProcessBackend
-from shoal.teams.colors import pick_color
-from shoal.teams.models import LEAD_NAME
-from shoal.teams.store import JoinSpec
-from shoal.workers.brains import Script
-from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.worker import WorkerOptions, build_runner
+from shoal.workers.teammate.worker import WorkerOptions, build_runner
 
 
 class Swarm(MemberRecords):

@@ -23,23 +23,22 @@ from typing import Any, Final
 import orjson
 
 from shoal.core.clock import iso_now
-from shoal.core.errors import NotFoundError, ShoalError, UnsafePathError
+from shoal.core.errors import ShoalError, UnsafePathError
 from shoal.core.ids import new_ulid
-from shoal.core.jsonio import read_bytes_nofollow
 from shoal.core.names import LEAD_NAME
-from shoal.core.paths import Layout, check_path
-from shoal.core.procs import is_alive
+from shoal.core.paths import Layout
 from shoal.mailbox import wake
 from shoal.mailbox.store import Maildir
+from shoal.teams.lead import NoLeaderError as NoLeaderError
+from shoal.teams.lead import lead_session_id as lead_session_id
+from shoal.teams.lead import leader_alive as leader_alive
+from shoal.teams.lead import require_leader as require_leader
+from shoal.teams.lead import team_record as team_record
 
 REPLY_PREFIX: Final = "cli-"
 DEFAULT_TIMEOUT_S: Final = 60.0
 LOOK_EVERY_S: Final = 0.25
 """How often a waiting caller looks into its reply inbox without a wake-up (belt and braces)."""
-
-
-class NoLeaderError(ShoalError):
-    """No leader runs for the team."""
 
 
 class ControlError(ShoalError):
@@ -48,60 +47,6 @@ class ControlError(ShoalError):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def team_record(layout: Layout, team: str) -> dict[str, Any]:
-    """The team file as plain data. A missing file, or one that is not what shoal writes, is
-    read again by the validating store, which raises the error naming it (NotFoundError for
-    no team at all)."""
-    path = layout.team_file(team)
-    if check_path(str(path), "file") is not None:  # (a planted link is refused by name)
-        layout.checked(path)
-        try:
-            data = orjson.loads(read_bytes_nofollow(path))
-        except (OSError, orjson.JSONDecodeError):
-            data = None
-        if (
-            isinstance(data, dict)
-            and data.get("v") == 1
-            and isinstance(data.get("members"), list)
-            and all(isinstance(m, dict) for m in data["members"])
-        ):
-            return data
-    from shoal.teams.store import Teams
-
-    return Teams(layout).read(team).model_dump(mode="json")
-
-
-def lead_session_id(layout: Layout, team: str) -> str | None:
-    """The id of the team's latest leader session, if it has one (NotFoundError: no team)."""
-    value = team_record(layout, team).get("lead_session_id")
-    return value if isinstance(value, str) else None
-
-
-def leader_alive(layout: Layout, team: str) -> tuple[int, float] | None:
-    """(pid, start time) of the team's running leader, or None."""
-    try:
-        record = team_record(layout, team)
-    except NotFoundError:
-        return None
-    lead = next((m for m in record["members"] if m.get("name") == LEAD_NAME), None)
-    if lead is None:
-        return None
-    pid, started = lead.get("pid"), lead.get("pid_started_at")
-    if not isinstance(pid, int) or not is_alive(pid, started):
-        return None
-    return pid, float(started or 0.0)
-
-
-def require_leader(layout: Layout, team: str) -> tuple[int, float]:
-    """The running leader's (pid, start time), or NoLeaderError naming `shoal up`."""
-    alive = leader_alive(layout, team)
-    if alive is None:
-        raise NoLeaderError(
-            f"no leader is running for team {team!r}; start one with `shoal up --team {team}`"
-        )
-    return alive
 
 
 def reply_inbox_path(layout: Layout, team: str, name: str) -> Path | None:

@@ -1,5 +1,5 @@
 """The process entry of an agent's runner (the process and tmux backends):
-`python -m shoal.orchestrator.agent_runner JOB_FILE`.
+`python -m shoal.workers.agent.entry JOB_FILE`.
 
 It runs workers/agent/runner.py's `run_job` with what only this layer may give it: the
 team's leader through its control channel (background shells, SendMessage to agents,
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shoal.channel import client as control
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import Layout
-from shoal.orchestrator import control
-from shoal.orchestrator.session import current_session
+from shoal.teams.session import current_session
 from shoal.workers.agent.job import EXIT_NO_SPACE, AgentJob, JobOutcome
 from shoal.workers.agent.runner import (
     KILLED_ERROR,
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the job file given as the one argument."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m shoal.orchestrator.agent_runner JOB_FILE", file=sys.stderr)
+        print("usage: python -m shoal.workers.agent.entry JOB_FILE", file=sys.stderr)
         return 2
     try:
         job = AgentJob.load(Path(args[0]))

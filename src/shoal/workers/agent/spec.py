@@ -25,9 +25,9 @@ from shoal.core.tasks import (
     new_task_id,
 )
 from shoal.core.writeset import check_write_set
-from shoal.orchestrator import coordinator
-from shoal.orchestrator.session import Session
 from shoal.teams.models import LEAD_NAME
+from shoal.teams.session import Session
+from shoal.workers.agent.coordinator import mode as coordinator
 from shoal.workers.agent.definitions import catalog_of, load_catalog
 from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.mcp_tools import McpServer, find_config

@@ -18,9 +18,9 @@ from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.sandbox import Policy
-from shoal.workers.brains import Brain, make_brain
-from shoal.workers.console import Console
-from shoal.workers.runner import RunnerConfig, TeammateRunner
+from shoal.workers.teammate.brains import Brain, make_brain
+from shoal.workers.teammate.console import Console
+from shoal.workers.teammate.runner import RunnerConfig, TeammateRunner
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def build_runner(layout: Layout, opts: WorkerOptions) -> TeammateRunner:
     """A runner for `opts` (the brain and files checked here, before joining the team)."""
     brain: Brain
     if opts.agent in ("claude", "codex"):
-        from shoal.workers.presets import CliAgentBrain
+        from shoal.workers.teammate.presets import CliAgentBrain
 
         if opts.script or opts.model:
             raise UsageError(

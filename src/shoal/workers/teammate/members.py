@@ -31,9 +31,9 @@ from shoal.core.tasks import (
 )
 from shoal.teams.backends.base import Backend, Handle
 from shoal.teams.store import Teams
-from shoal.workers.commands import Settled, settle_and_release
 from shoal.workers.kinds import TaskStore
-from shoal.workers.worker import WorkerOptions
+from shoal.workers.teammate.commands import Settled, settle_and_release
+from shoal.workers.teammate.worker import WorkerOptions
 
 SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
 # A batch of process teammates larger than the machine starts slower: each member past

@@ -55,7 +55,7 @@ from shoal.core.tasks import (
     new_task_id,
 )
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.ray_jobs import (
+from shoal.workers.remote.ray_jobs import (
     FAILED,
     STOPPED,
     SUCCEEDED,
@@ -188,7 +188,7 @@ def entrypoint(spec: RemoteSpec, prompt: str | None = None) -> str:
 
 def preamble(remote_type: str) -> str:
     """What an agent of `remote_type` is told before the prompt (remote_prompts.toml)."""
-    text = resources.files("shoal.workers").joinpath("remote_prompts.toml").read_text()
+    text = resources.files("shoal.workers.remote").joinpath("remote_prompts.toml").read_text()
     return str(tomllib.loads(text).get(remote_type, {}).get("preamble", ""))
 
 

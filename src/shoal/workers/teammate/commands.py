@@ -28,7 +28,7 @@ from shoal.core.errors import ShoalError
 from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskItem, TaskList
-from shoal.workers import shell
+from shoal.workers.shell import kind as shell
 
 # The key of a status file that lists the teammate's commands.
 STATUS_KEY = "commands"

@@ -64,10 +64,10 @@ from shoal.orchestrator.batch.state import (
     ShellRequest,
     Started,
 )
+from shoal.orchestrator.batch.workflow import load_spec
 from shoal.orchestrator.leader import Leader
-from shoal.orchestrator.members import StopCause
-from shoal.orchestrator.workflow import load_spec
 from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.teammate.members import StopCause
 
 # The run record is rewritten at most this often while a workflow runs (at once on an end).
 RECORD_INTERVAL_S: Final = 1.0

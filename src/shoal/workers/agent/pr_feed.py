@@ -8,12 +8,12 @@ import contextlib
 import os
 from typing import Any
 
+from shoal.channel.protocol import PrSubscribeRequest
 from shoal.core.config import github_api, pr_poll_s
 from shoal.core.errors import TaskError
 from shoal.core.tasks import LocalAgentTaskState, TaskStatus
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
-from shoal.orchestrator.control import PrSubscribeRequest
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.github import DEFAULT_API, check_api_url
 from shoal.workers.agent.kind import coordinator_inbox

@@ -1,0 +1,1 @@
+"""`shoal demo`: the offline demos (a scripted swarm, and coordinator mode), above the leader."""

@@ -1,0 +1,1 @@
+"""Coordinator mode: the prompt and budgets, write-set leases and their checks."""

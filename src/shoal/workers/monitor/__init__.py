@@ -1,0 +1,1 @@
+"""`monitor_mcp` tasks: a long-lived MCP client writing what a server says."""

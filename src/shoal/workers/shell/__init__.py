@@ -1,0 +1,1 @@
+"""`local_bash` tasks: a process group per task, its output straight into its file."""
