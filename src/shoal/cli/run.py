@@ -145,13 +145,11 @@ class TextProgress:
     def _line(self, text: str, *, err: bool = False) -> None:
         """One progress line (a line break in `text` is shown as ⏎)."""
         with self.lock:
-            self._say_unstarted()
             self._write(text.replace("\r", " ").replace("\n", " ⏎ "), err=err)
 
     def _raw(self, text: str) -> None:
         """A line of a task's own output, as it is."""
         with self.lock:
-            self._say_unstarted()
             self._write(text)
 
     def _write(self, text: str, *, err: bool = False) -> None:
@@ -165,6 +163,7 @@ class TextProgress:
     def _say_unstarted(self) -> None:
         unstarted, self._unstarted = self._unstarted, {}
         for reason, count in unstarted.items():
+            self.done += count
             self._write(f"[{self.done}/{self.total}] {count} task(s) {reason}")
 
     def _finished(self, task_id: str, status: str, detail: str) -> None:
@@ -220,7 +219,8 @@ class TextProgress:
             self._attempt_ended(event["id"], "skipped", None)
             reason = event.get("reason") or ""
             if self.stopping and reason.startswith("not started"):
-                self.done += 1
+                # (counted when said, at the end: the kills still to come are numbered
+                # before them, so no number is shown twice)
                 self.tally["skipped"] += 1
                 self._unstarted[reason] = self._unstarted.get(reason, 0) + 1
             else:
@@ -233,7 +233,8 @@ class TextProgress:
         elif sub == "interrupted":
             self.stopping = True
             self._line(
-                f"interrupted ({event['reason']}): stopping {event.get('running', 0)} task(s)",
+                f"interrupted ({event['reason']}): stopping {event.get('running', 0)} "
+                "running task(s)",
                 err=True,
             )
 

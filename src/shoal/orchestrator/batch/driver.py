@@ -47,7 +47,12 @@ from shoal.orchestrator.batch.agents import TeammateDispatcher
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
 from shoal.orchestrator.batch.junit import FileStamp, check_written, stamp
 from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepare
-from shoal.orchestrator.batch.recovery import ENV_RUN, succeeded_attempts, with_recovered
+from shoal.orchestrator.batch.recovery import (
+    ENV_RUN,
+    ended_attempts,
+    succeeded_attempts,
+    with_recovered,
+)
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
     RecordSaver,
@@ -218,12 +223,13 @@ class LeaderShell:
         status, error = state.status.value, state.error or state.kill_reason
         junit, before = self.junit.pop(event.task_id, (None, None))
         junit_error = None
-        if junit is not None and state.status == TaskStatus.COMPLETED:
+        if junit is not None and ran:
+            # (a report left from before this attempt is not its report, whatever its end)
+            junit_error = check_written(junit, before)
+        if junit_error is not None and state.status == TaskStatus.COMPLETED:
             # A task that says it succeeded without a usable report did not: the run's
             # verdict must not be green on tests nobody saw.
-            junit_error = check_written(junit, before)
-            if junit_error is not None:
-                status, error = TaskStatus.FAILED.value, junit_error
+            status, error = TaskStatus.FAILED.value, junit_error
         return Finished(
             event.task_id,
             status,
@@ -285,14 +291,27 @@ class BatchPolicy:
             batch.feed(event)
         return ended
 
+    def drain_starts(self) -> None:
+        """Feed the engine the starts it has not seen, keeping every other event queued in
+        its order (a start always comes before its attempt's end, so none is overtaken)."""
+        rest: deque[ExecEvent] = deque()
+        while self.events:
+            event = self.events.popleft()
+            if isinstance(event, Started):
+                self.driver.batch.feed(event)
+            else:
+                rest.append(event)
+        self.events.extend(rest)
+
     def step(self, leader: Leader, now: float) -> None:
         batch, driver = self.driver.batch, self.driver
         # The interrupt first: the ends its shutdown brought (the kills) are news of the
         # interrupt, not a run that ended on its own with tasks killed.
-        if not batch.done:
+        if not batch.done and (driver.signal is not None or leader.stopping):
+            self.drain_starts()  # (so that the interrupt knows what runs)
             if driver.signal is not None:
                 batch.interrupt(signal.Signals(driver.signal).name)
-            elif leader.stopping:
+            else:
                 batch.interrupt("its leader was stopped (shoal down)")
         ended = self.drain()
         if batch.interrupted or batch.done:
@@ -383,11 +402,15 @@ class _Driver:
         self.errors: list[str] = []
         self.records = RunRecords(layout)
         self.previous = self.records.load(self.team, spec.path) if options.resume else None
-        self.carried = plan_resume(spec, self.previous) if self.previous else {}
+        self.rerun_why: dict[str, str] = {}
+        """On --resume: tasks that succeeded before and run again, and why."""
+        self.carried = plan_resume(spec, self.previous, self.rerun_why) if self.previous else {}
         self.run_id = new_ulid().lower()
         self.started_at = time.time()
         self.signal: int | None = None
         self.joblog: JoblogWriter | None = None
+        self.unlogged: list[dict[str, Any]] = []
+        """On --resume: attempts of the previous run its leader did not log (it was gone)."""
         self.leader: Leader | None = None
         self.policy: BatchPolicy | None = None
         self.batch = BatchRun(
@@ -540,6 +563,13 @@ class _Driver:
             # Opened (and an old joblog truncated) only once the members are up.
             if self.options.joblog is not None:
                 self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
+                for attempt in self.unlogged:  # (ended while no leader watched them)
+                    self.joblog.write(**attempt)
+            for task_id, why in self.rerun_why.items():
+                self._note(
+                    f"task {task_id} succeeded in run {(self.previous or {}).get('run_id')} "
+                    f"but {why}: it runs again"
+                )
             self._begin()
             leader.run(policy.finished)
         finally:
@@ -603,11 +633,12 @@ class _Driver:
             t for t in leader.registry.get_all_tasks() if isinstance(t, LocalShellTaskState)
         ]
         session_tasks += leader.history().values()
+        self.unlogged = ended_attempts(previous, session_tasks)
         recovered = succeeded_attempts(previous, session_tasks)
         if not recovered:
             return
         self.previous = with_recovered(previous, recovered)
-        self.carried = plan_resume(self.spec, self.previous)
+        self.carried = plan_resume(self.spec, self.previous, self.rerun_why)
         self.batch.carried = dict(self.carried)
         self._note(
             f"{len(recovered)} task(s) of run {previous.get('run_id')} succeeded after its "

@@ -486,7 +486,9 @@ class BatchRun:
         if self.interrupted:
             return
         self.interrupted = why
-        self._emit("interrupted", reason=why, running=len(self._live))
+        # (what runs is stopped; what was handed out and not started yet never starts)
+        running = self.running
+        self._emit("interrupted", reason=why, running=running, queued=len(self._live) - running)
         self._close_pending(f"not started: interrupted ({why})")
         for _run, attempt in self._live.values():
             if attempt.stop is None:

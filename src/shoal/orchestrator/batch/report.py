@@ -212,7 +212,12 @@ def _junit_suite(root: ET.Element, task: Mapping[str, Any], classname: str) -> N
         except JunitProblem as exc:
             problem = str(exc)
     if problem is not None:
-        _task_case(suite, task, classname, problem=problem)
+        if status in ("timed_out", "killed"):
+            # Stopped before it could write its report: the stop is the verdict to show
+            # (a <failure type="timed_out">, as for a task without a report), not the report.
+            _task_case(suite, task, classname)
+        else:
+            _task_case(suite, task, classname, problem=problem)
         return
     suite.extend(cases)
     if status != "succeeded" and not has_failures(cases):
@@ -241,6 +246,8 @@ class JoblogWriter:
         if not parent.is_dir():
             raise UsageError(f"cannot write joblog {path}: directory {parent} does not exist")
         fresh = not append or not path.exists() or path.stat().st_size == 0
+        self.logged: set[tuple[int, str]] = set() if fresh else _logged(path)
+        """(Seq, Starttime) of the lines already there: an attempt is logged once."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if fresh else os.O_APPEND)
         self._fh: IO[str] = os.fdopen(os.open(path, flags, FILE_MODE), "a", buffering=1)
         if fresh:
@@ -265,6 +272,10 @@ class JoblogWriter:
             signal = exit_code - 128 if exit_code is not None and 128 < exit_code < 160 else 9
         exitval = -1 if exit_code is None else exit_code
         flat = re.sub(r"[\t\r\n]+", " ", command)
+        key = (seq, f"{start:.3f}")
+        if key in self.logged:
+            return
+        self.logged.add(key)
         self._fh.write(
             f"{seq}\t{host or ':'}\t{start:10.3f}\t{runtime:10.3f}\t0\t0\t{exitval}\t{signal}"
             f"\t{flat}\n"
@@ -274,6 +285,17 @@ class JoblogWriter:
         """Flush and close the file."""
         with contextlib.suppress(OSError):
             self._fh.close()
+
+
+def _logged(path: Path) -> set[tuple[int, str]]:
+    """(Seq, Starttime) of every line of an existing joblog (unreadable lines are skipped)."""
+    out: set[tuple[int, str]] = set()
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in path.read_text().splitlines()[1:]:
+            cols = line.split("\t")
+            with contextlib.suppress(ValueError, IndexError):
+                out.add((int(cols[0]), f"{float(cols[2]):.3f}"))
+    return out
 
 
 def read_joblog(path: Path) -> list[dict[str, str]]:
@@ -426,12 +448,17 @@ class RecordSaver:
         return True
 
 
-def plan_resume(spec: Spec, previous: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def plan_resume(
+    spec: Spec, previous: Mapping[str, Any], why: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """The tasks a `--resume` need not run again, with their previous records.
 
     A task is carried over when it succeeded in the previous run, what it does is unchanged
-    (same fingerprint), and every task it depends on is carried over too; everything else —
-    and everything that depends on it — runs again.
+    (same fingerprint), its JUnit report (if it names one) is still there and readable, and
+    every task it depends on is carried over too; everything else — and everything that
+    depends on it — runs again. `why`, when given, receives the reason of each succeeded
+    task that is run again because its report is gone (a green verdict on tests nobody can
+    see again would be false).
     """
     before: dict[str, dict[str, Any]] = {
         t["id"]: t for t in previous.get("tasks", []) if isinstance(t, dict) and "id" in t
@@ -440,10 +467,19 @@ def plan_resume(spec: Spec, previous: Mapping[str, Any]) -> dict[str, dict[str, 
     for task in spec.topological():
         old = before.get(task.id)
         if (
-            old is not None
-            and old.get("status") == "succeeded"
-            and old.get("fingerprint") == task.fingerprint
-            and all(dep in keep for dep in task.after)
+            old is None
+            or old.get("status") != "succeeded"
+            or old.get("fingerprint") != task.fingerprint
+            or not all(dep in keep for dep in task.after)
         ):
-            keep.add(task.id)
+            continue
+        if task.junit is not None:
+            try:
+                read_cases(task.junit)
+            except JunitProblem as exc:
+                if why is not None:
+                    gone = not os.path.lexists(task.junit)
+                    why[task.id] = f"its JUnit report {task.junit} is gone" if gone else str(exc)
+                continue
+        keep.add(task.id)
     return {t.id: before[t.id] for t in spec.tasks if t.id in keep}

@@ -91,7 +91,8 @@ class Finished:
     error: str | None = None
     ran: bool = True
     junit_error: str | None = None
-    """Why the task's JUnit report cannot be used (the attempt then failed), if it cannot."""
+    """Why the task's JUnit report cannot be used, if it cannot (an attempt that completed
+    then failed; one that did not is shown by how it ended)."""
     host: str | None = None
     """Where it ran, when not here (a Ray node's address)."""
 

@@ -1,0 +1,151 @@
+"""`shoal run` as a CI job sees it: reports that name a timeout as a timeout, an interrupt
+message that counts what runs, progress numbers shown once, and artifacts the umask governs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli
+from tests.polling import wait_until
+
+FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
+
+
+def write_spec(directory: Path, text: str, name: str = "spec.toml") -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(text).replace("@D", str(directory)))
+    return path
+
+
+def popen(home: Path, *args: str, umask: int = -1) -> subprocess.Popen[str]:
+    env = {**os.environ, "SHOAL_HOME": str(home), **FAST}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shoal", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        umask=umask,
+    )
+
+
+STALE = """<?xml version="1.0"?>
+<testsuite name="old"><testcase classname="old" name="from_an_earlier_run"/></testsuite>
+"""
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["no-report", "stale-report"])
+def test_timed_out_task_with_junit_is_a_timeout_in_the_report(
+    cli: Cli, tmp_path: Path, left: bool
+) -> None:
+    if left:
+        (tmp_path / "slow.xml").write_text(STALE)  # a report left by an earlier run
+    spec = write_spec(
+        tmp_path,
+        """
+        [[task]]
+        id = "slow"
+        run = "sleep 60"
+        timeout = "1s"
+        junit = "slow.xml"
+        """,
+    )
+    merged = tmp_path / "merged.xml"
+    out = cli("run", str(spec), "--junit", str(merged), env=FAST)
+    assert out.returncode != 0
+    suite = next(s for s in ET.parse(merged).getroot() if s.get("name") == "slow")
+    cases = list(suite.iter("testcase"))
+    assert [c.get("name") for c in cases] == ["slow"]  # not the stale report's testcase
+    (failure,) = cases[0].findall("failure")
+    assert failure.get("type") == "timed_out"
+    assert "timed out after 1s" in (failure.get("message") or "")
+    assert cases[0].find("error") is None
+
+
+def test_interrupt_counts_only_running_tasks(home: Path, tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        """
+        [run]
+        jobs = 2
+        """
+        + "".join(
+            f'[[task]]\nid = "t{i}"\nrun = "touch @D/started.t{i}; sleep 60"\n' for i in range(4)
+        ),
+    )
+    proc = popen(home, str(spec))
+    try:
+        wait_until(
+            lambda: len(list(tmp_path.glob("started.*"))) == 2, timeout=60, what="two starts"
+        )
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "interrupted (SIGTERM): stopping 2 running task(s)" in err, err
+    numbers = re.findall(r"^\[(\d+)/4\]", out, re.MULTILINE)
+    assert len(numbers) == len(set(numbers)), out
+
+
+def test_progress_numbers_are_shown_once_after_a_halt(cli: Cli, tmp_path: Path) -> None:
+    # `a` runs, `b` fails: the halt kills `a` and never starts `c` and `d`.
+    spec = write_spec(
+        tmp_path,
+        """
+        [run]
+        jobs = 2
+        halt = "now,fail=1"
+
+        [[task]]
+        id = "a"
+        run = "touch @D/a.started; sleep 60"
+
+        [[task]]
+        id = "b"
+        run = "while [ ! -e @D/a.started ]; do sleep 0.02; done; exit 1"
+
+        [[task]]
+        id = "c"
+        run = "true"
+
+        [[task]]
+        id = "d"
+        run = "true"
+        """,
+    )
+    out = cli("run", str(spec), env=FAST)
+    assert out.returncode == 1, out.stdout + out.stderr
+    numbers = re.findall(r"^\[(\d+)/4\]", out.stdout, re.MULTILINE)
+    assert numbers == ["1", "2", "4"], out.stdout  # b failed, a killed, then c and d at once
+    assert re.search(r"^\[4/4\] 2 task\(s\) not started", out.stdout, re.MULTILINE)
+
+
+def test_results_files_follow_the_umask(home: Path, tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        """
+        [[task]]
+        id = "hello"
+        run = "echo hi"
+        """,
+    )
+    results = tmp_path / "artifacts"
+    proc = popen(home, str(spec), "--results", str(results), umask=0o022)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    copy = results / "hello.out"
+    assert copy.read_text() == "hi\n"
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o644
