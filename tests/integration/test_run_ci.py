@@ -149,3 +149,34 @@ def test_results_files_follow_the_umask(home: Path, tmp_path: Path) -> None:
     copy = results / "hello.out"
     assert copy.read_text() == "hi\n"
     assert stat.S_IMODE(copy.stat().st_mode) == 0o644
+
+
+# ------------------------------------------------------------------ exit codes
+
+
+def test_exit_codes_tell_timeouts_and_infrastructure_apart(cli: Cli, tmp_path: Path) -> None:
+    slow = write_spec(
+        tmp_path, '[[task]]\nid = "slow"\nrun = "sleep 60"\ntimeout = "1s"\n', name="slow.toml"
+    )
+    out = cli("run", str(slow), env=FAST)
+    assert out.returncode == 124, out.stdout + out.stderr
+    assert "(exit 124)" in out.stdout
+
+    # The report's directory goes away while the run goes on: the tasks did their part.
+    gone = tmp_path / "reports"
+    gone.mkdir()
+    rm = write_spec(tmp_path, f'[[task]]\nid = "rm"\nrun = "rmdir {gone}"\n', name="rm.toml")
+    out = cli("run", str(rm), "--junit", str(gone / "junit.xml"), env=FAST)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert f"could not write {gone / 'junit.xml'}" in out.stderr
+
+    ok = write_spec(tmp_path, '[[task]]\nid = "ok"\nrun = "true"\n', name="ok.toml")
+
+    up = cli("up", "--team", "busy", "--detach", "--quiet", env=FAST)
+    assert up.returncode == 0, up.stderr
+    try:
+        out = cli("run", str(ok), "--team", "busy", env=FAST)
+        assert out.returncode == 3, out.stdout + out.stderr
+        assert "a leader already runs for team 'busy'" in out.stderr
+    finally:
+        cli("down", "--team", "busy")

@@ -98,7 +98,7 @@ def test_a_timed_out_task_is_framed_too(cli: Cli, home: Path, tmp_path: Path) ->
         """,
     )
     out = run(cli, spec)
-    assert out.returncode == 1
+    assert out.returncode == 124
     lines = frame(out.stdout, "slow")
     assert lines[0].startswith("--- slow: TIMED OUT (timed out after 300ms): last ")
     assert lines[1] == "before"  # (then what the shell said of its killed child, if anything)

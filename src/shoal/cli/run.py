@@ -13,7 +13,8 @@ import click
 import orjson
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
-from shoal.core.errors import UsageError
+from shoal.core.errors import ShoalError, UsageError
+from shoal.orchestrator.batch.exitcodes import RunInfrastructureError
 from shoal.orchestrator.batch.spec import BACKEND_CHOICES, format_duration
 from shoal.ui.run_output import (
     DEFAULT_FAILURE_LINES,
@@ -487,8 +488,10 @@ def run(
     """Run the tasks of SPEC (a TOML file) to a verdict.
 
     Dependencies gate starts, a failed task skips its dependents, and the exit code is 0 when
-    every task succeeded, 1 when any failed or was skipped, 2 for a bad spec, 130 when
-    interrupted (nothing is left running). The team is --team, else [run] team (both kept),
+    every task succeeded, 1 when any failed or was skipped, 2 for a bad spec or usage, 3 when
+    the run itself could not do its job (a leader already runs for the team, a report could
+    not be written), 124 when only timeouts kept it from green, 130 when interrupted
+    (nothing is left running). The team is --team, else [run] team (both kept),
     else a team of the run's own, run-NAME after the spec's file name, deleted at the end
     unless --keep-team.
     """
@@ -561,6 +564,10 @@ def run(
         )
     try:
         outcome = run_batch(spec, env.layout, options, sink, leader_setup=install_workflows)
+    except UsageError:
+        raise
+    except ShoalError as exc:  # (not the spec's fault, nor a task's: exit 3)
+        raise RunInfrastructureError(str(exc)) from None
     finally:
         sink.close()
     sys.exit(outcome.exit_code)

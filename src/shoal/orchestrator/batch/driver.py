@@ -23,8 +23,6 @@ from types import FrameType
 from typing import Any, Final, Protocol
 
 from shoal.core.errors import (
-    EXIT_FAILED,
-    EXIT_OK,
     ConflictError,
     ShoalError,
     TaskError,
@@ -45,6 +43,7 @@ from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
+from shoal.orchestrator.batch.exitcodes import INFRASTRUCTURE, OK
 from shoal.orchestrator.batch.junit import FileStamp, check_written, stamp
 from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepare
 from shoal.orchestrator.batch.recovery import (
@@ -717,9 +716,12 @@ class _Driver:
                 writer(path, report)
             except (ShoalError, OSError) as exc:
                 errors.append(f"could not write {path}: {exc}")
+        code = report["exit_code"]
+        if errors and code == OK:
+            code = INFRASTRUCTURE  # (the tasks did their part; the run could not do its own)
         result = RunResult(
             subtype=report["status"],
-            exit_code=report["exit_code"],
+            exit_code=code,
             run_id=self.run_id,
             team=self.team,
             session_id=report["session_id"],
@@ -737,9 +739,6 @@ class _Driver:
             self.leader.session.close()
         else:
             self.to_sink(result.to_record())
-        code = report["exit_code"]
-        if errors and code == EXIT_OK:
-            code = EXIT_FAILED
         return RunOutcome(code, report, record)
 
     def _copy_carried(self, report: dict[str, Any]) -> None:

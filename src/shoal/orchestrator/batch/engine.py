@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ShoalError
+from shoal.core.errors import ShoalError
 from shoal.core.events import RunEvent
 from shoal.core.tasks import TaskStatus
+from shoal.orchestrator.batch.exitcodes import INTERRUPTED, OK, TASKS_FAILED, TIMED_OUT
 from shoal.orchestrator.batch.report import REPORT_VERSION
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec, SpecError, SpecIssue
 from shoal.orchestrator.batch.state import (
@@ -538,22 +539,42 @@ class BatchRun:
         return sum(1 for _, a in self._live.values() if a.status == RunStatus.RUNNING)
 
     def exit_code(self) -> int:
-        """130 interrupted; 0 when every task succeeded (or a success halt ended the run with
-        no failure); else 1."""
+        """As exitcodes.EXIT_CODES says: 130 interrupted; 0 when every task succeeded (or a
+        success halt ended the run with no failure); 124 when what did not succeed timed
+        out (or was skipped because of a timeout); else 1."""
         if self.interrupted:
-            return EXIT_INTERRUPTED
+            return INTERRUPTED
         if all(r.status == RunStatus.SUCCEEDED for r in self.tasks.values()):
-            return EXIT_OK
+            return OK
         if self.halted and self.halt.on == "success" and self.failures == 0:
-            return EXIT_OK
-        return EXIT_FAILED
+            return OK
+        if self._only_timeouts():
+            return TIMED_OUT
+        return TASKS_FAILED
+
+    def _only_timeouts(self) -> bool:
+        """True when some task timed out and every other one that did not succeed is a
+        dependent skipped because of that (directly or through another skip)."""
+        timed_out = {r.spec.id for r in self.tasks.values() if r.status == RunStatus.TIMED_OUT}
+        if not timed_out:
+            return False
+        blamed = set(timed_out)
+        for run in (self.tasks[t.id] for t in self.spec.topological()):
+            if run.status in (RunStatus.SUCCEEDED, RunStatus.TIMED_OUT):
+                continue
+            if run.status != RunStatus.SKIPPED or run.carried is not None:
+                return False
+            if not any(d in blamed for d in run.spec.after):
+                return False  # (skipped by a halt or an interrupt, not by a timeout)
+            blamed.add(run.spec.id)
+        return True
 
     def status(self) -> str:
         """running, succeeded, failed or interrupted."""
         if not self.done:
             return "interrupted" if self.interrupted else "running"
         code = self.exit_code()
-        return {EXIT_OK: "succeeded", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+        return {OK: "succeeded", INTERRUPTED: "interrupted"}.get(code, "failed")
 
     def report(self, **meta: Any) -> dict[str, Any]:
         """The JSON report (also the run record): `meta` fields, summary, tasks."""
