@@ -180,3 +180,28 @@ def test_exit_codes_tell_timeouts_and_infrastructure_apart(cli: Cli, tmp_path: P
         assert "a leader already runs for team 'busy'" in out.stderr
     finally:
         cli("down", "--team", "busy")
+
+
+def test_an_always_task_reports_on_a_red_run(cli: Cli, tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        """
+        [[task]]
+        id = "tests"
+        run = "exit 1"
+
+        [[task]]
+        id = "deploy"
+        run = "touch @D/deployed"
+        after = ["tests"]
+
+        [[task]]
+        id = "report"
+        run = "touch @D/reported"
+        after = ["tests"]
+        always = true
+        """,
+    )
+    out = cli("run", str(spec), "--report", str(tmp_path / "r.json"), env=FAST)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert (tmp_path / "reported").exists() and not (tmp_path / "deployed").exists()

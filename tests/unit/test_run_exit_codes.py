@@ -65,3 +65,51 @@ def test_a_failure_beside_a_timeout_exits_1() -> None:
     _time_out(run, shell, clock, "slow")
     end(run, shell, "other", "failed", 2)
     assert run.done and run.exit_code() == exitcodes.TASKS_FAILED
+
+
+# --------------------------------------------------------------------------- always = true
+
+ALWAYS = """
+[[task]]
+id = "tests"
+run = "x"
+[[task]]
+id = "lint"
+run = "y"
+[[task]]
+id = "publish"
+run = "p"
+after = ["tests"]
+[[task]]
+id = "report"
+run = "r"
+after = ["tests", "lint"]
+always = true
+"""
+
+
+def test_an_always_task_runs_after_its_dependencies_fail() -> None:
+    run, shell, _, _ = make_run(ALWAYS)
+    run.tick()
+    end(run, shell, "tests", "failed", 1)
+    assert "report" not in shell.ids()  # (lint still runs)
+    end(run, shell, "lint")
+    assert "report" in shell.ids()
+    end(run, shell, "report")
+    assert run.done
+    assert statuses(run) == {
+        "tests": "failed",
+        "lint": "succeeded",
+        "publish": "skipped",
+        "report": "succeeded",
+    }
+    assert run.exit_code() == exitcodes.TASKS_FAILED
+
+
+def test_an_always_task_runs_after_a_halt() -> None:
+    run, shell, _, _ = make_run(ALWAYS, jobs=1, halt="soon,fail=1")
+    run.tick()
+    end(run, shell, "tests", "failed", 1)  # halt: lint and publish never start
+    assert shell.ids().count("report") == 1
+    end(run, shell, "report")
+    assert statuses(run)["lint"] == "skipped" and statuses(run)["report"] == "succeeded"

@@ -145,8 +145,11 @@ class BatchRun:
         for run in self.tasks.values():
             if run.final:
                 continue
+            # (an `always` task waits for its `after` tasks to end, however they end)
             run.waiting_on = sum(
-                1 for d in run.spec.after if self.tasks[d].status != RunStatus.SUCCEEDED
+                1
+                for d in run.spec.after
+                if not (self.tasks[d].final if run.spec.always else self.tasks[d].succeeded)
             )
             if run.waiting_on == 0:
                 self._ready.append(run)
@@ -211,7 +214,7 @@ class BatchRun:
             policy=policy.text,
             killing=len(running) if policy.when == "now" else 0,
         )
-        self._close_pending(f"not started: {self.halted}")
+        self._close_pending(f"not started: {self.halted}", keep_always=True)
         for handle, (run, attempt) in list(self._live.items()):
             queued = attempt.status == RunStatus.QUEUED and not run.spec.is_agent
             if queued and self.shell.cancel(handle, f"not started: {self.halted}"):
@@ -224,15 +227,19 @@ class BatchRun:
     def schedule(self) -> None:
         """Submit ready tasks: shell attempts while job slots (plus a prefetch) are free,
         agent attempts when their member is free."""
-        if self.halted or self.interrupted or not self._ready:
+        if self.interrupted or not self._ready:
             return
+        if self.halted:  # (after a halt, only `always` tasks still start)
+            self._ready = deque(r for r in self._ready if r.spec.always)
         room = self._room()
         batch: list[TaskRun] = []
+        taken: set[str] = set()  # (a task readied twice is submitted once)
         deferred: list[TaskRun] = []
         while self._ready and (room is None or len(batch) < room):
             run = self._ready.popleft()
-            if run.status != RunStatus.PENDING:
+            if run.status != RunStatus.PENDING or run.spec.id in taken:
                 continue
+            taken.add(run.spec.id)
             if run.spec.is_agent:
                 if run.spec.assign in self._busy_members:
                     deferred.append(run)
@@ -431,12 +438,14 @@ class BatchRun:
             ):
                 self.failures += 1
             self._emit_verdict(task)
+            for child_id in self._dependents[task.spec.id]:
+                child = self.tasks[child_id]
+                if verdict != RunStatus.SUCCEEDED and not child.spec.always:
+                    continue
+                child.waiting_on -= 1
+                if child.waiting_on == 0 and child.status == RunStatus.PENDING:
+                    self._ready.append(child)
             if verdict == RunStatus.SUCCEEDED:
-                for child_id in self._dependents[task.spec.id]:
-                    child = self.tasks[child_id]
-                    child.waiting_on -= 1
-                    if child.waiting_on == 0 and child.status == RunStatus.PENDING:
-                        self._ready.append(child)
                 continue
             said = {
                 RunStatus.FAILED: "failed",
@@ -446,7 +455,7 @@ class BatchRun:
             }[verdict]
             for child_id in reversed(self._dependents[task.spec.id]):
                 child = self.tasks[child_id]
-                if child.status == RunStatus.PENDING:
+                if child.status == RunStatus.PENDING and not child.spec.always:
                     work.append((child, RunStatus.SKIPPED, f'dependency "{task.spec.id}" {said}'))
 
     def _emit_verdict(self, run: TaskRun) -> None:
@@ -465,19 +474,25 @@ class BatchRun:
             reason=run.reason,
         )
 
-    def _close_pending(self, reason: str) -> None:
+    def _close_pending(self, reason: str, *, keep_always: bool = False) -> None:
         """Give every task not handed out yet its verdict: a task waiting to be retried keeps
-        its last outcome, the rest are skipped with `reason` (no cascade needed: all go)."""
+        its last outcome, the rest are skipped with `reason` (no cascade needed: all go).
+        With `keep_always` (a halt), `always` tasks not tried yet stay, to run once what
+        they wait for has ended."""
+        ready = [r for r in self._ready if keep_always and r.spec.always]
         self._ready.clear()
         self._delayed.clear()
         for run in self.tasks.values():
             if run.status != RunStatus.PENDING:
+                continue
+            if keep_always and run.spec.always and not run.attempts:
                 continue
             if run.attempts:
                 last = run.attempts[-1]
                 self._finalize(run, last.status, self._reason(run, last))
             else:
                 self._finalize(run, RunStatus.SKIPPED, reason)
+        self._ready.extendleft(reversed(ready))
 
     # -- ending --------------------------------------------------------------------------------
 
@@ -544,7 +559,11 @@ class BatchRun:
         out (or was skipped because of a timeout); else 1."""
         if self.interrupted:
             return INTERRUPTED
-        if all(r.status == RunStatus.SUCCEEDED for r in self.tasks.values()):
+        # (an `always` task that was skipped does not make a green run red)
+        if all(
+            r.succeeded or (r.spec.always and r.status == RunStatus.SKIPPED)
+            for r in self.tasks.values()
+        ):
             return OK
         if self.halted and self.halt.on == "success" and self.failures == 0:
             return OK

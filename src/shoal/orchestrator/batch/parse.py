@@ -141,6 +141,7 @@ _TASK_KEYS: Final = (
     "description",
     "junit",
     "matrix",
+    "always",
 )
 # A task's matrix: at most this many combinations (each one is a task of the run).
 MAX_MATRIX_COMBINATIONS: Final = 1000
@@ -609,6 +610,7 @@ def _parse_task(
         cwd=cwd,
         description=description,
         junit=junit,
+        always=checker.boolean(table, "always", section, where),
         line=checker.locator.line(section),
     )
 

@@ -239,6 +239,11 @@ class TaskRun:
         """True once the task has its verdict."""
         return self.status in FINAL_STATUSES
 
+    @property
+    def succeeded(self) -> bool:
+        """True once the task has succeeded."""
+        return self.status == RunStatus.SUCCEEDED
+
     def move(self, status: RunStatus) -> None:
         """Move through RUN_TRANSITIONS (IllegalRunMove otherwise)."""
         self.status = check_run_move(f'task "{self.spec.id}"', self.status, status)
