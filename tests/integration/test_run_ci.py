@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Cli
+from tests.integration.test_run_junit_matrix import junit_schema
 from tests.polling import wait_until
 
 FAST = {"SHOAL_POLL_INTERVAL": "0.1", "SHOAL_KILL_GRACE": "1"}
@@ -205,3 +206,61 @@ def test_an_always_task_reports_on_a_red_run(cli: Cli, tmp_path: Path) -> None:
     out = cli("run", str(spec), "--report", str(tmp_path / "r.json"), env=FAST)
     assert out.returncode == 1, out.stdout + out.stderr
     assert (tmp_path / "reported").exists() and not (tmp_path / "deployed").exists()
+
+
+# ------------------------------------------------------------------ flaky tests
+
+
+def validate(path: Path) -> None:
+    """Fail unless the file is valid against Jenkins' junit-10.xsd (see test_run_junit_matrix
+    for where it is looked for)."""
+    junit_schema().validate(str(path))
+
+
+FIRST = """<?xml version="1.0"?>
+<testsuite name="t"><testcase classname="m" name="steady"/>
+<testcase classname="m" name="shaky">
+<failure message="boom" type="AssertionError">m.py:3: boom</failure></testcase>
+</testsuite>
+"""
+SECOND = """<?xml version="1.0"?>
+<testsuite name="t"><testcase classname="m" name="steady"/><testcase classname="m" name="shaky"/>
+</testsuite>
+"""
+
+
+def test_a_test_that_passes_on_a_retry_is_shown_flaky(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "attempt1.xml").write_text(FIRST)
+    (tmp_path / "attempt2.xml").write_text(SECOND)
+    spec = write_spec(
+        tmp_path,
+        """
+        [[task]]
+        id = "tests"
+        retries = 1
+        junit = "out.xml"
+        run = "cp @D/attempt$SHOAL_RUN_ATTEMPT.xml @D/out.xml; [ $SHOAL_RUN_ATTEMPT = 2 ]"
+
+        [[task]]
+        id = "build"
+        retries = 1
+        run = "[ $SHOAL_RUN_ATTEMPT = 2 ]"
+
+        [[task]]
+        id = "lint"
+        run = "true"
+        """,
+    )
+    merged = tmp_path / "merged.xml"
+    out = cli("run", str(spec), "--junit", str(merged), env=FAST)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok: all 3 task(s) succeeded, 2 flaky (passed on a retry)," in out.stdout
+    validate(merged)
+    root = ET.parse(merged).getroot()
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    (flaky,) = cases["shaky"].findall("flakyFailure")
+    assert flaky.get("type") == "AssertionError" and flaky.get("message") == "boom"
+    assert flaky.findtext("stackTrace") == "m.py:3: boom"
+    assert cases["steady"].find("flakyFailure") is None
+    assert cases["build"].find("flakyFailure").get("message") == "attempt 1: exit code 1"
+    assert root.get("failures") == "0" and root.get("errors") == "0"

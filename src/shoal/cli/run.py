@@ -315,13 +315,15 @@ class TextProgress:
         took = format_duration(event.get("duration_s") or 0.001)
         resumed = f" ({c['resumed']} from the previous run)" if c.get("resumed") else ""
         status = event["subtype"]
+        flaky = c.get("flaky") or 0
         if status == "succeeded" and c["succeeded"] == c["total"]:
-            line = f"ok: all {c['total']} task(s) succeeded{resumed} in {took}"
+            shaky = f", {flaky} flaky (passed on a retry)," if flaky else ""
+            line = f"ok: all {c['total']} task(s) succeeded{shaky}{resumed} in {took}"
         else:
             parts = [
                 f"{c[k]} {k.replace('_', ' ')}"
-                for k in ("succeeded", "failed", "timed_out", "killed", "skipped")
-                if c[k]
+                for k in ("succeeded", "flaky", "failed", "timed_out", "killed", "skipped")
+                if c.get(k)
             ]
             word = {"succeeded": "ok", "interrupted": "interrupted"}.get(status, "FAILED")
             line = (

@@ -44,7 +44,7 @@ from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStat
 from shoal.orchestrator.batch.agents import TeammateDispatcher
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
 from shoal.orchestrator.batch.exitcodes import INFRASTRUCTURE, OK
-from shoal.orchestrator.batch.junit import FileStamp, check_written, stamp
+from shoal.orchestrator.batch.junit import FileStamp, check_written, failed_cases, stamp
 from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepare
 from shoal.orchestrator.batch.recovery import (
     ENV_RUN,
@@ -229,6 +229,11 @@ class LeaderShell:
             # A task that says it succeeded without a usable report did not: the run's
             # verdict must not be green on tests nobody saw.
             status, error = TaskStatus.FAILED.value, junit_error
+        failures: tuple[dict[str, str], ...] = ()
+        if junit is not None and junit_error is None and status != TaskStatus.COMPLETED.value:
+            # (kept now: a retry overwrites the report, and a test that failed before it
+            # passed is a flaky test the merged report must show)
+            failures = tuple(failed_cases(junit))
         return Finished(
             event.task_id,
             status,
@@ -239,6 +244,7 @@ class LeaderShell:
             error=error,
             ran=ran,
             junit_error=junit_error,
+            junit_failures=failures,
         )
 
 

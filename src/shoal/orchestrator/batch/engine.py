@@ -357,6 +357,7 @@ class BatchRun:
         attempt.error = event.error
         attempt.junit_error = event.junit_error
         attempt.host = event.host
+        attempt.junit_failures = event.junit_failures
         attempt.move(self._outcome(attempt, event))
         self.version += 1
         if attempt.started_at is not None and self._on_attempt_end is not None:
@@ -546,6 +547,7 @@ class BatchRun:
             "pending": out["pending"] + out["queued"],
             "running": out["running"],
             "resumed": sum(1 for r in self.tasks.values() if r.carried is not None),
+            "flaky": sum(1 for r in self.tasks.values() if r.flaky),
         }
 
     @property

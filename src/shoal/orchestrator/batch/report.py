@@ -24,7 +24,13 @@ from shoal.core.errors import UsageError
 from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.output import tail_lines
 from shoal.core.paths import FILE_MODE, Layout
-from shoal.orchestrator.batch.junit import JunitProblem, has_failures, read_cases
+from shoal.orchestrator.batch.junit import (
+    OUTPUT_TAGS,
+    RESULT_TAGS,
+    JunitProblem,
+    has_failures,
+    read_cases,
+)
 from shoal.orchestrator.batch.junit import counts as junit_counts
 from shoal.orchestrator.batch.spec import Spec
 
@@ -184,6 +190,20 @@ def _task_case(
         error.text = tail
     elif status == "skipped":
         ET.SubElement(case, "skipped", message=_clean(task.get("reason") or "skipped"))
+    elif status == "succeeded":
+        # Passed on a retry: each attempt that did not, as Surefire shows a flaky test.
+        for attempt in (task.get("attempt_log") or [])[:-1]:
+            if attempt.get("status") not in ("failed", "timed_out"):
+                continue
+            why = attempt.get("error") or (
+                f"exit code {attempt.get('exit_code')}" if attempt.get("exit_code") else "failed"
+            )
+            ET.SubElement(
+                case,
+                "flakyFailure",
+                type=str(attempt.get("status")),
+                message=_clean(f"attempt {attempt.get('attempt')}: {why}"),
+            )
     elif status != "succeeded":
         # A run record written mid-run (pending or running tasks) is not a verdict.
         ET.SubElement(case, "skipped", message=f"not finished ({status})")
@@ -220,8 +240,39 @@ def _junit_suite(root: ET.Element, task: Mapping[str, Any], classname: str) -> N
             _task_case(suite, task, classname, problem=problem)
         return
     suite.extend(cases)
+    _mark_reruns(cases, task)
     if status != "succeeded" and not has_failures(cases):
         _task_case(suite, task, classname)
+
+
+def _mark_reruns(cases: list[ET.Element], task: Mapping[str, Any]) -> None:
+    """Surefire's rerun elements from the task's earlier attempts: a testcase that failed in
+    one and passed in the last gets a <flakyFailure> (or <flakyError>) per failed run, one
+    that failed every time a <rerunFailure> (or <rerunError>) per earlier run. Jenkins and
+    GitLab show a flaky test so, instead of the last attempt's report hiding it."""
+    earlier: dict[tuple[str, str], list[Mapping[str, str]]] = {}
+    for attempt in (task.get("attempt_log") or [])[:-1]:
+        for failure in attempt.get("junit_failures") or []:
+            key = (failure.get("classname", ""), failure.get("name", ""))
+            earlier.setdefault(key, []).append(failure)
+    if not earlier:
+        return
+    for case in cases:
+        found = earlier.get((case.get("classname") or "", case.get("name") or ""))
+        if not found:
+            continue
+        passed = not any(child.tag in RESULT_TAGS for child in case)
+        for failure in found:
+            kind = "Error" if failure.get("kind") == "error" else "Failure"
+            rerun = ET.Element(
+                f"{'flaky' if passed else 'rerun'}{kind}",
+                type=_clean(failure.get("type") or kind.lower()),
+                message=_clean(failure.get("message") or ""),
+            )
+            ET.SubElement(rerun, "stackTrace").text = _clean(failure.get("trace") or "")
+            # (before the case's output: Surefire's order, which readers expect)
+            outputs = [i for i, child in enumerate(case) if child.tag in OUTPUT_TAGS]
+            case.insert(outputs[0] if outputs else len(case), rerun)
 
 
 def write_junit(path: Path, report: Mapping[str, Any]) -> None:
