@@ -265,3 +265,90 @@ def test_a_test_that_passes_on_a_retry_is_shown_flaky(cli: Cli, tmp_path: Path) 
     (task_flaky,) = cases["build"].findall("flakyFailure")
     assert task_flaky.get("message") == "attempt 1: exit code 1"
     assert root.get("failures") == "0" and root.get("errors") == "0"
+
+
+# ------------------------------------------------------------------ a log that stays alive
+
+
+def test_a_heartbeat_line_while_a_long_task_runs(home: Path, tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        """
+        [[task]]
+        id = "quick"
+        run = "true"
+
+        [[task]]
+        id = "long"
+        run = "while [ ! -e @D/go ]; do sleep 0.02; done"
+        """,
+    )
+    env = {**os.environ, "SHOAL_HOME": str(home), **FAST, "SHOAL_RUN_HEARTBEAT_S": "0.05"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "run", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # (the task ends only once a heartbeat was seen)
+            lines.append(line.rstrip("\n"))
+            if "still running after" in line:
+                (tmp_path / "go").touch()
+        proc.wait(60)
+    finally:
+        (tmp_path / "go").touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, lines
+    beats = [ln for ln in lines if "still running after" in ln]
+    assert beats and beats[0].startswith("[1/2] ") and beats[0].endswith("; running: long")
+    assert re.match(r"^\[1/2\] ok +quick  \d+\.\d s$", next(ln for ln in lines if "quick" in ln))
+    table = lines[lines.index(next(ln for ln in lines if ln.startswith("task "))) :]
+    assert re.match(r"^long +succeeded +1 +\d+\.\d s +- +- +-$", table[2]), table
+
+
+def test_quiet_prints_no_heartbeat_and_no_successes(cli: Cli, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, '[[task]]\nid = "t"\nrun = "sleep 0.3"\n')
+    out = cli("run", str(spec), "--quiet", env={**FAST, "SHOAL_RUN_HEARTBEAT_S": "0.01"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()  # (the header, then the verdict: nothing between)
+    assert len(lines) == 2 and lines[1].startswith("ok: all 1 task(s) succeeded in "), lines
+
+
+def test_colour_is_forced_or_refused(cli: Cli, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, '[[task]]\nid = "t"\nrun = "exit 1"\n')
+    forced = cli("run", str(spec), env={**FAST, "FORCE_COLOR": "1"})
+    assert "\x1b[31mFAILED" in forced.stdout
+    never = cli("run", str(spec), "--color", "never", env={**FAST, "FORCE_COLOR": "1"})
+    assert "\x1b[" not in never.stdout and "FAILED" in never.stdout
+    always = cli("run", str(spec), "--color", "always", env={**FAST, "NO_COLOR": "1"})
+    assert "\x1b[31mFAILED" in always.stdout
+    plain = cli("run", str(spec), env=FAST)
+    assert "\x1b[" not in plain.stdout
+
+
+def test_gitlab_folds_each_tasks_output_in_a_section(cli: Cli, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, '[[task]]\nid = "build"\nrun = "echo compiling"\n')
+    out = cli("run", str(spec), "--output", "group", env={**FAST, "GITLAB_CI": "true"})
+    assert out.returncode == 0, out.stderr
+    text = out.stdout  # (captured as text: GitLab's \r reads as a line break here)
+    start = re.search(
+        r"\x1b\[0Ksection_start:\d+:build\[collapsed=true\]\n\x1b\[0Kbuild: ok\n", text
+    )
+    end = re.search(r"\x1b\[0Ksection_end:\d+:build\n\x1b\[0K\n", text)
+    assert start and end and start.end() < text.index("compiling") < end.start(), repr(text)
+    none = cli(
+        "run",
+        str(spec),
+        "--output",
+        "group",
+        "--annotations",
+        "none",
+        env={**FAST, "GITLAB_CI": "true"},
+    )
+    assert "section_start" not in none.stdout and "compiling" in none.stdout

@@ -42,6 +42,7 @@ from shoal.core.names import MAX_NAME_LENGTH, validate_name
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
+from shoal.orchestrator.batch.ci import Row, summary_rows
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
 from shoal.orchestrator.batch.exitcodes import INFRASTRUCTURE, OK
 from shoal.orchestrator.batch.junit import FileStamp, check_written, failed_cases, stamp
@@ -130,6 +131,8 @@ class RunOutcome:
     exit_code: int
     report: dict[str, Any]
     record_path: Path
+    summary: tuple[Row, ...] = ()
+    """The end-of-run table: a row per task, with its tests' counts."""
 
 
 def default_run_team(spec_path: Path) -> str:
@@ -725,7 +728,9 @@ class _Driver:
         code = report["exit_code"]
         if errors and code == OK:
             code = INFRASTRUCTURE  # (the tasks did their part; the run could not do its own)
+        rows = summary_rows(report)
         result = RunResult(
+            summary=[row.to_json() for row in rows],
             subtype=report["status"],
             exit_code=code,
             run_id=self.run_id,
@@ -745,7 +750,7 @@ class _Driver:
             self.leader.session.close()
         else:
             self.to_sink(result.to_record())
-        return RunOutcome(code, report, record)
+        return RunOutcome(code, report, record, tuple(rows))
 
     def _copy_carried(self, report: dict[str, Any]) -> None:
         """`--results` on --resume: the outputs of tasks that succeeded in the previous run
