@@ -3,6 +3,7 @@ message that counts what runs, progress numbers shown once, and artifacts the um
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -352,3 +353,42 @@ def test_gitlab_folds_each_tasks_output_in_a_section(cli: Cli, tmp_path: Path) -
         env={**FAST, "GITLAB_CI": "true"},
     )
     assert "section_start" not in none.stdout and "compiling" in none.stdout
+
+
+# ------------------------------------------------------------------ session retention
+
+
+def sessions_of(home: Path, team: str) -> set[str]:
+    out = set()
+    for path in (home / "sessions").iterdir():
+        state = json.loads((path / "state.json").read_text())
+        if state["team"] == team:
+            out.add(path.name)
+    return out
+
+
+def test_keep_sessions_removes_the_oldest_finished_ones(
+    cli: Cli, home: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, '[[task]]\nid = "t"\nrun = "true"\n')
+    other = write_spec(tmp_path, '[[task]]\nid = "o"\nrun = "true"\n', name="other.toml")
+    for _ in range(3):
+        assert cli("run", str(spec), env=FAST).returncode == 0
+    assert len(sessions_of(home, "run-spec")) == 3  # (kept, by default)
+    assert cli("run", str(other), env=FAST).returncode == 0
+
+    out = cli("run", str(spec), "--keep-sessions", "2", env=FAST)
+    assert out.returncode == 0, out.stderr
+    assert "removed 2 old session(s) of team run-spec (keeping 2)" in out.stderr
+    left = sessions_of(home, "run-spec")
+    record = json.loads(next((home / "runs" / "run-spec").glob("*.json")).read_text())
+    assert len(left) == 2 and record["session_id"] in left
+    assert len(sessions_of(home, "run-other")) == 1  # (another team's are not touched)
+
+    # The default of SHOAL_HOME/config.toml.
+    (home / "config.toml").write_text("[run]\nkeep_sessions = 1\n")
+    assert cli("run", str(spec), env=FAST).returncode == 0
+    assert len(sessions_of(home, "run-spec")) == 1
+    (home / "config.toml").write_text('[run]\nkeep_sessions = "all"\n')
+    bad = cli("run", str(spec), env=FAST)
+    assert bad.returncode == 2 and "keep_sessions must be a whole number >= 1" in bad.stderr

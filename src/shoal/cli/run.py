@@ -553,6 +553,15 @@ def _detail(event: dict[str, Any]) -> str:
     help="Print the plan (tasks in start order, after matrix expansion) and start nothing.",
 )
 @click.option(
+    "--keep-sessions",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="At the end, remove the team's oldest finished session directories past N "
+    "(default: [run] keep_sessions in SHOAL_HOME/config.toml for the run's own team, "
+    "else all are kept); sessions a run record still uses are kept.",
+)
+@click.option(
     "--quiet",
     "-q",
     is_flag=True,
@@ -596,6 +605,7 @@ def run(
     keep_team: bool,
     output_format: str,
     dry_run: bool,
+    keep_sessions: int | None,
     quiet: bool,
     annotations: str,
     color: str,
@@ -662,6 +672,7 @@ def run(
         results=Path(results) if results else None,
         ray=ray_address,
         ray_insecure=insecure,
+        keep_sessions=keep_sessions,
     )
     # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.
     err = Droppable(sys.stderr)

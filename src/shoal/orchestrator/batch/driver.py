@@ -63,6 +63,7 @@ from shoal.orchestrator.batch.report import (
     write_junit,
 )
 from shoal.orchestrator.batch.results import ResultsDir
+from shoal.orchestrator.batch.retention import configured_keep, prune_sessions
 from shoal.orchestrator.batch.spec import RAY_BACKEND, HaltPolicy, Spec
 from shoal.orchestrator.batch.state import (
     AgentDispatcher,
@@ -122,6 +123,9 @@ class RunOptions:
     """`--backend ray`: the cluster's address (else $SHOAL_RAY_ADDRESS)."""
     ray_insecure: bool = False
     """`--insecure`: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine."""
+    keep_sessions: int | None = None
+    """`--keep-sessions N`: at the end, remove the team's oldest finished sessions past N
+    (None: `[run] keep_sessions` of config.toml for a team of the run's own, else keep all)."""
 
 
 @dataclass(frozen=True)
@@ -408,6 +412,9 @@ class _Driver:
             ResultsDir(options.results, (t.id for t in spec.tasks)) if options.results else None
         )
         self.errors: list[str] = []
+        self.keep_sessions = options.keep_sessions
+        if self.keep_sessions is None and self.own_team:
+            self.keep_sessions = configured_keep(layout.home)
         self.records = RunRecords(layout)
         self.previous = self.records.load(self.team, spec.path) if options.resume else None
         self.rerun_why: dict[str, str] = {}
@@ -583,6 +590,7 @@ class _Driver:
         finally:
             cleanup.run_all()  # the leader's shutdown kills whatever still runs
             self._remove_team()
+            self._prune_sessions()
             if on_main:
                 for signum, handler in previous_handlers.items():
                     signal.signal(signum, handler)
@@ -621,6 +629,17 @@ class _Driver:
             self._note_after(f"team {self.team} kept: {exc}")
             return
         self.team_kept = False
+
+    def _prune_sessions(self) -> None:
+        """Session retention (`--keep-sessions`): the team's oldest finished sessions go."""
+        if self.keep_sessions is None or self.leader is None:
+            return
+        removed = prune_sessions(self.layout, self.team, self.keep_sessions, self.leader.session.id)
+        if removed:
+            self._note_after(
+                f"removed {len(removed)} old session(s) of team {self.team} (keeping "
+                f"{self.keep_sessions}): {' '.join(removed)}"
+            )
 
     def _note_after(self, text: str) -> None:
         """A note once the leader is gone: into the session's events and to the sink."""
