@@ -1373,6 +1373,118 @@ def _bare_pythons(n: int) -> float:
     return time.perf_counter() - t0
 
 
+def _pysuite_spec(path: Path, suite: Path, shards: int) -> Path:
+    """A spec running the generated suite as `shards` matrix shards, each with its JUnit."""
+    path.write_text(
+        f"""[run]
+jobs = {shards}
+env = {{ PYTEST_DISABLE_PLUGIN_AUTOLOAD = "1", SUITE_SHARDS = "{shards}" }}
+
+[[task]]
+id = "tests"
+matrix = {{ shard = {list(range(1, shards + 1))} }}
+cwd = "{suite}"
+env = {{ SUITE_SHARD = "{{shard}}" }}
+run = ["{sys.executable}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+       "--junitxml={path.parent}/reports-{shards}/{{shard}}.xml"]
+junit = "{path.parent}/reports-{shards}/{{shard}}.xml"
+
+[[task]]
+id = "lint"
+run = "true"
+"""
+    )
+    return path
+
+
+@section("pysuite", "shoal run: a generated pytest suite sharded 2 and 4 ways")
+def bench_pysuite(cfg: Config) -> SectionResult:
+    """A generated pytest suite (tests/support/pysuite.py; attrs-sized: 1,400 tests in 40
+    files) sharded N=2 and N=4 through `shoal run` with a JUnit report per shard, beside the
+    same shard commands under GNU parallel and the whole suite under pytest-xdist `-n N`;
+    and shoal's fixed start-up: `shoal run` of one `true` task."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.support.pysuite import write_suite
+
+    result = SectionResult()
+    files, per_file = (10, 30) if cfg.quick else (40, 35)
+    suite = write_suite(cfg.workdir / "pysuite", files, per_file)
+    home = cfg.workdir / "pysuite-home"
+    env = {**_cli_env(home), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+    def timed(argv: list[str], **kw: Any) -> float:
+        t0 = time.perf_counter()
+        out = subprocess.run(argv, capture_output=True, text=True, env=kw.pop("env", env), **kw)
+        took = time.perf_counter() - t0
+        if out.returncode != 0:
+            raise BenchError(f"{' '.join(argv[:4])}...: exit {out.returncode}: {out.stdout[-300:]}")
+        return took
+
+    serial = min(timed(pytest_argv, cwd=suite.root) for _ in range(cfg.repeats))
+    parallel = shutil.which("parallel")
+    for shards in (2, 4):
+        spec = _pysuite_spec(cfg.workdir / f"pysuite-{shards}.toml", suite.root, shards)
+        shoal_s = min(
+            timed([sys.executable, "-m", "shoal", "--home", str(home), "run", str(spec), "-q"])
+            for _ in range(cfg.repeats)
+        )
+        xdist_s = min(
+            timed([*pytest_argv, "-p", "xdist.plugin", "-n", str(shards)], cwd=suite.root)
+            for _ in range(cfg.repeats)
+        )
+        what = f"{len(suite.node_ids)} tests, {shards} shards"
+        result.rows.append(
+            Row(f"{what}: shoal run vs pytest-xdist -n {shards}", "s", shoal_s, xdist_s, "lower")
+        )
+        if parallel is not None:
+            cmds = cfg.workdir / f"pysuite-{shards}.cmds"
+            cmds.write_text(
+                "".join(
+                    f"cd {suite.root} && SUITE_SHARD={n} SUITE_SHARDS={shards} "
+                    f"{' '.join(pytest_argv)} --junitxml={cfg.workdir}/par-{shards}-{n}.xml\n"
+                    for n in range(1, shards + 1)
+                )
+                + "true\n"
+            )
+            par_s = min(
+                _timed(
+                    [parallel, f"-j{shards}", "--joblog", str(cmds) + ".log"],
+                    cmds,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                )
+                for _ in range(cfg.repeats)
+            )
+            result.rows.append(
+                Row(f"{what}: shoal run vs GNU parallel -j{shards}", "s", shoal_s, par_s, "lower")
+            )
+    result.notes.append(
+        f"serial pytest of the whole suite: {serial:.2f} s; GNU parallel runs the same shard "
+        "commands (and a `true` for the lint task) with --joblog"
+        + ("" if parallel is not None else " — not installed (apt-get install parallel)")
+    )
+    one = cfg.workdir / "one-task.toml"
+    one.write_text('[[task]]\nid = "t"\nrun = "true"\n')
+    startup = min(
+        timed([sys.executable, "-m", "shoal", "--home", str(home), "run", str(one), "-q"])
+        for _ in range(max(3, cfg.repeats))
+    )
+    bare = min(timed([sys.executable, "-c", "pass"]) for _ in range(max(3, cfg.repeats)))
+    result.rows.append(
+        Row(
+            "fixed start-up: shoal run of one `true` vs python -c pass",
+            "s",
+            startup,
+            bare,
+            "lower",
+            "<= 0.3 s",
+            startup <= 0.3,
+        )
+    )
+    return result
+
+
 @section("swarm", "swarm: teammates ready, memory, idle CPU")
 def bench_swarm(cfg: Config) -> SectionResult:
     import psutil

@@ -122,8 +122,13 @@ def test_pass_fail_dependencies_and_all_three_reports(cli: Cli, home: Path, tmp_
     )
     assert out.returncode == 1, out.stderr
     assert "FAILED: 3 succeeded, 1 failed, 2 skipped of 6" in out.stdout
-    # Piped, progress is quiet: the failure and the skips are told, the successes are not.
+    # Piped, every task has its line (a heartbeat for CI logs), numbered once each.
     told = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
+    assert len(told) == 6 and sum("FAILED" in ln for ln in told) == 1
+    assert sum(" ok " in ln for ln in told) == 3
+    # ... and --quiet leaves only what did not succeed.
+    quiet = run(cli, spec, "--quiet")
+    told = [ln for ln in quiet.stdout.splitlines() if ln.startswith("[")]
     assert len(told) == 3 and sum("FAILED" in ln for ln in told) == 1
     # The run's own team, after the file name, is deleted at the end (its record stays).
     assert not (home / "teams" / "run-nightly").exists()
@@ -141,6 +146,7 @@ def test_pass_fail_dependencies_and_all_three_reports(cli: Cli, home: Path, tmp_
         "pending": 0,
         "running": 0,
         "resumed": 0,
+        "flaky": 0,
     }
     assert {k: t["status"] for k, t in tasks.items()} == {
         "ok": "succeeded",
@@ -276,7 +282,7 @@ def test_timeouts_as_duration_strings_and_numbers(cli: Cli, home: Path, tmp_path
     )
     junit, report = tmp_path / "j.xml", tmp_path / "r.json"
     out = run(cli, spec, "--junit", str(junit), "--report", str(report))
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == 124, out.stdout + out.stderr
     _, tasks = report_of(report)
     assert tasks["string"]["status"] == "timed_out"
     assert tasks["string"]["reason"] == "timed out after 1s"
@@ -644,7 +650,7 @@ def test_a_team_with_a_running_leader_is_refused(cli: Cli, home: Path, tmp_path:
         wait_until(lambda: (leader_alive(Layout(home), "busy") or (0,))[0] == leader.pid)
         spec = write_spec(tmp_path, '[[task]]\nid = "a"\nrun = "touch @D/ran"\n')
         out = run(cli, spec, "--team", "busy")
-        assert out.returncode == 1
+        assert out.returncode == 3  # (infrastructure: not a task failure)
         assert "a leader already runs for team 'busy'" in out.stderr
         assert not (tmp_path / "ran").exists()
     finally:

@@ -88,11 +88,16 @@ def test_default_run_team_is_always_a_valid_name(stem: str) -> None:
 
 def test_eta() -> None:
     assert estimate_eta([], [1.0], 5, 2) is None  # nothing finished: no estimate
+    # One quick task finished while the rest run or wait: nothing to go by yet (not "0s").
+    assert estimate_eta([0.015], [3.0, 3.0], 2, 2) is None
+    assert estimate_eta([0.015, 0.02], [3.0], 5, 2) is None
     # 4 waiting at 10 s each and one running for 4 s of its 10, on 2 slots: (40 + 6) / 2.
-    assert estimate_eta([5.0, 15.0], [4.0], 4, 2) == 23.0
-    assert estimate_eta([10.0], [], 3, 0) == 10.0  # no job limit: all at once
-    assert estimate_eta([10.0], [12.0], 0, 4) == 0.0  # past the mean counts as done
-    assert estimate_eta([10.0], [], 0, 4) == 0.0
+    assert estimate_eta([5.0, 15.0, 10.0], [4.0], 4, 2) == 23.0
+    assert estimate_eta([10.0, 10.0, 10.0], [], 3, 0) == 10.0  # no job limit: all at once
+    # Past the mean: as long again as it has run (not "done").
+    assert estimate_eta([10.0, 10.0, 10.0], [12.0], 0, 4) == 12.0
+    assert estimate_eta([10.0, 10.0, 10.0], [], 0, 4) == 0.0
+    assert estimate_eta([10.0, 10.0], [], 0, 4) == 0.0  # a run of two: both done
     assert [format_eta(s) for s in (None, 4.4, 80, 3725)] == [
         "ETA ?",
         "ETA 4s",

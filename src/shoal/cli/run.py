@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, AnyStr, Final, Generic, TextIO
 
@@ -13,7 +14,19 @@ import click
 import orjson
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
-from shoal.core.errors import UsageError
+from shoal.core.errors import ShoalError, UsageError
+from shoal.orchestrator.batch.ci import (
+    ANNOTATION_CHOICES,
+    CiKind,
+    Row,
+    detect,
+    fold_end,
+    fold_start,
+    github_annotations,
+    markdown_summary,
+    text_table,
+)
+from shoal.orchestrator.batch.exitcodes import RunInfrastructureError
 from shoal.orchestrator.batch.spec import BACKEND_CHOICES, format_duration
 from shoal.ui.run_output import (
     DEFAULT_FAILURE_LINES,
@@ -32,6 +45,20 @@ if TYPE_CHECKING:
 
 # A reason longer than this is cut in a progress line (reports keep all of it).
 REASON_WIDTH: Final = 200
+# Off a terminal: seconds between two "still running" lines (SHOAL_RUN_HEARTBEAT_S sets it;
+# 0: none), and how many running tasks such a line names.
+HEARTBEAT_S: Final = 60.0
+HEARTBEAT_ENV: Final = "SHOAL_RUN_HEARTBEAT_S"
+HEARTBEAT_NAMES: Final = 8
+COLOR_CHOICES: Final = ("auto", "always", "never")
+# ANSI colours of the verdict labels on plain lines (with --color always, or FORCE_COLOR).
+_COLORS: Final = {
+    "succeeded": "32",
+    "failed": "31",
+    "timed_out": "31",
+    "killed": "31",
+    "skipped": "33",
+}
 
 
 class Droppable(Generic[AnyStr]):
@@ -117,11 +144,18 @@ class TextProgress:
         output: OutputMode = "none",
         failure_lines: int = DEFAULT_FAILURE_LINES,
         no_color: bool = False,
+        color: bool = False,
+        quiet: bool = False,
+        heartbeat_s: float = HEARTBEAT_S,
+        ci: CiKind = "none",
     ) -> None:
         self.out = out
         self.err = err
         self.output = output
         self.failure_lines = failure_lines
+        self.color = color
+        self.quiet = quiet
+        self.ci = ci
         self.total = 0
         self.done = 0
         self.running: set[tuple[str, int]] = set()
@@ -139,19 +173,26 @@ class TextProgress:
         # After an interrupt or a halt: tasks never started, counted by reason, said once.
         self.stopping = False
         self._unstarted: dict[str, int] = {}
+        # Off a terminal (no live display), a line every `heartbeat_s` while tasks run, so
+        # that a CI step that kills silent jobs (CircleCI: 10 minutes) sees the run alive.
+        self._started_at = time.monotonic()
+        self._beats = threading.Event()
+        self._beater: threading.Thread | None = None
+        if self.board is None and not quiet and heartbeat_s > 0:
+            self._beater = threading.Thread(
+                target=self._beat, args=(heartbeat_s,), name="shoal-run-heartbeat", daemon=True
+            )
 
     # -- output helpers -------------------------------------------------------------------------
 
     def _line(self, text: str, *, err: bool = False) -> None:
         """One progress line (a line break in `text` is shown as ⏎)."""
         with self.lock:
-            self._say_unstarted()
             self._write(text.replace("\r", " ").replace("\n", " ⏎ "), err=err)
 
     def _raw(self, text: str) -> None:
         """A line of a task's own output, as it is."""
         with self.lock:
-            self._say_unstarted()
             self._write(text)
 
     def _write(self, text: str, *, err: bool = False) -> None:
@@ -165,6 +206,7 @@ class TextProgress:
     def _say_unstarted(self) -> None:
         unstarted, self._unstarted = self._unstarted, {}
         for reason, count in unstarted.items():
+            self.done += count
             self._write(f"[{self.done}/{self.total}] {count} task(s) {reason}")
 
     def _finished(self, task_id: str, status: str, detail: str) -> None:
@@ -173,11 +215,37 @@ class TextProgress:
         label = "ok" if status == "succeeded" else status.replace("_", " ")
         if status in ("failed", "timed_out", "killed"):
             label = label.upper()
-        if status == "succeeded":
-            return  # quiet: the display (on a terminal) and the summary count successes
-        self._line(
-            f"[{self.done}/{self.total}] {label:<{self._width}} {task_id}  {detail}".rstrip()
-        )
+        if status == "succeeded" and (self.board is not None or self.quiet):
+            return  # (the display on a terminal counts successes; --quiet: the summary)
+        padded = self._paint(f"{label:<{self._width}}", status)
+        self._line(f"[{self.done}/{self.total}] {padded} {task_id}  {detail}".rstrip())
+
+    def _paint(self, text: str, status: str) -> str:
+        """`text` in the colour of `status`, when colour is on (`--color`, FORCE_COLOR)."""
+        code = _COLORS.get(status) if self.color else None
+        return f"\x1b[{code}m{text}\x1b[0m" if code else text
+
+    def _beat(self, interval: float) -> None:
+        """The heartbeat thread: a line of counts and running tasks every `interval` s."""
+        while not self._beats.wait(interval):
+            with self.lock:
+                names = sorted({task_id for task_id, _ in self.running})
+                shown = ", ".join(names[:HEARTBEAT_NAMES])
+                more = (
+                    f" (+{len(names) - HEARTBEAT_NAMES} more)"
+                    if len(names) > HEARTBEAT_NAMES
+                    else ""
+                )
+                took = format_duration(round(time.monotonic() - self._started_at, 1))
+                running = f"; running: {shown}{more}" if names else ""
+                self._line(f"[{self.done}/{self.total}] still running after {took}{running}")
+
+    def _stop_beating(self) -> None:
+        self._beats.set()
+        if self._beater is not None and self._beater is not threading.current_thread():
+            if self._beater.is_alive():
+                self._beater.join(timeout=5)
+            self._beater = None
 
     # -- events -----------------------------------------------------------------------------
 
@@ -220,7 +288,8 @@ class TextProgress:
             self._attempt_ended(event["id"], "skipped", None)
             reason = event.get("reason") or ""
             if self.stopping and reason.startswith("not started"):
-                self.done += 1
+                # (counted when said, at the end: the kills still to come are numbered
+                # before them, so no number is shown twice)
                 self.tally["skipped"] += 1
                 self._unstarted[reason] = self._unstarted.get(reason, 0) + 1
             else:
@@ -233,7 +302,8 @@ class TextProgress:
         elif sub == "interrupted":
             self.stopping = True
             self._line(
-                f"interrupted ({event['reason']}): stopping {event.get('running', 0)} task(s)",
+                f"interrupted ({event['reason']}): stopping {event.get('running', 0)} "
+                "running task(s)",
                 err=True,
             )
 
@@ -275,10 +345,18 @@ class TextProgress:
                     self._raw(f"{task_id}{TAG_SEP}{line}")
         elif self.output == "group" and path:
             label = verdict_label(event["status"], event.get("reason"))
-            self._raw(f"--- {task_id}: {label}: output of {path} ---")
+            header = f"--- {task_id}: {label}: output of {path} ---"
+            # (folded where the CI folds: GitHub's ::group::, GitLab's sections)
+            start = fold_start(self.ci, task_id, f"{task_id}: {label}", time.time())
+            self._raw(start if start is not None else header)
+            if start is not None:
+                self._raw(header)
             for line in iter_lines(path):
                 self._raw(line)
             self._raw(f"--- end of {task_id} ---")
+            end = fold_end(self.ci, task_id, time.time())
+            if end is not None:
+                self._raw(end)
 
     def _started(self, event: dict[str, Any]) -> None:
         self.total = event["total"]
@@ -293,6 +371,9 @@ class TextProgress:
             self.board.total, self.board.jobs = self.total, event["jobs"] or 0
             self.board.done = self.board.ok = resumed
             self.board.start()
+        if self._beater is not None and not self._beater.is_alive():
+            self._started_at = time.monotonic()
+            self._beater.start()
         if event.get("resume_requested"):
             if event.get("resumed_from"):
                 self._line(
@@ -303,23 +384,30 @@ class TextProgress:
                 self._line("no previous run of this spec for this team: running every task")
 
     def _result(self, event: dict[str, Any]) -> None:
+        self._stop_beating()
         self._say_unstarted()
         if self.follower is not None:
             self.follower.close()
         if self.board is not None:
             self.board.stop()
             self.board = None  # (the summary is plain text, kept in the scrollback)
+        rows = [Row(**row) for row in event.get("summary") or []]
+        if rows and not self.quiet:
+            for line in text_table(rows):
+                self._raw(line)
         c = event["counts"]
         took = format_duration(event.get("duration_s") or 0.001)
         resumed = f" ({c['resumed']} from the previous run)" if c.get("resumed") else ""
         status = event["subtype"]
+        flaky = c.get("flaky") or 0
         if status == "succeeded" and c["succeeded"] == c["total"]:
-            line = f"ok: all {c['total']} task(s) succeeded{resumed} in {took}"
+            shaky = f", {flaky} flaky (passed on a retry)," if flaky else ""
+            line = f"ok: all {c['total']} task(s) succeeded{shaky}{resumed} in {took}"
         else:
             parts = [
                 f"{c[k]} {k.replace('_', ' ')}"
-                for k in ("succeeded", "failed", "timed_out", "killed", "skipped")
-                if c[k]
+                for k in ("succeeded", "flaky", "failed", "timed_out", "killed", "skipped")
+                if c.get(k)
             ]
             word = {"succeeded": "ok", "interrupted": "interrupted"}.get(status, "FAILED")
             line = (
@@ -340,6 +428,7 @@ class TextProgress:
     def close(self) -> None:
         """Stop following and take the live display away (a run that ended without its
         result event, by an error, must not leave the terminal without a cursor)."""
+        self._stop_beating()
         with self.lock:
             if self.follower is not None:
                 self.follower.close()
@@ -355,7 +444,8 @@ def _detail(event: dict[str, Any]) -> str:
     attempts = event.get("attempts") or 0
     tries = f", {attempts} attempts" if attempts > 1 else ""
     if event["status"] == "succeeded":
-        return f"{timing}{tries}"
+        took_s = f"{took:.1f} s" if isinstance(took, int | float) else ""
+        return f"{took_s}{tries}{' (flaky)' if attempts > 1 else ''}"
     out = f"; output: {event['output_file']}" if event.get("output_file") else ""
     return f"{one_line(event.get('reason') or event['status'])} ({timing}{tries}){out}"
 
@@ -462,6 +552,40 @@ def _detail(event: dict[str, Any]) -> str:
     is_flag=True,
     help="Print the plan (tasks in start order, after matrix expansion) and start nothing.",
 )
+@click.option(
+    "--keep-sessions",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="At the end, remove the team's oldest finished session directories past N "
+    "(default: [run] keep_sessions in SHOAL_HOME/config.toml for the run's own team, "
+    "else all are kept); sessions a run record still uses are kept.",
+)
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Off a terminal, no line per task that succeeded, no heartbeat and no table "
+    "(failures and the verdict are still shown).",
+)
+@click.option(
+    "--annotations",
+    type=click.Choice(ANNOTATION_CHOICES),
+    default="auto",
+    show_default=True,
+    help="CI markers: github (::error lines from JUnit failures, ::group:: for --output "
+    "group), gitlab (collapsed sections for --output group), none; auto: GITHUB_ACTIONS=true "
+    "or GITLAB_CI=true says which.",
+)
+@click.option(
+    "--color",
+    "color",
+    type=click.Choice(COLOR_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Colour: always, never, or auto (a terminal, unless NO_COLOR is set; FORCE_COLOR "
+    "turns it on off a terminal, as CI logs that show colours want).",
+)
 @json_option
 @common_options
 def run(
@@ -481,13 +605,19 @@ def run(
     keep_team: bool,
     output_format: str,
     dry_run: bool,
+    keep_sessions: int | None,
+    quiet: bool,
+    annotations: str,
+    color: str,
     as_json: bool,
 ) -> None:
     """Run the tasks of SPEC (a TOML file) to a verdict.
 
     Dependencies gate starts, a failed task skips its dependents, and the exit code is 0 when
-    every task succeeded, 1 when any failed or was skipped, 2 for a bad spec, 130 when
-    interrupted (nothing is left running). The team is --team, else [run] team (both kept),
+    every task succeeded, 1 when any failed or was skipped, 2 for a bad spec or usage, 3 when
+    the run itself could not do its job (a leader already runs for the team, a report could
+    not be written), 124 when only timeouts kept it from green, 130 when interrupted
+    (nothing is left running). The team is --team, else [run] team (both kept),
     else a team of the run's own, run-NAME after the spec's file name, deleted at the end
     unless --keep-team.
     """
@@ -542,24 +672,81 @@ def run(
         results=Path(results) if results else None,
         ray=ray_address,
         ray_insecure=insecure,
+        keep_sessions=keep_sessions,
     )
     # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.
     err = Droppable(sys.stderr)
+    ci = detect(annotations)
     sink: StreamJson | TextProgress
     if output_format == "stream-json":
         sink = StreamJson(Droppable(sys.stdout.buffer), err)
     else:
         out = Droppable(sys.stdout)
+        tty = out.isatty() and os.environ.get("TERM") != "dumb"
+        colored = use_color(color, tty)
         sink = TextProgress(
             out,
             err,
-            live=out.isatty() and os.environ.get("TERM") != "dumb",
+            live=tty,
             output=output,
             failure_lines=failure_lines,
-            no_color=os.environ.get("NO_COLOR", "") != "",
+            no_color=not colored,
+            color=colored,
+            quiet=quiet,
+            heartbeat_s=heartbeat_interval(),
+            ci=ci,
         )
     try:
         outcome = run_batch(spec, env.layout, options, sink, leader_setup=install_workflows)
+    except UsageError:
+        raise
+    except ShoalError as exc:  # (not the spec's fault, nor a task's: exit 3)
+        raise RunInfrastructureError(str(exc)) from None
     finally:
         sink.close()
+    # GitHub reads workflow commands from stdout (not from JSON lines, unless asked for).
+    if ci == "github" and (output_format == "text" or annotations == "github"):
+        for line in github_annotations(outcome.report, {t.id: t.cwd for t in spec.tasks}):
+            click.echo(line)
+    step_summary(outcome.report, list(outcome.summary))
     sys.exit(outcome.exit_code)
+
+
+def use_color(choice: str, tty: bool) -> bool:
+    """Whether to colour: --color always|never, else NO_COLOR (off), FORCE_COLOR (on, also
+    off a terminal: CI logs show ANSI colours), else whether stdout is a terminal."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR", "") != "":
+        return False
+    force = os.environ.get("FORCE_COLOR")
+    if force is not None and force not in ("0", "false"):
+        return True
+    return tty
+
+
+def heartbeat_interval() -> float:
+    """Seconds between heartbeat lines: $SHOAL_RUN_HEARTBEAT_S, else HEARTBEAT_S."""
+    raw = os.environ.get(HEARTBEAT_ENV)
+    if raw is None:
+        return HEARTBEAT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{HEARTBEAT_ENV}={raw!r}: give seconds, such as 60 (0: none)") from None
+    return max(0.0, value)
+
+
+def step_summary(report: dict[str, Any], rows: list[Row]) -> None:
+    """Append the run's table to $GITHUB_STEP_SUMMARY, when it is set (a failed write is
+    said on stderr: the run's verdict stands)."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(markdown_summary(report, rows))
+    except OSError as exc:
+        click.echo(
+            f"shoal: warning: could not append to GITHUB_STEP_SUMMARY {path}: {exc}", err=True
+        )

@@ -24,19 +24,23 @@ BAR_WIDTH: Final = 30
 REFRESH_PER_SECOND: Final = 4
 # Names of running tasks shown on the second line; the rest are counted.
 NAMES_SHOWN: Final = 8
+# Tasks that must have finished before an ETA is shown.
+MIN_SAMPLES: Final = 3
 
 
 def estimate_eta(
     durations: Sequence[float], running_elapsed: Sequence[float], waiting: int, jobs: int
 ) -> float | None:
     """Seconds left, from the mean duration of the tasks that finished: the waiting tasks'
-    and the running tasks' remaining work shared over the job slots. None before any task
-    finished (nothing to go by)."""
-    if not durations:
+    and the running tasks' remaining work shared over the job slots. None until
+    MIN_SAMPLES tasks finished (one quick task says nothing of the others). A running task
+    already past the mean is reckoned to need as long again as it has run (the mean is
+    then too short for it; "0s" would be a promise nothing backs)."""
+    left = waiting + len(running_elapsed)
+    if not durations or len(durations) < min(MIN_SAMPLES, len(durations) + left):
         return None
     mean = sum(durations) / len(durations)
-    work = waiting * mean + sum(max(mean - e, 0.0) for e in running_elapsed)
-    left = waiting + len(running_elapsed)
+    work = waiting * mean + sum(mean - e if e < mean else e for e in running_elapsed)
     if left == 0:
         return 0.0
     slots = min(jobs, left) if jobs > 0 else left

@@ -23,8 +23,6 @@ from types import FrameType
 from typing import Any, Final, Protocol
 
 from shoal.core.errors import (
-    EXIT_FAILED,
-    EXIT_OK,
     ConflictError,
     ShoalError,
     TaskError,
@@ -44,10 +42,17 @@ from shoal.core.names import MAX_NAME_LENGTH, validate_name
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
+from shoal.orchestrator.batch.ci import Row, summary_rows
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
-from shoal.orchestrator.batch.junit import FileStamp, check_written, stamp
+from shoal.orchestrator.batch.exitcodes import INFRASTRUCTURE, OK
+from shoal.orchestrator.batch.junit import FileStamp, check_written, failed_cases, stamp
 from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepare
-from shoal.orchestrator.batch.recovery import ENV_RUN, succeeded_attempts, with_recovered
+from shoal.orchestrator.batch.recovery import (
+    ENV_RUN,
+    ended_attempts,
+    succeeded_attempts,
+    with_recovered,
+)
 from shoal.orchestrator.batch.report import (
     JoblogWriter,
     RecordSaver,
@@ -58,6 +63,7 @@ from shoal.orchestrator.batch.report import (
     write_junit,
 )
 from shoal.orchestrator.batch.results import ResultsDir
+from shoal.orchestrator.batch.retention import configured_keep, prune_sessions
 from shoal.orchestrator.batch.spec import RAY_BACKEND, HaltPolicy, Spec
 from shoal.orchestrator.batch.state import (
     AgentDispatcher,
@@ -117,6 +123,9 @@ class RunOptions:
     """`--backend ray`: the cluster's address (else $SHOAL_RAY_ADDRESS)."""
     ray_insecure: bool = False
     """`--insecure`: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine."""
+    keep_sessions: int | None = None
+    """`--keep-sessions N`: at the end, remove the team's oldest finished sessions past N
+    (None: `[run] keep_sessions` of config.toml for a team of the run's own, else keep all)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,8 @@ class RunOutcome:
     exit_code: int
     report: dict[str, Any]
     record_path: Path
+    summary: tuple[Row, ...] = ()
+    """The end-of-run table: a row per task, with its tests' counts."""
 
 
 def default_run_team(spec_path: Path) -> str:
@@ -218,12 +229,18 @@ class LeaderShell:
         status, error = state.status.value, state.error or state.kill_reason
         junit, before = self.junit.pop(event.task_id, (None, None))
         junit_error = None
-        if junit is not None and state.status == TaskStatus.COMPLETED:
+        if junit is not None and ran:
+            # (a report left from before this attempt is not its report, whatever its end)
+            junit_error = check_written(junit, before)
+        if junit_error is not None and state.status == TaskStatus.COMPLETED:
             # A task that says it succeeded without a usable report did not: the run's
             # verdict must not be green on tests nobody saw.
-            junit_error = check_written(junit, before)
-            if junit_error is not None:
-                status, error = TaskStatus.FAILED.value, junit_error
+            status, error = TaskStatus.FAILED.value, junit_error
+        failures: tuple[dict[str, str], ...] = ()
+        if junit is not None and junit_error is None and status != TaskStatus.COMPLETED.value:
+            # (kept now: a retry overwrites the report, and a test that failed before it
+            # passed is a flaky test the merged report must show)
+            failures = tuple(failed_cases(junit))
         return Finished(
             event.task_id,
             status,
@@ -234,6 +251,7 @@ class LeaderShell:
             error=error,
             ran=ran,
             junit_error=junit_error,
+            junit_failures=failures,
         )
 
 
@@ -285,14 +303,27 @@ class BatchPolicy:
             batch.feed(event)
         return ended
 
+    def drain_starts(self) -> None:
+        """Feed the engine the starts it has not seen, keeping every other event queued in
+        its order (a start always comes before its attempt's end, so none is overtaken)."""
+        rest: deque[ExecEvent] = deque()
+        while self.events:
+            event = self.events.popleft()
+            if isinstance(event, Started):
+                self.driver.batch.feed(event)
+            else:
+                rest.append(event)
+        self.events.extend(rest)
+
     def step(self, leader: Leader, now: float) -> None:
         batch, driver = self.driver.batch, self.driver
         # The interrupt first: the ends its shutdown brought (the kills) are news of the
         # interrupt, not a run that ended on its own with tasks killed.
-        if not batch.done:
+        if not batch.done and (driver.signal is not None or leader.stopping):
+            self.drain_starts()  # (so that the interrupt knows what runs)
             if driver.signal is not None:
                 batch.interrupt(signal.Signals(driver.signal).name)
-            elif leader.stopping:
+            else:
                 batch.interrupt("its leader was stopped (shoal down)")
         ended = self.drain()
         if batch.interrupted or batch.done:
@@ -381,13 +412,20 @@ class _Driver:
             ResultsDir(options.results, (t.id for t in spec.tasks)) if options.results else None
         )
         self.errors: list[str] = []
+        self.keep_sessions = options.keep_sessions
+        if self.keep_sessions is None and self.own_team:
+            self.keep_sessions = configured_keep(layout.home)
         self.records = RunRecords(layout)
         self.previous = self.records.load(self.team, spec.path) if options.resume else None
-        self.carried = plan_resume(spec, self.previous) if self.previous else {}
+        self.rerun_why: dict[str, str] = {}
+        """On --resume: tasks that succeeded before and run again, and why."""
+        self.carried = plan_resume(spec, self.previous, self.rerun_why) if self.previous else {}
         self.run_id = new_ulid().lower()
         self.started_at = time.time()
         self.signal: int | None = None
         self.joblog: JoblogWriter | None = None
+        self.unlogged: list[dict[str, Any]] = []
+        """On --resume: attempts of the previous run its leader did not log (it was gone)."""
         self.leader: Leader | None = None
         self.policy: BatchPolicy | None = None
         self.batch = BatchRun(
@@ -540,11 +578,19 @@ class _Driver:
             # Opened (and an old joblog truncated) only once the members are up.
             if self.options.joblog is not None:
                 self.joblog = JoblogWriter(self.options.joblog, append=self.options.resume)
+                for attempt in self.unlogged:  # (ended while no leader watched them)
+                    self.joblog.write(**attempt)
+            for task_id, why in self.rerun_why.items():
+                self._note(
+                    f"task {task_id} succeeded in run {(self.previous or {}).get('run_id')} "
+                    f"but {why}: it runs again"
+                )
             self._begin()
             leader.run(policy.finished)
         finally:
             cleanup.run_all()  # the leader's shutdown kills whatever still runs
             self._remove_team()
+            self._prune_sessions()
             if on_main:
                 for signum, handler in previous_handlers.items():
                     signal.signal(signum, handler)
@@ -584,6 +630,17 @@ class _Driver:
             return
         self.team_kept = False
 
+    def _prune_sessions(self) -> None:
+        """Session retention (`--keep-sessions`): the team's oldest finished sessions go."""
+        if self.keep_sessions is None or self.leader is None:
+            return
+        removed = prune_sessions(self.layout, self.team, self.keep_sessions, self.leader.session.id)
+        if removed:
+            self._note_after(
+                f"removed {len(removed)} old session(s) of team {self.team} (keeping "
+                f"{self.keep_sessions}): {' '.join(removed)}"
+            )
+
     def _note_after(self, text: str) -> None:
         """A note once the leader is gone: into the session's events and to the sink."""
         event = RunEvent(subtype="note", text=text)
@@ -603,11 +660,12 @@ class _Driver:
             t for t in leader.registry.get_all_tasks() if isinstance(t, LocalShellTaskState)
         ]
         session_tasks += leader.history().values()
+        self.unlogged = ended_attempts(previous, session_tasks)
         recovered = succeeded_attempts(previous, session_tasks)
         if not recovered:
             return
         self.previous = with_recovered(previous, recovered)
-        self.carried = plan_resume(self.spec, self.previous)
+        self.carried = plan_resume(self.spec, self.previous, self.rerun_why)
         self.batch.carried = dict(self.carried)
         self._note(
             f"{len(recovered)} task(s) of run {previous.get('run_id')} succeeded after its "
@@ -686,9 +744,14 @@ class _Driver:
                 writer(path, report)
             except (ShoalError, OSError) as exc:
                 errors.append(f"could not write {path}: {exc}")
+        code = report["exit_code"]
+        if errors and code == OK:
+            code = INFRASTRUCTURE  # (the tasks did their part; the run could not do its own)
+        rows = summary_rows(report)
         result = RunResult(
+            summary=[row.to_json() for row in rows],
             subtype=report["status"],
-            exit_code=report["exit_code"],
+            exit_code=code,
             run_id=self.run_id,
             team=self.team,
             session_id=report["session_id"],
@@ -706,10 +769,7 @@ class _Driver:
             self.leader.session.close()
         else:
             self.to_sink(result.to_record())
-        code = report["exit_code"]
-        if errors and code == EXIT_OK:
-            code = EXIT_FAILED
-        return RunOutcome(code, report, record)
+        return RunOutcome(code, report, record, tuple(rows))
 
     def _copy_carried(self, report: dict[str, Any]) -> None:
         """`--results` on --resume: the outputs of tasks that succeeded in the previous run

@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ShoalError
+from shoal.core.errors import ShoalError
 from shoal.core.events import RunEvent
 from shoal.core.tasks import TaskStatus
+from shoal.orchestrator.batch.exitcodes import INTERRUPTED, OK, TASKS_FAILED, TIMED_OUT
 from shoal.orchestrator.batch.report import REPORT_VERSION
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec, SpecError, SpecIssue
 from shoal.orchestrator.batch.state import (
@@ -144,8 +145,11 @@ class BatchRun:
         for run in self.tasks.values():
             if run.final:
                 continue
+            # (an `always` task waits for its `after` tasks to end, however they end)
             run.waiting_on = sum(
-                1 for d in run.spec.after if self.tasks[d].status != RunStatus.SUCCEEDED
+                1
+                for d in run.spec.after
+                if not (self.tasks[d].final if run.spec.always else self.tasks[d].succeeded)
             )
             if run.waiting_on == 0:
                 self._ready.append(run)
@@ -210,7 +214,7 @@ class BatchRun:
             policy=policy.text,
             killing=len(running) if policy.when == "now" else 0,
         )
-        self._close_pending(f"not started: {self.halted}")
+        self._close_pending(f"not started: {self.halted}", keep_always=True)
         for handle, (run, attempt) in list(self._live.items()):
             queued = attempt.status == RunStatus.QUEUED and not run.spec.is_agent
             if queued and self.shell.cancel(handle, f"not started: {self.halted}"):
@@ -223,15 +227,19 @@ class BatchRun:
     def schedule(self) -> None:
         """Submit ready tasks: shell attempts while job slots (plus a prefetch) are free,
         agent attempts when their member is free."""
-        if self.halted or self.interrupted or not self._ready:
+        if self.interrupted or not self._ready:
             return
+        if self.halted:  # (after a halt, only `always` tasks still start)
+            self._ready = deque(r for r in self._ready if r.spec.always)
         room = self._room()
         batch: list[TaskRun] = []
+        taken: set[str] = set()  # (a task readied twice is submitted once)
         deferred: list[TaskRun] = []
         while self._ready and (room is None or len(batch) < room):
             run = self._ready.popleft()
-            if run.status != RunStatus.PENDING:
+            if run.status != RunStatus.PENDING or run.spec.id in taken:
                 continue
+            taken.add(run.spec.id)
             if run.spec.is_agent:
                 if run.spec.assign in self._busy_members:
                     deferred.append(run)
@@ -349,6 +357,7 @@ class BatchRun:
         attempt.error = event.error
         attempt.junit_error = event.junit_error
         attempt.host = event.host
+        attempt.junit_failures = event.junit_failures
         attempt.move(self._outcome(attempt, event))
         self.version += 1
         if attempt.started_at is not None and self._on_attempt_end is not None:
@@ -430,12 +439,14 @@ class BatchRun:
             ):
                 self.failures += 1
             self._emit_verdict(task)
+            for child_id in self._dependents[task.spec.id]:
+                child = self.tasks[child_id]
+                if verdict != RunStatus.SUCCEEDED and not child.spec.always:
+                    continue
+                child.waiting_on -= 1
+                if child.waiting_on == 0 and child.status == RunStatus.PENDING:
+                    self._ready.append(child)
             if verdict == RunStatus.SUCCEEDED:
-                for child_id in self._dependents[task.spec.id]:
-                    child = self.tasks[child_id]
-                    child.waiting_on -= 1
-                    if child.waiting_on == 0 and child.status == RunStatus.PENDING:
-                        self._ready.append(child)
                 continue
             said = {
                 RunStatus.FAILED: "failed",
@@ -445,7 +456,7 @@ class BatchRun:
             }[verdict]
             for child_id in reversed(self._dependents[task.spec.id]):
                 child = self.tasks[child_id]
-                if child.status == RunStatus.PENDING:
+                if child.status == RunStatus.PENDING and not child.spec.always:
                     work.append((child, RunStatus.SKIPPED, f'dependency "{task.spec.id}" {said}'))
 
     def _emit_verdict(self, run: TaskRun) -> None:
@@ -464,19 +475,25 @@ class BatchRun:
             reason=run.reason,
         )
 
-    def _close_pending(self, reason: str) -> None:
+    def _close_pending(self, reason: str, *, keep_always: bool = False) -> None:
         """Give every task not handed out yet its verdict: a task waiting to be retried keeps
-        its last outcome, the rest are skipped with `reason` (no cascade needed: all go)."""
+        its last outcome, the rest are skipped with `reason` (no cascade needed: all go).
+        With `keep_always` (a halt), `always` tasks not tried yet stay, to run once what
+        they wait for has ended."""
+        ready = [r for r in self._ready if keep_always and r.spec.always]
         self._ready.clear()
         self._delayed.clear()
         for run in self.tasks.values():
             if run.status != RunStatus.PENDING:
+                continue
+            if keep_always and run.spec.always and not run.attempts:
                 continue
             if run.attempts:
                 last = run.attempts[-1]
                 self._finalize(run, last.status, self._reason(run, last))
             else:
                 self._finalize(run, RunStatus.SKIPPED, reason)
+        self._ready.extendleft(reversed(ready))
 
     # -- ending --------------------------------------------------------------------------------
 
@@ -486,7 +503,9 @@ class BatchRun:
         if self.interrupted:
             return
         self.interrupted = why
-        self._emit("interrupted", reason=why, running=len(self._live))
+        # (what runs is stopped; what was handed out and not started yet never starts)
+        running = self.running
+        self._emit("interrupted", reason=why, running=running, queued=len(self._live) - running)
         self._close_pending(f"not started: interrupted ({why})")
         for _run, attempt in self._live.values():
             if attempt.stop is None:
@@ -528,6 +547,7 @@ class BatchRun:
             "pending": out["pending"] + out["queued"],
             "running": out["running"],
             "resumed": sum(1 for r in self.tasks.values() if r.carried is not None),
+            "flaky": sum(1 for r in self.tasks.values() if r.flaky),
         }
 
     @property
@@ -536,22 +556,46 @@ class BatchRun:
         return sum(1 for _, a in self._live.values() if a.status == RunStatus.RUNNING)
 
     def exit_code(self) -> int:
-        """130 interrupted; 0 when every task succeeded (or a success halt ended the run with
-        no failure); else 1."""
+        """As exitcodes.EXIT_CODES says: 130 interrupted; 0 when every task succeeded (or a
+        success halt ended the run with no failure); 124 when what did not succeed timed
+        out (or was skipped because of a timeout); else 1."""
         if self.interrupted:
-            return EXIT_INTERRUPTED
-        if all(r.status == RunStatus.SUCCEEDED for r in self.tasks.values()):
-            return EXIT_OK
+            return INTERRUPTED
+        # (an `always` task that was skipped does not make a green run red)
+        if all(
+            r.succeeded or (r.spec.always and r.status == RunStatus.SKIPPED)
+            for r in self.tasks.values()
+        ):
+            return OK
         if self.halted and self.halt.on == "success" and self.failures == 0:
-            return EXIT_OK
-        return EXIT_FAILED
+            return OK
+        if self._only_timeouts():
+            return TIMED_OUT
+        return TASKS_FAILED
+
+    def _only_timeouts(self) -> bool:
+        """True when some task timed out and every other one that did not succeed is a
+        dependent skipped because of that (directly or through another skip)."""
+        timed_out = {r.spec.id for r in self.tasks.values() if r.status == RunStatus.TIMED_OUT}
+        if not timed_out:
+            return False
+        blamed = set(timed_out)
+        for run in (self.tasks[t.id] for t in self.spec.topological()):
+            if run.status in (RunStatus.SUCCEEDED, RunStatus.TIMED_OUT):
+                continue
+            if run.status != RunStatus.SKIPPED or run.carried is not None:
+                return False
+            if not any(d in blamed for d in run.spec.after):
+                return False  # (skipped by a halt or an interrupt, not by a timeout)
+            blamed.add(run.spec.id)
+        return True
 
     def status(self) -> str:
         """running, succeeded, failed or interrupted."""
         if not self.done:
             return "interrupted" if self.interrupted else "running"
         code = self.exit_code()
-        return {EXIT_OK: "succeeded", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+        return {OK: "succeeded", INTERRUPTED: "interrupted"}.get(code, "failed")
 
     def report(self, **meta: Any) -> dict[str, Any]:
         """The JSON report (also the run record): `meta` fields, summary, tasks."""

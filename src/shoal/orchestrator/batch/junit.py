@@ -24,6 +24,10 @@ RESULT_TAGS: Final = ("failure", "error", "skipped")
 RERUN_TAGS: Final = ("rerunFailure", "rerunError", "flakyFailure", "flakyError")
 OUTPUT_TAGS: Final = ("system-out", "system-err")
 RERUN_CHILDREN: Final = ("stackTrace", "system-out", "system-err")
+# What is kept of an attempt's failing testcases for the merged report's flaky and rerun
+# elements (they are kept in the run record: bounded).
+MAX_KEPT_FAILURES: Final = 200
+MAX_KEPT_TRACE: Final = 4000
 
 
 class JunitProblem(Exception):
@@ -152,3 +156,32 @@ def _case(source: ET.Element) -> ET.Element:
         elif tag in OUTPUT_TAGS:
             ET.SubElement(case, tag).text = _text(child)
     return case
+
+
+def failed_cases(path: str) -> list[dict[str, str]]:
+    """The failing testcases of a report (at most MAX_KEPT_FAILURES, traces cut to
+    MAX_KEPT_TRACE): classname, name, kind (failure or error), type, message, trace. An
+    attempt that is retried keeps these, so the merged report can show a test that failed
+    before it passed ([]: the report cannot be read)."""
+    try:
+        cases = read_cases(path)
+    except JunitProblem:
+        return []
+    out: list[dict[str, str]] = []
+    for case in cases:
+        bad = next((c for c in case if c.tag in ("failure", "error")), None)
+        if bad is None:
+            continue
+        out.append(
+            {
+                "classname": case.get("classname") or "",
+                "name": case.get("name") or "",
+                "kind": bad.tag,
+                "type": bad.get("type") or bad.tag,
+                "message": bad.get("message") or "",
+                "trace": (bad.text or "")[-MAX_KEPT_TRACE:],
+            }
+        )
+        if len(out) >= MAX_KEPT_FAILURES:
+            break
+    return out

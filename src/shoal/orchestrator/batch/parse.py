@@ -141,9 +141,13 @@ _TASK_KEYS: Final = (
     "description",
     "junit",
     "matrix",
+    "always",
 )
 # A task's matrix: at most this many combinations (each one is a task of the run).
 MAX_MATRIX_COMBINATIONS: Final = 1000
+# Keys of a matrix that are rules, not axes; and the settings an include may give.
+_MATRIX_RULES: Final = ("include", "exclude")
+_COMBO_SETTINGS: Final = ("timeout", "retries")
 _MATRIX_KEY: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 # A matrix value becomes part of a task id (`unit[py=3.12]`): no spaces, brackets, braces,
 # commas, equals signs, quotes or backslashes.
@@ -516,9 +520,11 @@ def _parse_tasks(
         variants: list[tuple[dict[str, Any], dict[str, str]]] = [(table, {})]
         if combos is not None:
             if isinstance(table["matrix"], dict) and table["matrix"]:
-                _check_placeholders(checker, table, list(table["matrix"]), section, where)
+                axes = [k for k in table["matrix"] if k not in _MATRIX_RULES]
+                _check_placeholders(checker, table, axes, section, where)
             if combos:
-                variants = [(_expand(table, combo), combo) for combo in combos]
+                # (a combination's own timeout and retries, from an include, replace the task's)
+                variants = [({**_expand(table, combo), **extra}, combo) for combo, extra in combos]
         for variant, combo in variants:
             task = _parse_task(checker, variant, section, where, context)
             if task_id is None:
@@ -609,6 +615,7 @@ def _parse_task(
         cwd=cwd,
         description=description,
         junit=junit,
+        always=checker.boolean(table, "always", section, where),
         line=checker.locator.line(section),
     )
 
@@ -618,14 +625,16 @@ def _parse_task(
 
 def _matrix(
     checker: _Checker, table: Mapping[str, Any], section: tuple[str, int], where: str
-) -> list[dict[str, str]] | None:
-    """The combinations of a task's `matrix` (in the order its keys and values are written),
-    None when the task has none, [] when the matrix is bad (the problems are reported)."""
+) -> list[tuple[dict[str, str], dict[str, Any]]] | None:
+    """The combinations of a task's `matrix` (in the order its keys and values are written,
+    less those `exclude` removes, then those `include` adds), each with the settings an
+    `include` gives it (timeout, retries); None when the task has none, [] when the matrix
+    is bad (the problems are reported)."""
     if "matrix" not in table:
         return None
     value = table["matrix"]
     example = 'e.g. matrix = { py = ["3.11", "3.12"], shard = [1, 2] }'
-    if not isinstance(value, dict) or not value:
+    if not isinstance(value, dict) or not [k for k in value if k not in _MATRIX_RULES]:
         shown = "an empty table" if isinstance(value, dict) else _kind(value)
         checker.add(
             section,
@@ -636,6 +645,8 @@ def _matrix(
     axes: list[tuple[str, list[str]]] = []
     ok = True
     for key, items in value.items():
+        if key in _MATRIX_RULES:
+            continue
         if not _MATRIX_KEY.fullmatch(key):
             checker.add(
                 section,
@@ -676,8 +687,123 @@ def _matrix(
         )
         return []
     keys = [key for key, _ in axes]
-    combos = itertools.product(*(values for _, values in axes))
-    return [dict(zip(keys, combo, strict=True)) for combo in combos]
+    product = itertools.product(*(values for _, values in axes))
+    combos: list[tuple[dict[str, str], dict[str, Any]]] = [
+        (dict(zip(keys, combo, strict=True)), {}) for combo in product
+    ]
+    combos = _matrix_rules(checker, value, dict(axes), combos, section, where)
+    if len(combos) > MAX_MATRIX_COMBINATIONS:
+        checker.add(
+            section,
+            "matrix",
+            f"{where}: matrix has {len(combos)} combinations; at most {MAX_MATRIX_COMBINATIONS}",
+        )
+        return []
+    return combos
+
+
+def _matrix_rules(
+    checker: _Checker,
+    matrix: Mapping[str, Any],
+    axes: Mapping[str, list[str]],
+    combos: list[tuple[dict[str, str], dict[str, Any]]],
+    section: tuple[str, int],
+    where: str,
+) -> list[tuple[dict[str, str], dict[str, Any]]]:
+    """A matrix's `exclude` (tables of KEY = value: every combination they match goes) and
+    `include` (a table naming every key adds that combination, or gives an existing one its
+    settings; one naming some keys gives the settings to every combination it matches).
+    The settings an include may give: timeout and retries. A rule that matches nothing, or
+    names an unknown key, is an error: a typo must not pass as a rule that never applies."""
+    for rule in ("exclude", "include"):
+        items = matrix.get(rule, [])
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            checker.add(
+                section,
+                "matrix",
+                f"{where}: matrix.{rule} must be an array of tables, e.g. "
+                f'{rule} = [{{ py = "3.11", shard = 2 }}]',
+            )
+            return []
+    for entry in matrix.get("exclude", []):
+        wanted = _rule_values(checker, entry, axes, (), "exclude", section, where)
+        if wanted is None:
+            continue
+        kept = [c for c in combos if any(c[0][k] != v for k, v in wanted.items())]
+        if len(kept) == len(combos):
+            checker.add(
+                section, "matrix", f"{where}: matrix.exclude {_shown(entry)} matches no combination"
+            )
+        combos = kept
+    for entry in matrix.get("include", []):
+        wanted = _rule_values(checker, entry, axes, _COMBO_SETTINGS, "include", section, where)
+        if wanted is None:
+            continue
+        extra: dict[str, Any] = {k: entry[k] for k in _COMBO_SETTINGS if k in entry}
+        matched = [c for c in combos if all(c[0][k] == v for k, v in wanted.items())]
+        for _, settings in matched:
+            settings.update(extra)
+        if matched:
+            continue
+        if set(wanted) == set(axes):
+            combos.append(({k: wanted[k] for k in axes}, dict(extra)))
+        else:
+            checker.add(
+                section,
+                "matrix",
+                f"{where}: matrix.include {_shown(entry)} matches no combination (to add one, "
+                f"give every key: {', '.join(axes)})",
+            )
+    return combos
+
+
+def _rule_values(
+    checker: _Checker,
+    entry: Mapping[str, Any],
+    axes: Mapping[str, list[str]],
+    settings: Sequence[str],
+    rule: str,
+    section: tuple[str, int],
+    where: str,
+) -> dict[str, str] | None:
+    """The KEY = value pairs of one include or exclude entry, checked (None: it is bad)."""
+    wanted: dict[str, str] = {}
+    ok = True
+    for key, item in entry.items():
+        if key in settings:
+            continue
+        if key not in axes:
+            allowed = [*axes, *settings]
+            checker.add(
+                section,
+                "matrix",
+                f'{where}: matrix.{rule}: unknown key "{key}"{_suggest(key, allowed)}; '
+                f"allowed: {', '.join(allowed)}",
+            )
+            ok = False
+            continue
+        text = _matrix_value(checker, item, key, section, where)
+        if text is None:
+            ok = False
+        elif rule == "exclude" and text not in axes[key]:
+            checker.add(
+                section,
+                "matrix",
+                f'{where}: matrix.exclude: {key} = "{text}" is not one of its values '
+                f"({', '.join(axes[key])})",
+            )
+            ok = False
+        else:
+            wanted[key] = text
+    if ok and not wanted:
+        checker.add(section, "matrix", f"{where}: matrix.{rule} entry names no matrix key")
+        ok = False
+    return wanted if ok else None
+
+
+def _shown(entry: Mapping[str, Any]) -> str:
+    """An include or exclude entry as it reads in a spec: `{ py = "3.11", shard = 2 }`."""
+    return "{ " + ", ".join(f"{k} = {v!r}".replace("'", '"') for k, v in entry.items()) + " }"
 
 
 def _matrix_value(

@@ -87,6 +87,7 @@ def _task(task: TaskSpec, stage: int, carried: bool) -> dict[str, Any]:
         "prompt": task.prompt,
         "assign": task.assign,
         "after": list(task.after),
+        "always": task.always,
         "base": task.base,
         "matrix": dict(task.matrix) or None,
         "cwd": task.cwd,
@@ -129,7 +130,8 @@ def render_plan(plan: Mapping[str, Any]) -> str:
         lines.append(head)
         pad = " " * (width + 2)
         if task["after"]:
-            lines.append(f"{pad}after: {', '.join(task['after'])}")
+            ended = " (whatever their verdict: always)" if task.get("always") else ""
+            lines.append(f"{pad}after: {', '.join(task['after'])}{ended}")
         if task["kind"] == "agent":
             lines.append(f"{pad}prompt to {task['assign']}: {task['prompt']}")
         else:

@@ -104,3 +104,38 @@ def with_recovered(
         for t in previous.get("tasks", [])
     ]
     return {**previous, "tasks": tasks}
+
+
+def ended_attempts(
+    previous: Mapping[str, Any], tasks: Iterable[LocalShellTaskState | Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every attempt of the previous run that ended (its own exit or a kill), among `tasks`
+    (the session's shell tasks), as joblog fields: seq, started_at, ended_at, exit_code,
+    killed, command. The previous leader logged those it saw end; a resume logs the rest
+    (those that ended while no leader watched), so that the joblog tells every attempt."""
+    run_id = previous.get("run_id")
+    if run_id is None:
+        return []
+    before = {t["id"]: t for t in previous.get("tasks", []) if isinstance(t, dict) and "id" in t}
+    out: list[dict[str, Any]] = []
+    for task in tasks:
+        rec = task.model_dump(mode="json") if isinstance(task, LocalShellTaskState) else task
+        env = rec.get("env") or {}
+        old = before.get(env.get(_ENV_TASK)) if env.get(ENV_RUN) == run_id else None
+        status = rec.get("status")
+        terminal = (TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.KILLED.value)
+        if old is None or status not in terminal or rec.get("pid") is None:  # (never ran)
+            continue
+        result = rec.get("result") or {}
+        out.append(
+            {
+                "seq": int(old.get("seq") or 0),
+                "started_at": rec.get("start_time"),
+                "ended_at": rec.get("end_time"),
+                "exit_code": result.get("code"),
+                "killed": status == TaskStatus.KILLED.value,
+                "command": str(old.get("command") or ""),
+            }
+        )
+    out.sort(key=lambda a: (a["ended_at"] or 0.0, a["seq"]))
+    return out

@@ -24,7 +24,13 @@ from shoal.core.errors import UsageError
 from shoal.core.jsonio import append_line, atomic_write, read_bytes_nofollow
 from shoal.core.output import tail_lines
 from shoal.core.paths import FILE_MODE, Layout
-from shoal.orchestrator.batch.junit import JunitProblem, has_failures, read_cases
+from shoal.orchestrator.batch.junit import (
+    OUTPUT_TAGS,
+    RESULT_TAGS,
+    JunitProblem,
+    has_failures,
+    read_cases,
+)
 from shoal.orchestrator.batch.junit import counts as junit_counts
 from shoal.orchestrator.batch.spec import Spec
 
@@ -184,6 +190,20 @@ def _task_case(
         error.text = tail
     elif status == "skipped":
         ET.SubElement(case, "skipped", message=_clean(task.get("reason") or "skipped"))
+    elif status == "succeeded":
+        # Passed on a retry: each attempt that did not, as Surefire shows a flaky test.
+        for attempt in (task.get("attempt_log") or [])[:-1]:
+            if attempt.get("status") not in ("failed", "timed_out"):
+                continue
+            why = attempt.get("error") or (
+                f"exit code {attempt.get('exit_code')}" if attempt.get("exit_code") else "failed"
+            )
+            ET.SubElement(
+                case,
+                "flakyFailure",
+                type=str(attempt.get("status")),
+                message=_clean(f"attempt {attempt.get('attempt')}: {why}"),
+            )
     elif status != "succeeded":
         # A run record written mid-run (pending or running tasks) is not a verdict.
         ET.SubElement(case, "skipped", message=f"not finished ({status})")
@@ -212,11 +232,47 @@ def _junit_suite(root: ET.Element, task: Mapping[str, Any], classname: str) -> N
         except JunitProblem as exc:
             problem = str(exc)
     if problem is not None:
-        _task_case(suite, task, classname, problem=problem)
+        if status in ("timed_out", "killed"):
+            # Stopped before it could write its report: the stop is the verdict to show
+            # (a <failure type="timed_out">, as for a task without a report), not the report.
+            _task_case(suite, task, classname)
+        else:
+            _task_case(suite, task, classname, problem=problem)
         return
     suite.extend(cases)
+    _mark_reruns(cases, task)
     if status != "succeeded" and not has_failures(cases):
         _task_case(suite, task, classname)
+
+
+def _mark_reruns(cases: list[ET.Element], task: Mapping[str, Any]) -> None:
+    """Surefire's rerun elements from the task's earlier attempts: a testcase that failed in
+    one and passed in the last gets a <flakyFailure> (or <flakyError>) per failed run, one
+    that failed every time a <rerunFailure> (or <rerunError>) per earlier run. Jenkins and
+    GitLab show a flaky test so, instead of the last attempt's report hiding it."""
+    earlier: dict[tuple[str, str], list[Mapping[str, str]]] = {}
+    for attempt in (task.get("attempt_log") or [])[:-1]:
+        for failure in attempt.get("junit_failures") or []:
+            key = (failure.get("classname", ""), failure.get("name", ""))
+            earlier.setdefault(key, []).append(failure)
+    if not earlier:
+        return
+    for case in cases:
+        found = earlier.get((case.get("classname") or "", case.get("name") or ""))
+        if not found:
+            continue
+        passed = not any(child.tag in RESULT_TAGS for child in case)
+        for failure in found:
+            kind = "Error" if failure.get("kind") == "error" else "Failure"
+            rerun = ET.Element(
+                f"{'flaky' if passed else 'rerun'}{kind}",
+                type=_clean(failure.get("type") or kind.lower()),
+                message=_clean(failure.get("message") or ""),
+            )
+            ET.SubElement(rerun, "stackTrace").text = _clean(failure.get("trace") or "")
+            # (before the case's output: Surefire's order, which readers expect)
+            outputs = [i for i, child in enumerate(case) if child.tag in OUTPUT_TAGS]
+            case.insert(outputs[0] if outputs else len(case), rerun)
 
 
 def write_junit(path: Path, report: Mapping[str, Any]) -> None:
@@ -241,6 +297,8 @@ class JoblogWriter:
         if not parent.is_dir():
             raise UsageError(f"cannot write joblog {path}: directory {parent} does not exist")
         fresh = not append or not path.exists() or path.stat().st_size == 0
+        self.logged: set[tuple[int, str]] = set() if fresh else _logged(path)
+        """(Seq, Starttime) of the lines already there: an attempt is logged once."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if fresh else os.O_APPEND)
         self._fh: IO[str] = os.fdopen(os.open(path, flags, FILE_MODE), "a", buffering=1)
         if fresh:
@@ -265,6 +323,10 @@ class JoblogWriter:
             signal = exit_code - 128 if exit_code is not None and 128 < exit_code < 160 else 9
         exitval = -1 if exit_code is None else exit_code
         flat = re.sub(r"[\t\r\n]+", " ", command)
+        key = (seq, f"{start:.3f}")
+        if key in self.logged:
+            return
+        self.logged.add(key)
         self._fh.write(
             f"{seq}\t{host or ':'}\t{start:10.3f}\t{runtime:10.3f}\t0\t0\t{exitval}\t{signal}"
             f"\t{flat}\n"
@@ -274,6 +336,17 @@ class JoblogWriter:
         """Flush and close the file."""
         with contextlib.suppress(OSError):
             self._fh.close()
+
+
+def _logged(path: Path) -> set[tuple[int, str]]:
+    """(Seq, Starttime) of every line of an existing joblog (unreadable lines are skipped)."""
+    out: set[tuple[int, str]] = set()
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in path.read_text().splitlines()[1:]:
+            cols = line.split("\t")
+            with contextlib.suppress(ValueError, IndexError):
+                out.add((int(cols[0]), f"{float(cols[2]):.3f}"))
+    return out
 
 
 def read_joblog(path: Path) -> list[dict[str, str]]:
@@ -426,12 +499,17 @@ class RecordSaver:
         return True
 
 
-def plan_resume(spec: Spec, previous: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def plan_resume(
+    spec: Spec, previous: Mapping[str, Any], why: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """The tasks a `--resume` need not run again, with their previous records.
 
     A task is carried over when it succeeded in the previous run, what it does is unchanged
-    (same fingerprint), and every task it depends on is carried over too; everything else —
-    and everything that depends on it — runs again.
+    (same fingerprint), its JUnit report (if it names one) is still there and readable, and
+    every task it depends on is carried over too; everything else — and everything that
+    depends on it — runs again. `why`, when given, receives the reason of each succeeded
+    task that is run again because its report is gone (a green verdict on tests nobody can
+    see again would be false).
     """
     before: dict[str, dict[str, Any]] = {
         t["id"]: t for t in previous.get("tasks", []) if isinstance(t, dict) and "id" in t
@@ -440,10 +518,19 @@ def plan_resume(spec: Spec, previous: Mapping[str, Any]) -> dict[str, dict[str, 
     for task in spec.topological():
         old = before.get(task.id)
         if (
-            old is not None
-            and old.get("status") == "succeeded"
-            and old.get("fingerprint") == task.fingerprint
-            and all(dep in keep for dep in task.after)
+            old is None
+            or old.get("status") != "succeeded"
+            or old.get("fingerprint") != task.fingerprint
+            or not all(dep in keep for dep in task.after)
         ):
-            keep.add(task.id)
+            continue
+        if task.junit is not None:
+            try:
+                read_cases(task.junit)
+            except JunitProblem as exc:
+                if why is not None:
+                    gone = not os.path.lexists(task.junit)
+                    why[task.id] = f"its JUnit report {task.junit} is gone" if gone else str(exc)
+                continue
+        keep.add(task.id)
     return {t.id: before[t.id] for t in spec.tasks if t.id in keep}

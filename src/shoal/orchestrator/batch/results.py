@@ -101,7 +101,9 @@ class ResultsDir:
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         src_fd = os.open(output_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            dst_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            # The directory is the user's, not SHOAL_HOME: the umask decides who may read
+            # the copies (an artifact uploader of another uid, in CI).
+            dst_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
                 with open(src_fd, "rb", closefd=False) as src, open(dst_fd, "wb") as dst:
                     shutil.copyfileobj(src, dst, COPY_CHUNK)

@@ -219,6 +219,9 @@ class TaskSpec:
     """For a task expanded from a `matrix`: the id written in the spec (`unit` of `unit[py=3]`)."""
     matrix: Mapping[str, str] = field(default_factory=dict)
     """For a task expanded from a `matrix`: this combination's values, in the matrix's order."""
+    always: bool = False
+    """Run once every `after` task has ended, whatever its verdict (a report, a cleanup);
+    it also runs after a halt, not after an interrupt."""
     line: int | None = None
 
     def delay_before(self, attempt: int) -> float:

@@ -91,9 +91,12 @@ class Finished:
     error: str | None = None
     ran: bool = True
     junit_error: str | None = None
-    """Why the task's JUnit report cannot be used (the attempt then failed), if it cannot."""
+    """Why the task's JUnit report cannot be used, if it cannot (an attempt that completed
+    then failed; one that did not is shown by how it ended)."""
     host: str | None = None
     """Where it ran, when not here (a Ray node's address)."""
+    junit_failures: tuple[Mapping[str, str], ...] = ()
+    """A failed attempt's failing testcases, read from its JUnit report (junit.failed_cases)."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,8 @@ class Attempt:
     """Why the engine stopped it (STOP_TIMEOUT, STOP_HALT, STOP_INTERRUPT), if it did."""
     host: str | None = None
     """The node it ran on, when not here (`--backend ray`)."""
+    junit_failures: tuple[Mapping[str, str], ...] = ()
+    """Its failing testcases, when it failed and its JUnit report says which."""
 
     def move(self, status: RunStatus) -> None:
         """Move through RUN_TRANSITIONS (attempts never go back to pending)."""
@@ -217,6 +222,7 @@ class Attempt:
             "error": self.error,
             "junit_error": self.junit_error,
             **({"host": self.host} if self.host else {}),
+            **({"junit_failures": list(self.junit_failures)} if self.junit_failures else {}),
         }
 
 
@@ -237,6 +243,17 @@ class TaskRun:
     def final(self) -> bool:
         """True once the task has its verdict."""
         return self.status in FINAL_STATUSES
+
+    @property
+    def flaky(self) -> bool:
+        """True for a task that succeeded on a retry (in this run)."""
+        tried = [a for a in self.attempts if a.status != RunStatus.SKIPPED]
+        return self.succeeded and self.carried is None and len(tried) > 1
+
+    @property
+    def succeeded(self) -> bool:
+        """True once the task has succeeded."""
+        return self.status == RunStatus.SUCCEEDED
 
     def move(self, status: RunStatus) -> None:
         """Move through RUN_TRANSITIONS (IllegalRunMove otherwise)."""
