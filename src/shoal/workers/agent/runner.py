@@ -403,10 +403,16 @@ async def _coordinator_wait(
 ) -> str | None:
     """After a coordinator's turn: the next message to go on with (a worker's notification,
     or the user's), or None when no worker is outstanding and the coordinator is done."""
+    replayed = ModelSpec.parse(job.model).provider == "replay"
     while True:
         if loop.attach is not None:
             await loop.attach.idle()  # (an end of its background task may be what wakes it)
         queued = loop.pending()
+        if replayed and _replay_left(job, loop) <= 0:
+            # The recording asked for nothing more: what arrives now (a worker's end that
+            # came in another batching than the recording's, after its last request) asks
+            # for no model request. It waits for its workers to end, and is done.
+            queued = []
         if queued:
             return "\n\n".join(queued)
         outstanding = await asyncio.to_thread(_outstanding, job, leader, loop)
@@ -428,7 +434,7 @@ async def _coordinator_wait(
             loop.output.write(f"[waiting for {'; '.join(what)}]\n")
             status.progress(loop.progress, force=True)
         text = await feed.next_message(timeout=COORDINATOR_IDLE_CHECK_S)
-        if text is not None:
+        if text is not None and not (replayed and _replay_left(job, loop) <= 0):
             return text
 
 
