@@ -114,8 +114,8 @@ def test_claim_and_release_go_through_the_same_check(
     tl.claim(2, "bob")
     # A table that forbids starting and releasing: every writer must now refuse.
     monkeypatch.setattr(
-        tasklist_module,
-        "TRANSITIONS",
+        tasklist_module.ITEM_MACHINE,
+        "table",
         {
             PENDING: frozenset({COMPLETED}),
             IN_PROGRESS: frozenset({COMPLETED}),

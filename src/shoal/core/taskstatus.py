@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from shoal.core.errors import ShoalError, UsageError
+from shoal.core.machine import IllegalMove, Machine
 
 # --------------------------------------------------------------------------- constants
 
@@ -112,7 +113,30 @@ TRANSITIONS: Final[dict[TaskStatus, frozenset[TaskStatus]]] = {
     TaskStatus.FAILED: frozenset(),
     TaskStatus.KILLED: frozenset(),
 }
-TERMINAL_STATUSES: Final = frozenset(s for s, nexts in TRANSITIONS.items() if not nexts)
+
+
+class IllegalTransition(IllegalMove, ShoalError):
+    """A status change TRANSITIONS does not allow (e.g. anything out of a terminal state)."""
+
+    def __init__(self, task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
+        self.task_id = task_id
+        self.from_status = from_status
+        self.to_status = to_status
+        allowed = TRANSITIONS[from_status]
+        names = ", ".join(sorted(s.value for s in allowed))
+        why = f"allowed: {names}" if names else f"{from_status.value} is terminal"
+        message = (
+            f"task {task_id}: illegal status change {from_status.value} -> {to_status.value} "
+            f"({why})"
+        )
+        super().__init__(message, task_id, from_status, to_status, allowed)
+
+
+TASK_MACHINE: Final = Machine(
+    TRANSITIONS, refuse=lambda task_id, a, b, _: IllegalTransition(task_id, a, b)
+)
+"""A background task's life (every kind shares it)."""
+TERMINAL_STATUSES: Final = TASK_MACHINE.terminal
 
 
 def is_terminal_task_status(status: TaskStatus | str) -> bool:
@@ -120,25 +144,9 @@ def is_terminal_task_status(status: TaskStatus | str) -> bool:
     return TaskStatus(status) in TERMINAL_STATUSES
 
 
-class IllegalTransition(ShoalError):
-    """A status change TRANSITIONS does not allow (e.g. anything out of a terminal state)."""
-
-    def __init__(self, task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
-        self.task_id = task_id
-        self.from_status = from_status
-        self.to_status = to_status
-        allowed = sorted(s.value for s in TRANSITIONS[from_status])
-        why = f"allowed: {', '.join(allowed)}" if allowed else f"{from_status.value} is terminal"
-        super().__init__(
-            f"task {task_id}: illegal status change {from_status.value} -> {to_status.value} "
-            f"({why})"
-        )
-
-
 def check_transition(task_id: str, from_status: TaskStatus, to_status: TaskStatus) -> None:
     """Raise IllegalTransition unless `from_status -> to_status` is allowed (or a no-op)."""
-    if from_status != to_status and to_status not in TRANSITIONS[from_status]:
-        raise IllegalTransition(task_id, from_status, to_status)
+    TASK_MACHINE.check(task_id, from_status, to_status)
 
 
 TIMED_OUT_REASON: Final = "timed out after "

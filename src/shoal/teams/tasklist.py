@@ -41,6 +41,7 @@ from shoal.core.jsonio import (
     lock_at,
     read_bytes_nofollow,
 )
+from shoal.core.machine import IllegalMove, Machine
 from shoal.core.names import NAME_PATTERN, validate_name
 from shoal.core.paths import check_path, unsafe_reason
 from shoal.mailbox.router import send
@@ -121,21 +122,27 @@ class TaskItem(BaseModel):
         return self.status == TaskItemStatus.COMPLETED
 
 
-class IllegalStatusMove(ConflictError):
+class IllegalStatusMove(IllegalMove, ConflictError):
     """A status change that TRANSITIONS does not allow; nothing was written."""
 
     def __init__(self, task_id: int, current: TaskItemStatus, requested: TaskItemStatus) -> None:
         self.task_id = task_id
-        self.current = current
         self.requested = requested
         allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "nothing"
         hint = ""
         if current == TaskItemStatus.COMPLETED:
             hint = f"; reopen it first with `shoal task update {task_id} --status pending`"
-        super().__init__(
+        message = (
             f"task {task_id} is {current.value} and cannot move to {requested.value} "
             f"(from {current.value} only to: {allowed}){hint}"
         )
+        super().__init__(message, str(task_id), current, requested, TRANSITIONS[current])
+
+
+ITEM_MACHINE: Final = Machine(
+    TRANSITIONS, refuse=lambda item, a, b, _: IllegalStatusMove(int(item), a, b)
+)
+"""A task-list item's status."""
 
 
 def move_item(item: TaskItem, status: TaskItemStatus | str, **changes: Any) -> TaskItem:
@@ -143,8 +150,7 @@ def move_item(item: TaskItem, status: TaskItemStatus | str, **changes: Any) -> T
     allows the move. The one place a status move is checked: update, claim and release all
     build their new item here. The same status is no move (only `changes` apply)."""
     current, target = TaskItemStatus(item.status), TaskItemStatus(status)
-    if target != current and target not in TRANSITIONS[current]:
-        raise IllegalStatusMove(item.id, current, target)
+    ITEM_MACHINE.check(str(item.id), current, target)
     return item.model_copy(update={**changes, "status": target})
 
 

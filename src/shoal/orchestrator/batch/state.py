@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any, Final, Protocol
 
 from shoal.core.errors import ShoalError
+from shoal.core.machine import IllegalMove, Machine, describe
 from shoal.orchestrator.batch.report import iso
 from shoal.orchestrator.batch.spec import MemberSpec, TaskSpec
 
@@ -48,16 +49,21 @@ RUN_TRANSITIONS: Final[dict[RunStatus, frozenset[RunStatus]]] = {
 }
 
 
-class IllegalRunMove(ShoalError):
+class IllegalRunMove(IllegalMove, ShoalError):
     """A run task or attempt moved in a way RUN_TRANSITIONS does not allow (a bug)."""
+
+
+RUN_MACHINE: Final = Machine(
+    RUN_TRANSITIONS,
+    refuse=lambda what, a, b, allowed: IllegalRunMove(
+        describe(what, a, b, allowed), what, a, b, allowed
+    ),
+)
 
 
 def check_run_move(what: str, current: RunStatus, new: RunStatus) -> RunStatus:
     """`new`, if moving from `current` is legal (staying put always is); else IllegalRunMove."""
-    if new != current and new not in RUN_TRANSITIONS[current]:
-        allowed = ", ".join(sorted(RUN_TRANSITIONS[current])) or f"{current} is final"
-        raise IllegalRunMove(f"{what}: illegal move {current} -> {new} (allowed: {allowed})")
-    return new
+    return RUN_MACHINE.check(what, current, new)
 
 
 # Why the engine itself stopped an attempt.
@@ -198,7 +204,9 @@ class Attempt:
     def move(self, status: RunStatus) -> None:
         """Move through RUN_TRANSITIONS (attempts never go back to pending)."""
         if status == RunStatus.PENDING:
-            raise IllegalRunMove(f"attempt {self.number}: an attempt is never pending again")
+            what = f"attempt {self.number}"
+            message = f"{what}: an attempt is never pending again"
+            raise IllegalRunMove(message, what, self.status, status, frozenset())
         self.status = check_run_move(f"attempt {self.number}", self.status, status)
 
     @property

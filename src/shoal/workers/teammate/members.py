@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol
 from shoal.core import git
 from shoal.core.errors import ShoalError, UsageError
 from shoal.core.filestamp import SETTLE_NS, Stamp, settled, stamp_of
+from shoal.core.machine import IllegalMove, Machine, describe
 from shoal.core.paths import Layout
 from shoal.core.procs import Termination
 from shoal.core.tasks import (
@@ -75,15 +76,21 @@ PHASE_TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
 }
 
 
-class IllegalPhase(ShoalError):
+class IllegalPhase(IllegalMove, ShoalError):
     """A teammate run moved in a way PHASE_TRANSITIONS does not allow (a bug)."""
+
+
+PHASE_MACHINE: Final = Machine(
+    PHASE_TRANSITIONS,
+    refuse=lambda name, a, b, allowed: IllegalPhase(
+        describe(f"teammate {name}", a, b, allowed), name, a, b, allowed
+    ),
+)
 
 
 def check_phase(name: str, current: Phase, new: Phase) -> None:
     """Refuse a move that is not in PHASE_TRANSITIONS (staying put is always allowed)."""
-    if new != current and new not in PHASE_TRANSITIONS[current]:
-        allowed = ", ".join(sorted(PHASE_TRANSITIONS[current])) or "none: it has ended"
-        raise IllegalPhase(f"teammate {name}: illegal move {current} -> {new} (allowed: {allowed})")
+    PHASE_MACHINE.check(name, current, new)
 
 
 class StopCause(StrEnum):

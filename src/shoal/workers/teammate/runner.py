@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.errors import ShoalError
+from shoal.core.machine import IllegalMove, Machine
 from shoal.core.notify import task_notification_xml
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
@@ -89,10 +90,9 @@ RUN_TRANSITIONS: Final[dict[RunState, frozenset[RunState]]] = {
 }
 # (idle/busy -> stopped directly: the runner's task was cancelled from outside, e.g. an
 # in-process teammate killed with its lead, and it ends without a stopping phase.)
-TERMINAL_RUN_STATES: Final = frozenset(s for s, nexts in RUN_TRANSITIONS.items() if not nexts)
 
 
-class IllegalRunTransition(RuntimeError):
+class IllegalRunTransition(IllegalMove):
     """A run state change RUN_TRANSITIONS does not allow: a bug in the runner, never input (so
     not a ShoalError, which the runner's best-effort writes suppress)."""
 
@@ -102,10 +102,18 @@ class IllegalRunTransition(RuntimeError):
         self.to_state = to_state
         allowed = sorted(s.value for s in RUN_TRANSITIONS[from_state])
         why = f"allowed: {', '.join(allowed)}" if allowed else f"{from_state.value} is terminal"
-        super().__init__(
+        message = (
             f"teammate {name}: illegal run state change {from_state.value} -> {to_state.value} "
             f"({why})"
         )
+        super().__init__(message, name, from_state, to_state, RUN_TRANSITIONS[from_state])
+
+
+RUN_MACHINE: Final = Machine(
+    RUN_TRANSITIONS, refuse=lambda name, a, b, _: IllegalRunTransition(name, a, b), stay=False
+)
+"""A teammate's run; staying put is not a move (the caller says why a state is reached)."""
+TERMINAL_RUN_STATES: Final = RUN_MACHINE.terminal
 
 
 def move_run_state(name: str, current: RunState, target: RunState) -> RunState:
@@ -113,9 +121,7 @@ def move_run_state(name: str, current: RunState, target: RunState) -> RunState:
 
     Staying put is not a move: the table has no self-loops, so the caller decides (and says
     why) when a state is already reached."""
-    if target not in RUN_TRANSITIONS[current]:
-        raise IllegalRunTransition(name, current, target)
-    return target
+    return RUN_MACHINE.check(name, current, target)
 
 
 @dataclass
