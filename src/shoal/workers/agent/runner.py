@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import shutil
 import signal
 import tempfile
@@ -357,11 +356,11 @@ def watch_coordinator_inbox(
 
 def _outstanding(job: AgentJob, leader: LeaderPort, agent: AgentLoop) -> list[str]:
     """A coordinator's workers still running, waiting for a lease, or whose end is not yet in
-    its transcript."""
+    its transcript: a query of the leader's records (`worker_of`), which the leader writes
+    before it answers the Agent call that started them (the reply follows a state flush)."""
     seen = recorded_notifications(agent)
     records = leader.task_records()
     mine = {task_id for task_id, raw in records.items() if raw.get("worker_of") == job.agent_id}
-    mine |= started_workers(agent)  # (a record in the middle of a move is still outstanding)
     return sorted(
         task_id
         for task_id in mine
@@ -379,23 +378,6 @@ def own_part(history: list[Any], *, forking: bool) -> list[Any]:
         if any(FORK_TAG in text for text in prompt_texts(history[at : at + 1])):
             return history[at + 1 :]
     return [] if forking else history
-
-
-STARTED_WORKER: Final = re.compile(r"^started worker (a[0-9a-z]{8}) ")
-
-
-def started_workers(agent: AgentLoop) -> set[str]:
-    """The workers a coordinator's Agent calls started, by their tool results."""
-    from pydantic_ai.messages import ModelRequest, ToolReturnPart
-
-    return {
-        found.group(1)
-        for message in agent.history
-        if isinstance(message, ModelRequest)
-        for part in message.parts
-        if isinstance(part, ToolReturnPart)
-        and (found := STARTED_WORKER.match(part.model_response_str()))
-    }
 
 
 async def _coordinator_wait(
