@@ -15,7 +15,8 @@ from shoal.cli.run import Droppable, StreamJson, TextProgress, one_line
 from shoal.core.errors import UsageError
 from shoal.orchestrator.batch import resolve_backend
 from shoal.orchestrator.batch.agents import _exit_code
-from shoal.orchestrator.batch.parse import SpecLocator, parse_spec
+from shoal.orchestrator.batch.checker import SpecLocator
+from shoal.orchestrator.batch.parse import parse_spec
 from shoal.orchestrator.batch.spec import SpecError
 from shoal.workers.teammate.brains import (
     ExecBrain,

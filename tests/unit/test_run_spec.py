@@ -26,7 +26,8 @@ from shoal.orchestrator.batch import (
     Started,
     check_agents,
 )
-from shoal.orchestrator.batch.parse import SpecLocator, parse_spec, parse_spec_text
+from shoal.orchestrator.batch.checker import SpecLocator
+from shoal.orchestrator.batch.parse import parse_spec, parse_spec_text
 from shoal.orchestrator.batch.report import (
     JOBLOG_HEADER,
     JoblogWriter,
