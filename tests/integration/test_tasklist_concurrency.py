@@ -19,7 +19,8 @@ CHILD = """
 import json, sys
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import ClaimRefused, TaskList
+from shoal.teams.tasklist import TaskList
+from shoal.teams.taskitems import ClaimRefused
 
 mode, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 tl = TaskList(Teams(Layout()), "alpha")

@@ -27,7 +27,8 @@ from shoal.core.procs import is_alive
 from shoal.orchestrator.leader import RELEASE_INTERVAL_S, Leader
 from shoal.teams.session import current_session
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import TaskItem, TaskList
+from shoal.teams.taskitems import TaskItem
+from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.commands import CommandRecord, records_of
 from tests.conftest import Cli, group_gone
 from tests.integration.test_loop import running

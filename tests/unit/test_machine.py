@@ -10,7 +10,7 @@ from shoal.core.machine import IllegalMove, Machine
 from shoal.core.taskstatus import TASK_MACHINE, TaskStatus
 from shoal.orchestrator.batch.state import RUN_MACHINE as BATCH_MACHINE
 from shoal.orchestrator.batch.state import RunStatus
-from shoal.teams.tasklist import ITEM_MACHINE, TaskItemStatus
+from shoal.teams.taskitems import ITEM_MACHINE, TaskItemStatus
 from shoal.workers.teammate.members import PHASE_MACHINE, Phase
 from shoal.workers.teammate.runner import RUN_MACHINE as TEAMMATE_MACHINE
 from shoal.workers.teammate.runner import RunState

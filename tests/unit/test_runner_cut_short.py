@@ -17,7 +17,8 @@ import pytest
 
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import TaskItem, TaskList
+from shoal.teams.taskitems import TaskItem
+from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import Script, ScriptedBrain
 from shoal.workers.teammate.commands import records_of
 from shoal.workers.teammate.runner import RunnerConfig, TeammateRunner

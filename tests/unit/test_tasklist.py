@@ -25,7 +25,8 @@ from shoal.core.errors import (
 from shoal.core.paths import Layout
 from shoal.mailbox.schema import decode
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import ClaimRefused, TaskItem, TaskList
+from shoal.teams.taskitems import ClaimRefused, TaskItem
+from shoal.teams.tasklist import TaskList
 
 TEAM = "alpha"
 

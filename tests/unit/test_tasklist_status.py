@@ -11,18 +11,18 @@ from hypothesis import strategies as st
 
 from shoal.core.errors import ConflictError
 from shoal.core.paths import Layout
-from shoal.teams import tasklist as tasklist_module
+from shoal.teams import taskitems as taskitems_module
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import (
+from shoal.teams.taskitems import (
     STATUSES,
     TRANSITIONS,
     ClaimRefused,
     IllegalStatusMove,
     TaskItem,
     TaskItemStatus,
-    TaskList,
     move_item,
 )
+from shoal.teams.tasklist import TaskList
 
 TEAM = "alpha"
 PENDING, IN_PROGRESS, COMPLETED = (
@@ -114,7 +114,7 @@ def test_claim_and_release_go_through_the_same_check(
     tl.claim(2, "bob")
     # A table that forbids starting and releasing: every writer must now refuse.
     monkeypatch.setattr(
-        tasklist_module.ITEM_MACHINE,
+        taskitems_module.ITEM_MACHINE,
         "table",
         {
             PENDING: frozenset({COMPLETED}),

@@ -11,15 +11,8 @@ from shoal.cli.common import common_options, get_env, json_option, parse_json_ar
 from shoal.core.errors import EXIT_FAILED, UsageError
 from shoal.core.names import validate_name
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import (
-    STATUSES,
-    UNSET,
-    UPDATE_STATUSES,
-    ClaimRefused,
-    TaskItem,
-    TaskList,
-    Unset,
-)
+from shoal.teams.taskitems import STATUSES, UNSET, UPDATE_STATUSES, ClaimRefused, TaskItem, Unset
+from shoal.teams.tasklist import TaskList
 
 TASK_ID = click.IntRange(min=1)
 

@@ -11,20 +11,17 @@ as TRANSITIONS allows, checked in one place (`move_item`) by every writer.
 from __future__ import annotations
 
 import builtins
-import enum
 import errno
 import logging
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from shoal.core.clock import iso_now
 from shoal.core.errors import (
@@ -41,182 +38,34 @@ from shoal.core.jsonio import (
     lock_at,
     read_bytes_nofollow,
 )
-from shoal.core.machine import IllegalMove, Machine
-from shoal.core.names import NAME_PATTERN, validate_name
+from shoal.core.names import validate_name
 from shoal.core.paths import check_path, unsafe_reason
 from shoal.mailbox.router import send
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
+from shoal.teams.taskitems import (
+    DELETED,
+    UNSET,
+    UPDATE_STATUSES,
+    Notify,
+    TaskItem,
+    TaskItemStatus,
+    TaskSnapshot,
+    _Unset,
+    check_claim,
+    check_id,
+    check_metadata,
+    check_subject,
+    first_claimable,
+    move_item,
+)
 
 log = logging.getLogger(__name__)
 
 
-class TaskItemStatus(StrEnum):
-    """The status of a task-list item, as written in its file."""
-
-    PENDING = "pending"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-
-
-# The legal status moves (moving to the status an item already has is always a no-op).
-# pending -> completed is allowed: a lead or a script may close a task nobody claimed.
-# completed -> pending is the explicit reopen; completed -> in_progress is refused, so a
-# reopened task is claimed again through pending, under the claim rules (blockers, busy).
-TRANSITIONS: Final[Mapping[TaskItemStatus, frozenset[TaskItemStatus]]] = {
-    TaskItemStatus.PENDING: frozenset({TaskItemStatus.IN_PROGRESS, TaskItemStatus.COMPLETED}),
-    TaskItemStatus.IN_PROGRESS: frozenset({TaskItemStatus.PENDING, TaskItemStatus.COMPLETED}),
-    TaskItemStatus.COMPLETED: frozenset({TaskItemStatus.PENDING}),
-}
-STATUSES: Final[tuple[str, ...]] = tuple(s.value for s in TaskItemStatus)
-# Not a status: `update(status="deleted")` removes the item, whatever its status.
-DELETED: Final = "deleted"
-UPDATE_STATUSES: Final[tuple[str, ...]] = (*STATUSES, DELETED)
-ClaimReason = Literal["already_claimed", "already_resolved", "blocked", "agent_busy"]
-
 LOCK_NAME = ".lock"
 HIGHWATERMARK_NAME = ".highwatermark"
 _ITEM_FILE = re.compile(r"^([1-9][0-9]*)\.json$")
-
-TaskId = Annotated[int, Field(strict=True, ge=1)]
-
-
-class _Unset(enum.Enum):
-    """Marks an argument that was not given (None means "clear" where a field may be null)."""
-
-    UNSET = "UNSET"
-
-
-UNSET: Final = _Unset.UNSET
-Unset = _Unset  # the type of UNSET, for callers' annotations
-
-
-class TaskItem(BaseModel):
-    """One item of the shared task list, exactly as in `tasklist/{id}.json` (format version 1)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-
-    v: Literal[1] = 1
-    id: TaskId
-    subject: str
-    description: str = ""
-    active_form: str | None = None
-    owner: str | None = None
-    status: TaskItemStatus = TaskItemStatus.PENDING
-    blocks: tuple[TaskId, ...] = ()
-    blocked_by: tuple[TaskId, ...] = ()
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    created_at: str | None = None
-    updated_at: str | None = None
-
-    @field_validator("owner")
-    @classmethod
-    def _valid_owner(cls, value: str | None) -> str | None:
-        if value is not None and not NAME_PATTERN.fullmatch(value):
-            raise ValueError(f"invalid owner name {value!r}")
-        return value
-
-    @property
-    def resolved(self) -> bool:
-        """True once the task is completed (it no longer blocks anything)."""
-        return self.status == TaskItemStatus.COMPLETED
-
-
-class IllegalStatusMove(IllegalMove, ConflictError):
-    """A status change that TRANSITIONS does not allow; nothing was written."""
-
-    def __init__(self, task_id: int, current: TaskItemStatus, requested: TaskItemStatus) -> None:
-        self.task_id = task_id
-        self.requested = requested
-        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "nothing"
-        hint = ""
-        if current == TaskItemStatus.COMPLETED:
-            hint = f"; reopen it first with `shoal task update {task_id} --status pending`"
-        message = (
-            f"task {task_id} is {current.value} and cannot move to {requested.value} "
-            f"(from {current.value} only to: {allowed}){hint}"
-        )
-        super().__init__(message, str(task_id), current, requested, TRANSITIONS[current])
-
-
-ITEM_MACHINE: Final = Machine(
-    TRANSITIONS, refuse=lambda item, a, b, _: IllegalStatusMove(int(item), a, b)
-)
-"""A task-list item's status."""
-
-
-def move_item(item: TaskItem, status: TaskItemStatus | str, **changes: Any) -> TaskItem:
-    """`item` with `status` and `changes` (not written); IllegalStatusMove unless TRANSITIONS
-    allows the move. The one place a status move is checked: update, claim and release all
-    build their new item here. The same status is no move (only `changes` apply)."""
-    current, target = TaskItemStatus(item.status), TaskItemStatus(status)
-    ITEM_MACHINE.check(str(item.id), current, target)
-    return item.model_copy(update={**changes, "status": target})
-
-
-class ClaimRefused(ConflictError):
-    """A claim that the rules refuse; `reason` is the machine-readable code."""
-
-    def __init__(
-        self, task_id: int, reason: ClaimReason, detail: str | list[int], why: str
-    ) -> None:
-        self.task_id = task_id
-        self.reason: ClaimReason = reason
-        self.detail = detail
-        super().__init__(f"cannot claim task {task_id}: {reason} ({why})")
-
-    def to_json(self) -> dict[str, Any]:
-        """The refusal as printed by `shoal task claim --json`."""
-        return {"ok": False, "reason": self.reason, "task_id": self.task_id, "detail": self.detail}
-
-
-Notify = Callable[[TaskItem, str | None], None]
-
-
-@dataclass
-class TaskSnapshot:
-    """Item files of the list read at one moment: valid items and corrupt ones, by id."""
-
-    items: dict[int, TaskItem] = field(default_factory=dict)
-    errors: dict[int, CorruptFileError] = field(default_factory=dict)
-
-    def open_blockers(self, item: TaskItem) -> list[int]:
-        """Ids in `item.blocked_by` that still block it (a corrupt blocker counts as open,
-        a missing one as gone)."""
-        out: list[int] = []
-        for bid in item.blocked_by:
-            blocker = self.items.get(bid)
-            if bid in self.errors or (blocker is not None and not blocker.resolved):
-                out.append(bid)
-        return out
-
-    def in_progress_of(self, name: str, *, besides: int | None = None) -> list[int]:
-        """Ids of in-progress tasks owned by `name` (other than `besides`)."""
-        return [
-            t.id
-            for t in self.sorted()
-            if t.owner == name and t.status == TaskItemStatus.IN_PROGRESS and t.id != besides
-        ]
-
-    def sorted(self) -> list[TaskItem]:
-        """Valid items by ascending id."""
-        return [self.items[i] for i in sorted(self.items)]
-
-    def depends_on(self, start: int, target: int) -> list[int] | None:
-        """The chain of `blocked_by` edges from `start` to `target`, or None if there is none."""
-        stack: list[tuple[int, list[int]]] = [(start, [start])]
-        seen: set[int] = set()
-        while stack:
-            current, path = stack.pop()
-            if current == target:
-                return path
-            if current in seen:
-                continue
-            seen.add(current)
-            item = self.items.get(current)
-            if item is not None:
-                stack.extend((b, [*path, b]) for b in item.blocked_by)
-        return None
 
 
 class TaskList:
@@ -249,7 +98,7 @@ class TaskList:
 
     def path(self, task_id: int) -> Path:
         """The file of task `task_id`."""
-        return self.directory / f"{_check_id(task_id)}.json"
+        return self.directory / f"{check_id(task_id)}.json"
 
     def _dir(self) -> Path:
         """The list's directory, created safely for an existing team (no symlinks anywhere)."""
@@ -324,7 +173,7 @@ class TaskList:
         snap = TaskSnapshot()
         for task_id in task_ids:
             try:
-                snap.items[task_id] = self._read(directory, _check_id(task_id))
+                snap.items[task_id] = self._read(directory, check_id(task_id))
             except CorruptFileError as exc:
                 snap.errors[task_id] = exc
             except NotFoundError:
@@ -342,7 +191,7 @@ class TaskList:
 
     def get(self, task_id: int) -> TaskItem:
         """Task `task_id`; NotFoundError naming id and team, CorruptFileError naming the file."""
-        _check_id(task_id)
+        check_id(task_id)
         return self._read(self._dir(), task_id)
 
     def snapshot(self) -> TaskSnapshot:
@@ -374,7 +223,7 @@ class TaskList:
         """The lowest-id pending, unblocked task that is unowned or owned by `name` (and has
         failed fewer than `max_failures` times, when given)."""
         validate_name(name, "member name")
-        return _next_claimable(self._snapshot(self._dir()), name, max_failures)
+        return first_claimable(self._snapshot(self._dir()), name, max_failures)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -424,7 +273,7 @@ class TaskList:
         """Validated, de-duplicated blocker ids that exist as readable items."""
         out: builtins.list[int] = []
         for bid in task_ids:
-            _check_id(bid)
+            check_id(bid)
             if bid in snap.errors:
                 raise snap.errors[bid]
             if bid not in snap.items:
@@ -451,8 +300,8 @@ class TaskList:
         With `owner`, the owner is told through `notify` once the task is written.
         """
         self.last_notify_error = None
-        subject = _check_subject(subject)
-        meta = _check_metadata(metadata)
+        subject = check_subject(subject)
+        meta = check_metadata(metadata)
         if owner is not None:
             self._check_member(owner)
         if assigned_by is not None:
@@ -515,7 +364,7 @@ class TaskList:
         id, the task itself or a cycle is refused.
         """
         self.last_notify_error = None
-        _check_id(task_id)
+        check_id(task_id)
         if status is not None and status not in UPDATE_STATUSES:
             raise UsageError(
                 f"invalid status {status!r} for task {task_id}; use one of "
@@ -524,8 +373,8 @@ class TaskList:
         if status == DELETED:
             return self._delete(task_id)
         if subject is not None:
-            subject = _check_subject(subject)
-        meta = _check_metadata(metadata) if metadata is not None else None
+            subject = check_subject(subject)
+        meta = check_metadata(metadata) if metadata is not None else None
         if isinstance(owner, str):
             self._check_member(owner)
         if assigned_by is not None:
@@ -629,7 +478,7 @@ class TaskList:
         self._delete(task_id)
 
     def _delete(self, task_id: int) -> TaskItem:
-        _check_id(task_id)
+        check_id(task_id)
         with self._locked() as directory:
             snap = self._snapshot(directory)
             item = self._existing(snap, task_id)
@@ -661,12 +510,12 @@ class TaskList:
         when `check_busy`). Claiming one's own in-progress task again returns it unchanged.
         No task_assignment is sent: the claimant is the one who asked.
         """
-        _check_id(task_id)
+        check_id(task_id)
         self._check_member(name)
         with self._locked() as directory:
             snap = self._snapshot(directory)
             item = self._existing(snap, task_id)
-            _check_claim(snap, item, name, check_busy)
+            check_claim(snap, item, name, check_busy)
             if item.owner == name and item.status == TaskItemStatus.IN_PROGRESS:
                 return item
             claimed = move_item(item, TaskItemStatus.IN_PROGRESS, owner=name, updated_at=iso_now())
@@ -685,7 +534,7 @@ class TaskList:
             snap = self._snapshot(directory)
             if snap.in_progress_of(name):
                 return None
-            item = _next_claimable(snap, name, max_failures)
+            item = first_claimable(snap, name, max_failures)
             if item is None:
                 return None
             claimed = move_item(item, TaskItemStatus.IN_PROGRESS, owner=name, updated_at=iso_now())
@@ -700,7 +549,7 @@ class TaskList:
         counted (`metadata.failures` + 1, `last_error`) when `error` is given. None when the
         claim is no longer `name`'s (settled or released by someone else first): nothing is
         written, so a task is never completed or charged a failure twice."""
-        _check_id(task_id)
+        check_id(task_id)
         validate_name(name, "member name")
         with self._locked() as directory:
             item = self._existing(self._partial(directory, [task_id]), task_id)
@@ -794,27 +643,6 @@ class TaskList:
 # -- helpers -------------------------------------------------------------------------------
 
 
-def _check_id(task_id: int) -> int:
-    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
-        raise UsageError(f"invalid task id {task_id!r}: task ids are whole numbers from 1")
-    return task_id
-
-
-def _check_subject(subject: str) -> str:
-    if not subject.strip():
-        raise UsageError("a task needs a subject (it is empty)")
-    return subject
-
-
-def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    meta = dict(metadata or {})
-    try:
-        orjson.dumps(meta)
-    except TypeError as exc:
-        raise UsageError(f"task metadata must be plain JSON: {exc}") from None
-    return meta
-
-
 def _read_regular(path: Path) -> bytes:
     """The bytes of a regular file; a symlink, FIFO, directory or unreadable file is a
     CorruptFileError naming it (FileNotFoundError passes through)."""
@@ -829,43 +657,3 @@ def _read_regular(path: Path) -> bytes:
         if exc.errno == errno.ELOOP:
             raise CorruptFileError(path, "is a symlink; refusing to follow it") from None
         raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
-
-
-def _failures(item: TaskItem) -> int:
-    try:
-        return int((item.metadata or {}).get("failures", 0) or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _next_claimable(snap: TaskSnapshot, name: str, max_failures: int | None) -> TaskItem | None:
-    # A task whose metadata says `"auto_claim": false` is only ever given by assignment (e.g.
-    # the attempts of a batch run, whose engine decides retries itself).
-    for item in snap.sorted():
-        if (
-            item.status == TaskItemStatus.PENDING
-            and item.owner in (None, name)
-            and (item.metadata or {}).get("auto_claim", True) is not False
-            and (max_failures is None or item.owner == name or _failures(item) < max_failures)
-            and not snap.open_blockers(item)
-        ):
-            return item
-    return None
-
-
-def _check_claim(snap: TaskSnapshot, item: TaskItem, name: str, check_busy: bool) -> None:
-    if item.resolved:
-        raise ClaimRefused(item.id, "already_resolved", item.status.value, "it is completed")
-    if item.owner is not None and item.owner != name:
-        raise ClaimRefused(item.id, "already_claimed", item.owner, f"owned by {item.owner}")
-    blockers = snap.open_blockers(item)
-    if blockers:
-        ids = ", ".join(str(i) for i in blockers)
-        raise ClaimRefused(item.id, "blocked", blockers, f"open blockers: {ids}")
-    if check_busy:
-        busy = snap.in_progress_of(name, besides=item.id)
-        if busy:
-            ids = ", ".join(str(i) for i in busy)
-            raise ClaimRefused(
-                item.id, "agent_busy", busy, f"{name} is working on task {ids}; finish it first"
-            )

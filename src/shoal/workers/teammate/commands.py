@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from shoal.core.errors import ShoalError
 from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
-from shoal.teams.tasklist import TaskItem, TaskList
+from shoal.teams.taskitems import TaskItem
+from shoal.teams.tasklist import TaskList
 from shoal.workers.shell import kind as shell
 
 # The key of a status file that lists the teammate's commands.
