@@ -33,7 +33,7 @@ from shoal.core.events import LeaderStarted, LeaderStopped, MessageReceived, tas
 from shoal.core.faults import pause_point
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import STOPPED_ON_REQUEST, AnyTaskState, TaskStatus, TaskType
+from shoal.core.tasks import STOPPED_ON_REQUEST, TaskStatus, TaskType
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
@@ -318,15 +318,8 @@ class Leader(LeaderRequests):
                     future.set_exception(exc)
 
     def cleanup_orphans(self) -> None:
-        """Each kind ends its tasks whose owning agent has exited or left the team."""
-        # (one pass sorts the unfinished tasks by kind: a full tick runs this over every task)
-        mine: dict[TaskKind, list[AnyTaskState]] = {}
-        kinds = self.kinds
-        for task in self.registry.get_all_tasks():
-            if not task.is_terminal:
-                kind = kinds.get(task.type)
-                if kind is not None:
-                    mine.setdefault(kind, []).append(task)
+        """End the tasks whose owning agent has exited or left the team (the registry's
+        ownership tree: one query, one place that stops them)."""
         states: dict[str, MemberState] | None = None
 
         def departed(name: str) -> bool:
@@ -338,9 +331,10 @@ class Leader(LeaderRequests):
                 states = {v.member.name: v.state for v in self.teams.members(self.team)}
             return states.get(name) in (MemberState.DEAD, MemberState.LEFT, None)
 
-        for kind in self._kinds():
-            if kind in mine:
-                kind.orphans(mine[kind], self, departed)
+        for task, reason in self.registry.orphans(departed):
+            kind = self.kinds.get(task.type)
+            if kind is not None:
+                kind.kill(task, self, reason)
 
     def release_orphaned_tasks(self, now: float) -> None:
         """Every few seconds: list tasks owned by members that died or left go back to pending.

@@ -12,6 +12,10 @@ from typing import Any, Final
 
 from shoal.core.tasks import (
     AnyTaskState,
+    LocalAgentTaskState,
+    LocalShellTaskState,
+    MonitorMcpTaskState,
+    RemoteAgentTaskState,
     TaskType,
     check_transition,
     evolve,
@@ -20,6 +24,21 @@ from shoal.core.tasks import (
 
 # UI state that survives re-registration on resume, where the task model has the field.
 RESUME_KEPT_FIELDS: Final = ("retain", "start_time", "messages", "disk_loaded", "pending_messages")
+
+
+def owner_of(task: AnyTaskState) -> tuple[str, str] | None:
+    """The edge of the ownership tree above `task`: (the agent or member whose end ends it,
+    the words that say so), or None for a task of the lead's own (teammates, dreams,
+    workflows, a top-level agent). The one place the ownership fields are read: a subagent's
+    or fork's `parent_agent`, a shell's `agent_id`, a monitor's or remote task's `owner`.
+    (A coordinator's worker, `worker_of`, is dispatched, not owned: it runs to its end.)"""
+    if isinstance(task, LocalAgentTaskState):
+        return (task.parent_agent, "its parent agent {} ended") if task.parent_agent else None
+    if isinstance(task, LocalShellTaskState):
+        return (task.agent_id, "its agent {} exited") if task.agent_id else None
+    if isinstance(task, MonitorMcpTaskState | RemoteAgentTaskState) and task.owner:
+        return task.owner, "its owner {} has gone"
+    return None
 
 
 class TaskRegistry:
@@ -132,6 +151,17 @@ class TaskRegistry:
         kind = TaskType(task_type)
         with self._lock:
             return [t for t in self._tasks.values() if t.type == kind]
+
+    def orphans(self, departed: Callable[[str], bool]) -> list[tuple[AnyTaskState, str]]:
+        """The unfinished tasks whose owner (`owner_of`) has departed, each with the reason
+        it ends: stopping a node of the tree ends its subtree, a level a pass (each child
+        ends, and its own children follow once it has)."""
+        found = []
+        for task in self.get_all_tasks():
+            edge = None if task.is_terminal else owner_of(task)
+            if edge is not None and departed(edge[0]):
+                found.append((task, edge[1].format(edge[0])))
+        return found
 
     def __len__(self) -> int:
         with self._lock:

@@ -8,7 +8,7 @@ branches on a task's type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,12 +98,6 @@ class TaskKind(Protocol):
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         """Begin ending a live task; a later `poll` (REAP) finishes what is left. Never waits."""
-        ...
-
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        """End those of `tasks` (this kind's unfinished ones) whose owning agent has departed."""
         ...
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:

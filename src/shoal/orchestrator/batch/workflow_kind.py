@@ -300,11 +300,6 @@ class WorkflowKind:
         store.set_task(task.id, kill_reason=reason)
         self.step(self.leader, time.monotonic())
 
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        """A workflow is the lead's own: no agent owns it, none can leave it orphaned."""
-
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         if task.status == TaskStatus.RUNNING:
             self._adopted.append(task.id)

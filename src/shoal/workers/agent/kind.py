@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,16 +246,6 @@ class AgentKind:
             if not live.ending.begin():
                 live.proc.poll()
             store.wake()
-
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        """A subagent or fork dies with the agent that started it (its parent waits for it:
-        once the parent has ended, nobody will read its answer)."""
-        for task in tasks:
-            parent = task.parent_agent if isinstance(task, LocalAgentTaskState) else None
-            if parent and not task.is_terminal and departed(parent):
-                self.kill(task, store, f"its parent agent {parent} ended")
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A task of an earlier leader: watch its runner if it still runs, else settle it from

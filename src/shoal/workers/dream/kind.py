@@ -262,11 +262,6 @@ class DreamKind:
                 run.proc.poll()
             store.wake()
 
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        """A dream is the leader's own: no agent owns it, so none orphans it."""
-
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A dream of an earlier leader: watched again if its runner still runs, else settled
         from the status it left (a runner that died mid-run rolls the lock back)."""

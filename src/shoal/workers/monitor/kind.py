@@ -393,13 +393,6 @@ class MonitorKind:
             live.ending.begin()
         self._signalled.add(task.id)
 
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        for task in tasks:
-            if task.owner and departed(task.owner) and not task.is_terminal:
-                self.kill(task, store, f"its owner {task.owner} has gone")
-
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A monitor a crashed leader left running is taken back; one that ended meanwhile
         is settled from its last line."""

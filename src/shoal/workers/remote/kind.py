@@ -30,7 +30,7 @@ import stat
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -654,13 +654,6 @@ class RemoteKind:
             job.next_poll = 0.0
             if job.future is None:
                 self._schedule(job)
-
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        for task in tasks:
-            if task.owner and departed(task.owner) and not task.is_terminal:
-                self.kill(task, store, f"its owner {task.owner} has gone")
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """Re-attach to a running job by its id (the poll clock restarts now); a task that had

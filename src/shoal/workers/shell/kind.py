@@ -17,7 +17,7 @@ import shlex
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -590,15 +590,6 @@ class ShellKind:
             # A stopped group acts on the TERM only once it is continued.
             self.signal_group(task.id, signal.SIGCONT)
         store.wake()  # (the pidfd says when it ends; the deadline is in next_due)
-
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        """A shell task started by an agent (`agent_id`) dies with it (running or queued)."""
-        for task in tasks:
-            agent = task.agent_id if isinstance(task, LocalShellTaskState) else None
-            if agent and departed(agent):
-                self.kill(task, store, f"its agent {agent} exited")
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A task of an earlier leader: watch it if it still runs, else give it the exit code

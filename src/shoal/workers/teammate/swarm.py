@@ -15,7 +15,7 @@ import queue
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -567,11 +567,6 @@ class Swarm(MemberRecords):
     ) -> None:
         """Nothing per task: `check` looks at every teammate at once (one stat of the status
         directory for a thousand quiet ones)."""
-
-    def orphans(
-        self, tasks: Sequence[AnyTaskState], store: TaskStore, departed: Callable[[str], bool]
-    ) -> None:
-        """Nothing: a teammate is a member itself, owned by the lead."""
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         name = self.member_of_task(task.id)
