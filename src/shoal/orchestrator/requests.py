@@ -58,7 +58,9 @@ from shoal.workers.agent.team_tools import signed
 from shoal.workers.dream.kind import DreamHost, DreamKind, DreamSpec, new_dream_task, release_lock
 from shoal.workers.kinds import TaskKind
 from shoal.workers.monitor.kind import MonitorKind, new_monitor_task
-from shoal.workers.remote.kind import RemoteKind, RemoteSpec, check_model_key, new_remote_task
+from shoal.workers.remote.kind import RemoteKind
+from shoal.workers.remote.packing import check_model_key
+from shoal.workers.remote.spec import RemoteSpec, new_remote_task
 from shoal.workers.shell import kind as shell
 from shoal.workers.teammate.swarm import Swarm
 
