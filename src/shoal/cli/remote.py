@@ -103,7 +103,7 @@ def submit(
     from shoal.core.secretenv import is_secret
     from shoal.workers.remote.packing import check_model_key, pack_workdir
     from shoal.workers.remote.ray_jobs import RayJobs, resolve_address
-    from shoal.workers.shell.kind import argv_for
+    from shoal.workers.shell.spec import argv_for
 
     env = get_env(click.get_current_context())
     team = env.team()

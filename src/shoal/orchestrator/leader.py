@@ -58,7 +58,8 @@ from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
 from shoal.workers.kinds import Poll, TaskKind
 from shoal.workers.monitor.kind import MonitorKind
 from shoal.workers.remote.kind import RemoteKind
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell.kind import ShellKind
+from shoal.workers.shell.process import ShellProcess
 from shoal.workers.teammate.commands import settle_and_release
 from shoal.workers.teammate.swarm import Swarm
 
@@ -89,7 +90,7 @@ class Leader(LeaderRequests):
         self.jobs = jobs
         self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
         self.queue = deque()  # pending tasks, in order, waiting for a job slot
-        self.shell = shell.ShellKind()
+        self.shell = ShellKind()
         self.swarm = Swarm(self)
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
         self.agents.resume_with = self.resume_agent
@@ -170,7 +171,7 @@ class Leader(LeaderRequests):
         return self._stopping
 
     @property
-    def procs(self) -> dict[str, shell.ShellProcess]:
+    def procs(self) -> dict[str, ShellProcess]:
         """Live shell processes by task id."""
         return self.shell.procs
 

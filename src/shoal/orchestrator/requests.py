@@ -61,7 +61,8 @@ from shoal.workers.monitor.kind import MonitorKind, new_monitor_task
 from shoal.workers.remote.kind import RemoteKind
 from shoal.workers.remote.packing import check_model_key
 from shoal.workers.remote.spec import RemoteSpec, new_remote_task
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell.kind import ShellKind
+from shoal.workers.shell.spec import new_task as new_shell_task
 from shoal.workers.teammate.swarm import Swarm
 
 T = TypeVar("T")
@@ -71,7 +72,7 @@ class LeaderRequests(LeaderStore, ABC):
     """The requests a leader answers; the loop that carries them out is the subclass's."""
 
     jobs: int
-    shell: shell.ShellKind
+    shell: ShellKind
     swarm: Swarm
     scheduler: Scheduler
     agents: AgentKind
@@ -138,7 +139,7 @@ class LeaderRequests(LeaderStore, ABC):
 
     def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState:
         """Build (and check) a new pending shell task; nothing is registered yet (`task_id`:
-        an id to reuse; `stdin`: a FIFO as its stdin; the rest: shell.new_task's)."""
+        an id to reuse; `stdin`: a FIFO as its stdin; the rest: new_shell_task's)."""
         reuse: str | None = options.pop("task_id", None)
         stdin: bool = options.pop("stdin", False)
         owner, agent_id = LEAD_NAME, None
@@ -158,7 +159,7 @@ class LeaderRequests(LeaderStore, ABC):
             owner = agent_id = name
         task_id = reuse or new_task_id(TaskType.LOCAL_BASH)
         fifo = str(self.session.tasks_dir / f"{task_id}.stdin") if stdin else None
-        return shell.new_task(
+        return new_shell_task(
             command,
             task_id=task_id,
             output_file=str(self.session.output_file(task_id)),

@@ -29,7 +29,7 @@ from shoal.orchestrator.batch.state import Finished, Refused, ShellRequest
 from shoal.workers.remote.packing import pack_workdir
 from shoal.workers.remote.ray_jobs import RayJobs, resolve_address
 from shoal.workers.remote.spec import RemoteSpec
-from shoal.workers.shell.kind import argv_for
+from shoal.workers.shell.spec import argv_for
 
 
 @dataclass(frozen=True)
