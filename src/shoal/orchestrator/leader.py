@@ -37,6 +37,7 @@ from shoal.core.tasks import STOPPED_ON_REQUEST, TaskStatus, TaskType
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator.agent_requests import AgentRequests
 from shoal.orchestrator.control import ControlServer
 from shoal.orchestrator.holds import Holds
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
@@ -92,8 +93,9 @@ class Leader(LeaderRequests):
         self.shell = shell.ShellKind()
         self.swarm = Swarm(self)
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
-        self.agents.resume_with = self.resume_agent
-        self.agents.on_spent = self.check_run_budget
+        self.agent_requests = AgentRequests(self)
+        self.agents.resume_with = self.agent_requests.resume_agent
+        self.agents.on_spent = self.agent_requests.check_run_budget
         self.attachments = AttachmentDesk()
         self.remote = RemoteKind()
         self.dreams = DreamKind(layout.home)
@@ -135,7 +137,8 @@ class Leader(LeaderRequests):
             with contextlib.suppress(ShoalError):
                 self.scheduler.restore(self.session.read_state().groups)
             if (self.session.dir / LEASES_FILE).exists():
-                self.lease_policy()  # (leases of ended holders released at its first step)
+                # (leases of ended holders are released at the policy's first step)
+                self.agent_requests.lease_policy()
             if (self.session.dir / PR_ACTIVITY_FILE).exists():
                 self._step("pr activity", self._resume_pr_activity)
         self.teams.update(
