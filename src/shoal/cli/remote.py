@@ -101,9 +101,9 @@ def submit(
     after `--` as a Ray job; prints the task's id."""
     from shoal.channel.client import call
     from shoal.core.secretenv import is_secret
-    from shoal.workers.remote.kind import check_model_key, pack_workdir
+    from shoal.workers.remote.packing import check_model_key, pack_workdir
     from shoal.workers.remote.ray_jobs import RayJobs, resolve_address
-    from shoal.workers.shell.kind import argv_for
+    from shoal.workers.shell.spec import argv_for
 
     env = get_env(click.get_current_context())
     team = env.team()
@@ -219,7 +219,8 @@ def job(remote_type: str, model: str | None, rel: str, prompt: str) -> None:
     transcript, its task list as it changes (the `todo` marker: the task's todo_list), then
     print the markers its task's leader reads."""
     from shoal.core.paths import Layout
-    from shoal.workers.remote.kind import QUESTION, preamble
+    from shoal.workers.remote.spec import preamble
+    from shoal.workers.remote.verdicts import QUESTION
 
     text = prompt
     if pre := preamble(remote_type):

@@ -22,7 +22,7 @@ from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.models import TeamFile
 from shoal.teams.session import Session, current_session
 from shoal.teams.store import Teams
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 from shoal.workers.teammate.commands import kill_left_commands
 
 ORPHAN_KILL_GRACE_S = 2.0

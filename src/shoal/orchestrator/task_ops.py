@@ -36,7 +36,7 @@ from shoal.core.tasks import (
     parse_task_state,
 )
 from shoal.orchestrator.scheduling import DEFAULT_GROUP, Scheduler, SchedulerHost
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 
 
 class Leader(SchedulerHost, Protocol):

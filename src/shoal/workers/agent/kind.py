@@ -58,7 +58,7 @@ from shoal.workers.agent.job import (
 from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell.kind import ShellProcess, spawn_logged
+from shoal.workers.shell.process import ShellProcess, spawn_logged
 
 AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
 # The process entry of a runner (in the orchestrator: it gives the runner its leader port).

@@ -59,7 +59,7 @@ from shoal.workers.dream.memory import (
 )
 from shoal.workers.dream.runner import DreamJob
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell.kind import ShellProcess, spawn_logged
+from shoal.workers.shell.process import ShellProcess, spawn_logged
 
 RUNNER_MODULE: Final = "shoal.workers.dream.runner"
 # sessions/{s}/dreams/{id}.job.json, .status.json, .log, .transcript.jsonl

@@ -45,7 +45,7 @@ from shoal.core.tasks import (
     new_task_id,
 )
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell.kind import spawn_logged
+from shoal.workers.shell.process import spawn_logged
 
 PING_EVERY_S: Final = 2.0
 PING_TIMEOUT_S: Final = 10.0
