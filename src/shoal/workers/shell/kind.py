@@ -10,15 +10,14 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from shoal.core.errors import ShoalError, TaskError
-from shoal.core.events import TaskStalled, task_started, task_terminated
+from shoal.core.events import TaskStalled, task_started
 from shoal.core.notify import stall_notification_xml, stall_summary
 from shoal.core.output import output_size, read_output_delta, tail, tail_lines
-from shoal.core.procs import Termination, process_start_time
+from shoal.core.procs import process_start_time
 from shoal.core.sandbox import Policy
 from shoal.core.secretenv import lost_env_error
 from shoal.core.tasks import (
@@ -31,7 +30,8 @@ from shoal.core.tasks import (
     missing_env,
 )
 from shoal.workers.agent.attachments import note_owned
-from shoal.workers.kinds import Poll, TaskStore
+from shoal.workers.kinds import TaskStore, end_unannounced
+from shoal.workers.process_kind import ProcessKind
 from shoal.workers.shell.output_cap import (
     CAP_CHECK_FLOOR_S,
     cap_reached,
@@ -43,7 +43,6 @@ from shoal.workers.shell.process import (
     EXIT_KILLED,
     ShellProcess,
     exit_file_for,
-    kill,
     kill_leftover_group,
     locate,
     open_stdin_fifo,
@@ -68,21 +67,18 @@ def looks_like_prompt(output_file: str | Path) -> str | None:
     return last if PROMPT_PATTERNS.search(last) else None
 
 
-class ShellKind:
+class ShellKind(ProcessKind[ShellProcess]):
     """`local_bash` tasks for the leader's loop: start, reap, output, stalls and kills.
 
     Live handles (the processes, the kills in progress) stay here in memory; the task records
-    in the store hold only plain data. A kill is a state: TERM to the group and a deadline;
-    a later REAP poll sends what is due (TERM once more, then KILL) and finishes the task once
-    its process is gone, so no step ever waits out a grace period.
+    in the store hold only plain data (kills: see workers/process_kind.py).
     """
 
     types = frozenset({TaskType.LOCAL_BASH})
 
     def __init__(self) -> None:
         self.procs: dict[str, ShellProcess] = {}
-        self.killing: dict[str, Termination] = {}
-        self._exited: set[str] = set()
+        super().__init__(self.procs)
         self._growth: dict[str, tuple[int, float]] = {}  # task -> (size, since when)
         self._output: dict[str, tuple[str, int]] = {}  # task -> (output file, offset read)
         # Output-cap watch of fast writers only: task -> when to look again, and the size
@@ -128,27 +124,27 @@ class ShellKind:
             note_owned(task, exit_file_for(task.output_file))
         store.emit(task_started(store.get(task.id) or task))
 
-    def poll(
-        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
-    ) -> None:
-        # Looked at from the live handles: a quiet task costs a waitpid and a stat per pass,
-        # and its record is read only when something happened.
-        ids = list(self.procs) if only is None else [i for i in only if i in self.procs]
-        if what is Poll.REAP:
-            for task_id in ids:
-                self._reap(task_id, store)
-            if self._cap_due:  # (every pass, quick ones too: a fast writer cannot wait)
-                self._check_fast_writers(store, now)
-        elif what is Poll.OUTPUT:
-            for task_id in ids:
-                self._record_start_time(task_id, store)
-                self._read_output(task_id, store, now)
-        elif now >= self._next_stall_check:  # (every stall interval, not every pass)
-            self._next_stall_check = now + store.limits.stall_check_interval
-            for task_id in ids:
-                task = store.get(task_id)
-                if isinstance(task, LocalShellTaskState):
-                    self._check_stall(task, store, now)
+    # Looked at from the live handles: a quiet task costs a waitpid and a stat per pass, and
+    # its record is read only when something happened.
+
+    def _poll_reap(self, ids: list[str], store: TaskStore, now: float) -> None:
+        super()._poll_reap(ids, store, now)
+        if self._cap_due:  # (every pass, quick ones too: a fast writer cannot wait)
+            self._check_fast_writers(store, now)
+
+    def _poll_output(self, ids: list[str], store: TaskStore, now: float) -> None:
+        for task_id in ids:
+            self._record_start_time(task_id, store)
+            self._read_output(task_id, store, now)
+
+    def _poll_stalls(self, ids: list[str], store: TaskStore, now: float) -> None:
+        if now < self._next_stall_check:  # (every stall interval, not every pass)
+            return
+        self._next_stall_check = now + store.limits.stall_check_interval
+        for task_id in ids:
+            task = store.get(task_id)
+            if isinstance(task, LocalShellTaskState):
+                self._check_stall(task, store, now)
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         if task.is_terminal or task.id in self.killing:
@@ -161,9 +157,7 @@ class ShellKind:
         if proc is None:
             self._finish(task.id, None, store, killed=True)
             return
-        ending = Termination(proc.pid, proc.started_at, grace=store.limits.kill_grace, group=True)
-        self.killing[task.id] = ending
-        if not ending.begin():
+        if not self._begin_kill(task.id, proc, store):
             proc.poll()
             self._finish(task.id, proc, store, killed=True)
             return
@@ -198,30 +192,18 @@ class ShellKind:
     def notification(self, task: AnyTaskState) -> dict[str, Any]:
         return {}
 
-    def live(self) -> Iterable[str]:
-        return list(self.procs)
+    def _process(self, run: ShellProcess) -> ShellProcess:
+        return run
 
-    def signalled(self) -> Iterable[str]:
-        exited, self._exited = self._exited, set()
-        now = time.monotonic()
-        due = {i for i, k in self.killing.items() if k.next_due() <= now}
-        return [i for i, p in self.procs.items() if i in exited or i in due or p.status is not None]
-
-    def on_exit(self, key: str) -> bool:
-        if key in self.procs:
-            self._exited.add(key)
-            return True
-        return False
+    def _has_news(self, run: ShellProcess) -> bool:
+        return run.status is not None  # (reaped already: by a kill, or a look at its output)
 
     def next_due(self) -> float | None:
-        kills = min((k.next_due() for k in self.killing.values()), default=None)
+        kills = super().next_due()
         caps = min(self._cap_due.values(), default=None)
         if kills is None or caps is None:
             return caps if kills is None else kills
         return min(kills, caps)
-
-    def running(self) -> int:
-        return len(self.procs)
 
     # -- what `shoal pause/resume/send-input` ask of a live task ------------------------------
 
@@ -271,15 +253,8 @@ class ShellKind:
         self._cap_due[task_id] = now + CAP_CHECK_FLOOR_S  # (its first look: see CAP_SLACK_MIN)
         store.watch_pid(task_id, proc.pid)
 
-    def _reap(self, task_id: str, store: TaskStore) -> None:
-        proc = self.procs[task_id]
-        alive = proc.poll()
-        ending = self.killing.get(task_id)
-        if ending is not None:
-            if ending.advance(alive=alive):
-                self._finish(task_id, proc, store, killed=True)
-        elif not alive:
-            self._finish(task_id, proc, store)
+    def _settle_run(self, task_id: str, run: ShellProcess, store: TaskStore) -> None:
+        self._finish(task_id, run, store, killed=task_id in self.killing)
 
     def _record_start_time(self, task_id: str, store: TaskStore) -> None:
         """Note a fresh task's start time (pid reuse protection) once it has exec'd."""
@@ -386,16 +361,13 @@ class ShellKind:
         ended_unattended: bool = False,
     ) -> None:
         """Give an ended task its final state (from its wait status, else its exit file)."""
-        ended = self.procs.pop(task_id, None)
+        ended = self._forget(task_id, store)
         if ended is not None:
             ended.close_stdin()
-        self.killing.pop(task_id, None)
         self._output.pop(task_id, None)
         self._growth.pop(task_id, None)
         self._cap_due.pop(task_id, None)
         self._sizes.pop(task_id, None)
-        self._exited.discard(task_id)
-        store.unwatch_pid(task_id)
         task = store.get(task_id)
         if not isinstance(task, LocalShellTaskState) or task.is_terminal:
             return
@@ -422,10 +394,7 @@ class ShellKind:
             store.move_task(task_id, TaskStatus.KILLED, result=result)
             if not reason or reason == STOPPED_ON_REQUEST:
                 # A kill the user asked for is not news: no notification, no 137 "failure".
-                store.mark_notified(task_id)
-                final = store.get(task_id)
-                assert final is not None
-                store.emit(task_terminated(final))
+                end_unannounced(store, task_id)
             return
         if code is None:
             error = (
@@ -440,11 +409,6 @@ class ShellKind:
             store.move_task(task_id, TaskStatus.COMPLETED, result=ShellResult(code=0))
         else:
             store.move_task(task_id, TaskStatus.FAILED, result=ShellResult(code=code))
-
-    def kill_all_now(self, grace: float) -> None:
-        """Kill every task process, waiting (for cleanup at exit, when no loop runs)."""
-        for proc in list(self.procs.values()):
-            kill(proc, grace)
 
 
 def _environ(base: dict[bytes, bytes], extra: dict[str, str] | None) -> dict[bytes, bytes]:

@@ -87,29 +87,6 @@ def exit_file_for(output_file: str | Path) -> Path:
     return Path(_side_file(output_file, ".exit"))
 
 
-def spawn_logged(
-    argv: list[str], env: Mapping[bytes, bytes] | Mapping[str, str], log: str | os.PathLike[str]
-) -> int:
-    """Start `argv` in a session of its own, stdin /dev/null, stdout and stderr appended to
-    `log` (created 0600; a symlink there is refused); its pid. The one way a kind starts a
-    helper process of its own (an agent's runner, a dream's, an MCP monitor)."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        return os.posix_spawn(
-            argv[0],
-            argv,
-            env,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-            ],
-            setsid=True,
-        )
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class ShellProcess:
     """A live handle on a started shell task (kept in memory only, never persisted)."""
