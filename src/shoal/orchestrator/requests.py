@@ -621,7 +621,7 @@ class LeaderRequests(LeaderStore, ABC):
         path = Path(task.transcript)
 
         def load() -> None:
-            from shoal.workers.agent.loop import conversation_messages
+            from shoal.workers.agent.progress import conversation_messages
             from shoal.workers.agent.transcript import Transcript
 
             try:
