@@ -1787,7 +1787,9 @@ def _round_script(rounds: int) -> Any:
 
 async def _shoal_rounds(work: Path, rounds: int, tag: str, *, attach: bool = False) -> float:
     from shoal.workers.agent.attachments import Attacher, owned_tasks_file
-    from shoal.workers.agent.loop import AgentLoop, Output, make_tools
+    from shoal.workers.agent.loop import AgentLoop
+    from shoal.workers.agent.progress import Output
+    from shoal.workers.agent.tool_calls import make_tools
     from shoal.workers.agent.tools import Workspace
     from shoal.workers.agent.transcript import Transcript
 
@@ -1968,7 +1970,9 @@ def bench_sandbox(cfg: Config) -> SectionResult:
     import asyncio
 
     from shoal.core import sandbox
-    from shoal.workers.agent.tools import BashArgs, Workspace, run_foreground
+    from shoal.workers.agent.foreground import run_foreground
+    from shoal.workers.agent.tool_args import BashArgs
+    from shoal.workers.agent.tools import Workspace
 
     result = SectionResult()
     work = cfg.workdir / "sandbox-work"
@@ -2206,7 +2210,7 @@ def bench_coordinator(cfg: Config) -> SectionResult:
             t for t in json.loads(_shoal_cli(home, "ps", "--team", "bench", "--all", "--json")
                                   .stdout) if t["id"] == rec["id"]
         )  # fmt: skip
-        from shoal.workers.agent.loop import prompt_texts
+        from shoal.workers.agent.progress import prompt_texts
         from shoal.workers.agent.transcript import Transcript
 
         ids: list[str] = []

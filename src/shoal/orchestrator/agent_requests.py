@@ -318,7 +318,7 @@ class AgentRequests:
         path = Path(task.transcript)
 
         def load() -> None:
-            from shoal.workers.agent.loop import conversation_messages
+            from shoal.workers.agent.progress import conversation_messages
             from shoal.workers.agent.transcript import Transcript
 
             try:

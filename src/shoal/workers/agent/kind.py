@@ -45,6 +45,7 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.teams.models import LEAD_NAME
+from shoal.workers.agent.feed import Feed
 from shoal.workers.agent.job import (
     AGENTS_DIR,
     EXIT_NO_SPACE,
@@ -56,7 +57,8 @@ from shoal.workers.agent.job import (
     job_paths,
     read_changed,
 )
-from shoal.workers.agent.runner import TURN_SIGNAL, Feed, StatusWriter, run_job
+from shoal.workers.agent.runner import TURN_SIGNAL, run_job
+from shoal.workers.agent.status_writer import StatusWriter
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import TaskStore, end_unannounced
 from shoal.workers.process_kind import ProcessKind, spawn_logged

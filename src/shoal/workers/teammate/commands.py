@@ -223,6 +223,20 @@ def settle_and_release(
     return settled, TaskList(teams, team).release_member(name)
 
 
+def settle_previous_run(teams: Teams, team: str, name: str) -> None:
+    """A previous run under this name that died (its status file names another pid, no
+    longer alive) may have left commands running and tasks finished but not marked: kill
+    the one, settle the other, before this run's first write replaces that file."""
+    with contextlib.suppress(ShoalError, OSError):
+        previous = teams.read_status(team, name)
+        pid = (previous or {}).get("pid")
+        if not (previous or {}).get(STATUS_KEY) or not isinstance(pid, int):
+            return
+        if pid != os.getpid() and not is_alive(pid, None):
+            # (its unfinished tasks go back too: else they would block this run's claims)
+            settle_and_release(teams, team, name, previous)
+
+
 def settle_from(tasks: TaskList, task_id: int, name: str, record: CommandRecord) -> Outcome | None:
     """Settle `name`'s claim on task `task_id` from `record`, the last command of its turn
     (its group killed or gone): completed when it exited 0 as the turn's last step, back to
