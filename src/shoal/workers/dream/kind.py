@@ -31,12 +31,12 @@ from shoal.core.procs import (
     is_alive,
     process_start_time,
 )
+from shoal.core.taskrecords import DreamTurn
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     DreamPhase,
     DreamTaskState,
-    DreamTurn,
     TaskStatus,
     TaskType,
     new_task_id,

@@ -30,11 +30,11 @@ from shoal.core.paths import FILE_MODE
 from shoal.core.procs import Termination, is_alive, process_start_time, terminate
 from shoal.core.sandbox import Policy, spawn_confined
 from shoal.core.secretenv import lost_env_error
+from shoal.core.taskrecords import ShellResult
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     LocalShellTaskState,
-    ShellResult,
     TaskStatus,
     TaskType,
     missing_env,

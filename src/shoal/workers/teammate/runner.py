@@ -29,7 +29,8 @@ from shoal.core.notify import task_notification_xml
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.sandbox import Policy
-from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
+from shoal.core.taskrecords import TaskUsage
+from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP
 from shoal.mailbox.inbox import Delivery, Inbox
 from shoal.mailbox.router import deliver_to, send, task_notification_message
 from shoal.mailbox.schema import (

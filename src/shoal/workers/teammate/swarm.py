@@ -25,13 +25,13 @@ from shoal.core.events import TeammateReady, TeammateSpawned
 from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
 from shoal.core.procs import is_alive
+from shoal.core.taskrecords import TeammateIdentity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     InProcessTeammateTaskState,
     TaskStatus,
     TaskType,
-    TeammateIdentity,
     new_task_id,
 )
 from shoal.mailbox.router import send
