@@ -15,7 +15,8 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Log, Static
 
 from shoal.core.paths import Layout
-from shoal.core.tasks import TaskStatus, update_task
+from shoal.core.tasks import TaskStatus
+from shoal.core.taskupdates import update_task
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams

@@ -8,7 +8,6 @@ Its methods run on the loop's thread: the leader's public methods hop there firs
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -27,6 +26,7 @@ from shoal.core.tasks import (
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.registry import TaskRegistry
+from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import Policy
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.attachments import AttachmentDesk
@@ -46,7 +46,7 @@ class AgentsHost(TaskStore, AgentHost, Protocol):
 
     team: str
     registry: TaskRegistry
-    queue: deque[str]
+    scheduler: Scheduler
     policies: list[Policy]
     agents: AgentKind
     attachments: AttachmentDesk
@@ -79,11 +79,11 @@ class AgentRequests:
         self.host = host
 
     def start_agent(self, spec: AgentSpec) -> LocalAgentTaskState:
-        """Check and register a `local_agent` task and start it (see agent_tasks.py)."""
+        """Check and register a `local_agent` task and start it (built by workers/agent/spec.py)."""
         task = new_agent_task(self.host, spec)
         self.host.layout.ensure(self.host.session.tasks_dir)
         self.host.register(task)
-        self.host.queue.append(task.id)
+        self.host.scheduler.enqueue(task.id)
         self.host.start_pending()  # (a worker with a write set starts once it holds its lease)
         self.host.persist(force=True)
         self.host.wake()

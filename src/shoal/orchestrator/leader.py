@@ -90,7 +90,6 @@ class Leader(LeaderRequests):
         super().__init__(layout, team, limits, on_event)
         self.jobs = jobs
         self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
-        self.queue = deque()  # pending tasks, in order, waiting for a job slot
         self.shell = ShellKind()
         self.swarm = Swarm(self)
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
@@ -172,6 +171,12 @@ class Leader(LeaderRequests):
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+    @property
+    def queue(self) -> deque[str]:
+        """The scheduler's queue of tasks waiting to start (read by policies that see the
+        leader only as a store)."""
+        return self.scheduler.queue
 
     @property
     def procs(self) -> dict[str, ShellProcess]:
@@ -471,9 +476,8 @@ class Leader(LeaderRequests):
         self._stopping = True
         self.reap()  # (what ended already keeps its own result)
         self.swarm.begin_shutdown()
-        for task_id in list(self.queue):
+        for task_id in self.scheduler.drop_queued():
             self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
-        self.queue.clear()
         for kind in (self.shell, self.agents, self.remote, self.monitors, self.dreams):
             for task_id in list(kind.live()):
                 task = self.registry.get(task_id)

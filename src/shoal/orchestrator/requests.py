@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -76,7 +75,6 @@ class LeaderRequests(LeaderStore, ABC):
     monitors: MonitorKind
     kinds: dict[TaskType, TaskKind]
     holds: Holds
-    queue: deque[str]
     _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
     _loop_thread: threading.Thread | None
     _stop_requested: bool
@@ -178,7 +176,7 @@ class LeaderRequests(LeaderStore, ABC):
         self.remote.remember_env(task.id, spec.env)
         self.layout.ensure(self.session.tasks_dir)
         self.register(task)
-        self.queue.append(task.id)
+        self.scheduler.enqueue(task.id)
         self.start_pending()
         self.persist(force=True)
         self.wake()
@@ -239,7 +237,7 @@ class LeaderRequests(LeaderStore, ABC):
         except BaseException:
             release_lock(task, None)
             raise
-        self.queue.append(task.id)
+        self.scheduler.enqueue(task.id)
         self.start_pending()
         self.persist(force=True)
         self.wake()
@@ -256,7 +254,7 @@ class LeaderRequests(LeaderStore, ABC):
 
     def start_workflow(self, spec_path: str) -> AnyTaskState:
         """Check a workflow's spec (SpecError, exit 2: nothing is registered), register its
-        `local_workflow` task and start it (its kind: orchestrator/workflow_kind.py). It holds
+        `local_workflow` task and start it (its kind: batch/workflow_kind.py). It holds
         no job slot, so it starts at once; its steps queue like any shell task."""
         if not self._owns():
             return self.call(lambda: self.start_workflow(spec_path)).result()
@@ -338,7 +336,7 @@ class LeaderRequests(LeaderStore, ABC):
         for task in tasks:
             self.register(task)
             self.scheduler.track(task)
-            self.queue.append(task.id)
+            self.scheduler.enqueue(task.id)
         # On disk before any of them starts: a leader killed right after a spawn leaves a
         # task its successor finds (pending, with the pid its wrapper recorded) and adopts,
         # not a process nobody knows of. (What the start changed is written before a control
@@ -414,8 +412,7 @@ class LeaderRequests(LeaderStore, ABC):
             raise TaskError(f"task {task_id} already finished ({task.status.value})")
         if on_done is not None:
             self._waiters.setdefault(task_id, []).append(on_done)
-        if task_id in self.queue:  # (never started: its kind ends it at once)
-            self.queue.remove(task_id)
+        self.scheduler.dequeue(task_id)  # (one that never started: its kind ends it at once)
         self.kinds[task.type].kill(task, self, reason)
         self.persist(force=True)
         self._answer_waiters()

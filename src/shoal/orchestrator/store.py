@@ -23,10 +23,10 @@ from shoal.core.tasks import (
     AnyTaskState,
     LocalAgentTaskState,
     TaskStatus,
-    evolve,
     parse_task_state,
     should_evict,
 )
+from shoal.core.taskupdates import evolve
 from shoal.mailbox.router import notify_owner
 from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import Snapshot

@@ -1,8 +1,9 @@
 """The interface between the leader's loop and the kinds of task it runs.
 
-A task kind (shell, agent, teammate, remote, dream, monitor, workflow) implements `TaskKind`;
-it changes task state only through the `TaskStore` the leader hands it, never by importing
-the leader. The loop calls `poll` from its named steps and never branches on a task's type.
+Each task kind (shell, teammate, agent, remote, dream, monitor, and the workflow kind of
+orchestrator/batch/) implements `TaskKind`; it changes task state only through the
+`TaskStore` the leader hands it, never by importing the leader. The loop calls `poll` from
+its named steps and never branches on a task's type.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class BatchPolicy:
         task's end brings soon: one pass per end, not two."""
         if self.driver.signal is not None:
             return 0.0
-        if self.events and len(self.leader.queue) < max(1, self.driver.jobs):
+        if self.events and len(self.leader.scheduler.queue) < max(1, self.driver.jobs):
             return 0.0
         return self.driver.batch.next_deadline()
 

@@ -32,15 +32,13 @@ from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
 from shoal.core.procs import find_by_argument, is_alive, process_start_time
 from shoal.core.secretenv import lost_env_error
+from shoal.core.taskrecords import AgentProgress, TaskUsage, ToolActivity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
-    AgentProgress,
     AnyTaskState,
     LocalAgentTaskState,
     TaskStatus,
     TaskType,
-    TaskUsage,
-    ToolActivity,
     missing_env,
 )
 from shoal.mailbox.router import deliver_to, make_message

@@ -29,12 +29,12 @@ from shoal.core.procs import (
     find_by_stdout,
     is_alive,
 )
+from shoal.core.taskrecords import DreamTurn
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     DreamPhase,
     DreamTaskState,
-    DreamTurn,
     TaskStatus,
     TaskType,
     new_task_id,

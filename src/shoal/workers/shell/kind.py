@@ -20,11 +20,11 @@ from shoal.core.output import output_size, read_output_delta, tail, tail_lines
 from shoal.core.procs import process_start_time
 from shoal.core.sandbox import Policy
 from shoal.core.secretenv import lost_env_error
+from shoal.core.taskrecords import ShellResult
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     LocalShellTaskState,
-    ShellResult,
     TaskStatus,
     TaskType,
     missing_env,
