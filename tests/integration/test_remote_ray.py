@@ -71,6 +71,24 @@ args = { description = "wait", command = "exec sleep 300.{prompt}" }
 text = "slept"
 """
 
+# An agent that makes a task list of two items and completes the first.
+TODO_SCRIPT = """
+final = "planned"
+
+[[turn]]
+[[turn.call]]
+tool = "TaskCreate"
+args = { subject = "read the code" }
+[[turn.call]]
+tool = "TaskCreate"
+args = { subject = "fix the bug" }
+
+[[turn]]
+[[turn.call]]
+tool = "TaskUpdate"
+args = { taskId = "1", status = "completed" }
+"""
+
 
 # --------------------------------------------------------------------------- helpers
 
@@ -208,6 +226,7 @@ def repo(tmp_path: Path) -> Path:
             "sub/inner.txt": "in\n",
             "plan.toml": PLAN_SCRIPT,
             "slow.toml": SLOW_SCRIPT,
+            "todo.toml": TODO_SCRIPT,
         },
     )
 
@@ -543,9 +562,11 @@ def test_remote_agent_and_ultrareview_complete_with_their_results(
 ) -> None:
     """The scripted agent on the cluster: a remote-agent's result (from its `result` marker)
     is the agent's final text, which saw the work tree; an ultrareview completes with the
-    review as its result, `result_file` review.md and its progress done."""
+    review as its result, `result_file` review.md and its progress done; an agent that makes
+    a task list leaves it, as it last was on the node, in its task's `todo_list`."""
     agent = submit(leader, repo, "say hello")
     review = submit(leader, repo, "--type", "ultrareview", "look at data.txt")
+    planner = submit(leader, repo, "--model", "scripted:todo.toml", "make a plan")
     final = ended(home, agent)
     assert final["status"] == "completed", (final, logs(leader, agent))
     result = final["result"]
@@ -557,6 +578,13 @@ def test_remote_agent_and_ultrareview_complete_with_their_results(
     assert done["remote_task_metadata"]["result_file"] == "review.md"
     assert done["review_progress"] == {"stage": "done"}
     assert "Review the code" in done["result"] and "look at data.txt" in done["result"]
+    planned = ended(home, planner)
+    assert planned["status"] == "completed", (planned, logs(leader, planner))
+    assert planned["result"] == "planned"
+    assert planned["todo_list"] == [
+        {"content": "read the code", "status": "completed"},
+        {"content": "fix the bug", "status": "pending"},
+    ], planned["todo_list"]
 
 
 def test_stopping_an_agent_job_brings_its_private_leader_down(
