@@ -34,7 +34,13 @@ from shoal.core.tasks import (
 from shoal.workers.kinds import Poll, TaskStore
 from shoal.workers.remote.calls import CallChains, Job
 from shoal.workers.remote.ray_jobs import JobExists, RayError, RayJobs, RayUnreachable
-from shoal.workers.remote.sidecar import Sidecars, cut_output, read_sidecar, sidecar_path
+from shoal.workers.remote.sidecar import (
+    SIDECAR_DIR,
+    Sidecars,
+    cut_output,
+    read_sidecar,
+    sidecar_path,
+)
 from shoal.workers.remote.spec import AGENT_TYPES, RemoteError, RemoteSpec, entrypoint, first_line
 from shoal.workers.remote.verdicts import Verdict, checker_for, todo_of
 
@@ -119,6 +125,7 @@ class RemoteKind:
         if what is not Poll.REAP:
             return
         self._calls.wake = store.wake
+        self._sidecars.sweep(store.output_file("-").parent.parent / SIDECAR_DIR, store)
         self._sidecars.drop(store)
         done = self._calls.take_done()
         for task_id in list(self.jobs if only is None else only):

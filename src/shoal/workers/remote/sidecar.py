@@ -4,12 +4,15 @@ long the output file was then), and how the task ended when that is not in the s
 state yet.
 
 It is written at submit and after each read of the job's log, and deleted once the task's end
-was notified (and the session's state, written at most every 0.2 s, surely shows it).
+was notified (and the session's state, written at most every 0.2 s, surely shows it). A
+leader killed in that short while leaves it behind: the next leader of the session sweeps the
+sidecars of tasks that had ended (in the session's state, or evicted from it) at its first poll.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -26,6 +29,9 @@ SIDECAR_DIR: Final = "remote"
 SIDECAR_KEEP_S: Final = 2.0
 """An ended task's sidecar outlives its notification this long (the session's state, written
 at most every 0.2 s, shows the end by then)."""
+KEEP_ENV: Final = "SHOAL_RAY_SIDECAR_KEEP_S"
+"""Overrides SIDECAR_KEEP_S (seconds): a test keeps an ended task's sidecar for a leader to be
+killed while it is there."""
 
 
 class Sidecars:
@@ -37,6 +43,7 @@ class Sidecars:
         # Ended ids (when they ended): their sidecar goes once they are notified and the
         # session's state has surely been written since (its writes are throttled).
         self._ended: dict[str, float] = {}
+        self._swept: set[Path] = set()  # the sidecar directories looked at once
 
     def write(self, task: RemoteAgentTaskState) -> None:
         """The task's sidecar: what re-attaching needs (the job, the cluster, how far its log
@@ -102,12 +109,34 @@ class Sidecars:
         """Keep `record`, read from the task's sidecar by a resumed leader, as last written."""
         self._files[task.id] = (sidecar_path(task), record)
 
+    def sweep(self, directory: Path, store: TaskStore) -> None:
+        """Once per session's sidecar directory: the sidecars this leader did not write or
+        re-attach with whose task has ended in the session's state (or was evicted from it,
+        which only an ended task is) go once notified, without waiting (that state is on
+        disk already). A leader killed between a notification and the deletion left them."""
+        if directory in self._swept:
+            return
+        self._swept.add(directory)
+        try:
+            paths = sorted(directory.glob("*.json"))
+        except OSError:
+            return
+        for path in paths:
+            task_id = path.stem
+            if task_id in self._files:
+                continue
+            task = store.get(task_id)
+            if task is None or task.is_terminal:
+                self._files[task_id] = (path, {})
+                self._ended.setdefault(task_id, -math.inf)
+
     def drop(self, store: TaskStore) -> None:
         """Delete the sidecars of ended tasks whose end was notified a while ago."""
         now = time.monotonic()
+        keep = _keep_s()
         for task_id, ended_at in list(self._ended.items()):
             task = store.get(task_id)
-            if (task is not None and not task.notified) or now - ended_at < SIDECAR_KEEP_S:
+            if (task is not None and not task.notified) or now - ended_at < keep:
                 continue
             del self._ended[task_id]
             path = self._files.pop(task_id, (None, None))[0]
@@ -139,6 +168,13 @@ def cut_output(path: Path, size: object) -> None:
     with contextlib.suppress(OSError):
         if path.stat().st_size > size:
             os.truncate(path, size)
+
+
+def _keep_s() -> float:
+    try:
+        return float(os.environ.get(KEEP_ENV) or SIDECAR_KEEP_S)
+    except ValueError:
+        return SIDECAR_KEEP_S
 
 
 def _size(path: Path) -> int:
