@@ -36,7 +36,8 @@ from shoal.ui.board import (
     task_lines,
 )
 from shoal.ui.details import member_detail, task_detail
-from shoal.ui.source import ListRow, Snapshot, SwarmSource, TaskRow
+from shoal.ui.list_rows import ListRow
+from shoal.ui.source import Snapshot, SwarmSource, TaskRow
 from shoal.ui.steps import nest_steps
 from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 

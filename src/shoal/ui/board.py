@@ -29,7 +29,8 @@ from shoal.core.events import (
     TaskTerminated,
     parse_event,
 )
-from shoal.ui.source import ListRow, MemberRow, Snapshot, SwarmSource, TaskRow
+from shoal.ui.list_rows import ListRow
+from shoal.ui.source import MemberRow, Snapshot, SwarmSource, TaskRow
 from shoal.ui.status import (
     agent_notes,
     describe_teammate_activity,

@@ -27,8 +27,8 @@ from shoal.mailbox.store import Maildir
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.session import HistoryReader, Session
 from shoal.teams.store import Teams
-from shoal.teams.taskitems import TaskSnapshot, failures_of
 from shoal.teams.tasklist import TaskList
+from shoal.ui.list_rows import ListRow, list_rows
 from shoal.ui.pill import pill_for
 from shoal.ui.status import (
     TeammateFacts,
@@ -42,34 +42,6 @@ JsonDict = dict[str, Any]
 EVENTS_TAIL_BYTES = 256 * 1024
 RECENT_EVENTS = 50
 FINISHED_STATUSES = frozenset(s.value for s in TERMINAL_STATUSES)
-
-
-@dataclass(frozen=True)
-class ListRow:
-    """One item of the team's shared task list, as the views show it."""
-
-    id: int
-    subject: str
-    status: str
-    owner: str | None = None
-    open_blockers: tuple[int, ...] = ()
-    failures: int = 0
-
-
-def list_rows(snap: TaskSnapshot) -> tuple[list[ListRow], list[str]]:
-    """Rows of a task-list snapshot, and one error line per corrupt item."""
-    rows = [
-        ListRow(
-            id=item.id,
-            subject=item.subject,
-            status=item.status.value,
-            owner=item.owner,
-            open_blockers=tuple(snap.open_blockers(item)),
-            failures=failures_of(item),
-        )
-        for item in snap.sorted()
-    ]
-    return rows, [f"task list item {i}: {err}" for i, err in sorted(snap.errors.items())]
 
 
 @dataclass(frozen=True)
