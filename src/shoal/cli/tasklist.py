@@ -11,7 +11,16 @@ from shoal.cli.common import common_options, get_env, json_option, parse_json_ar
 from shoal.core.errors import EXIT_FAILED, UsageError
 from shoal.core.names import validate_name
 from shoal.teams.store import Teams
-from shoal.teams.taskitems import STATUSES, UNSET, UPDATE_STATUSES, ClaimRefused, TaskItem, Unset
+from shoal.teams.taskitems import (
+    MAX_TASK_FAILURES,
+    STATUSES,
+    UNSET,
+    UPDATE_STATUSES,
+    ClaimRefused,
+    TaskItem,
+    Unset,
+    parked,
+)
 from shoal.teams.tasklist import TaskList
 
 TASK_ID = click.IntRange(min=1)
@@ -45,8 +54,22 @@ def _ids(ids: Any) -> str:
     return ", ".join(str(i) for i in ids) or "-"
 
 
+def _parked_note(item: TaskItem) -> str:
+    """What `task list` adds to a parked task: that no teammate takes it any more, its last
+    error, and how to hand it on."""
+    if not parked(item):
+        return ""
+    error = " ".join(str((item.metadata or {}).get("last_error") or "").split())
+    error = error if len(error) <= 120 else error[:119] + "…"
+    return (
+        f"  [parked after {MAX_TASK_FAILURES} failed turns"
+        + (f"; last: {error}" if error else "")
+        + f"; assign it: `shoal task update {item.id} --owner NAME`]"
+    )
+
+
 def _describe(item: TaskItem, open_blockers: list[int]) -> None:
-    click.echo(f"task {item.id}: {item.subject}")
+    click.echo(f"task {item.id}: {item.subject}{_parked_note(item)}")
     rows: list[tuple[str, str]] = [("status", item.status), ("owner", item.owner or "-")]
     if item.active_form:
         rows.append(("active form", item.active_form))
@@ -135,7 +158,7 @@ def list_(status: str | None, owner: str | None, as_json: bool) -> None:
         for t in items:
             click.echo(
                 f"{t.id:>4}  {t.status:<11}  {t.owner or '-':<16}  "
-                f"{_ids(snap.open_blockers(t)):<10}  {t.subject}"
+                f"{_ids(snap.open_blockers(t)):<10}  {t.subject}{_parked_note(t)}"
             )
     for task_id in sorted(snap.errors):
         click.echo(f"shoal: error: {snap.errors[task_id]}", err=True)

@@ -43,6 +43,7 @@ from shoal.mailbox.store import Maildir
 from shoal.mailbox.watcher import Watcher, shared_watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
+from shoal.teams.taskitems import MAX_TASK_FAILURES
 from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import Brain, TurnAborted, TurnContext, TurnResult
 from shoal.workers.teammate.commands import (
@@ -62,8 +63,6 @@ IDLE_RECHECK_S = 30.0
 RECENT_ACTIVITIES = 5
 # Message texts kept in the status file (for views) are cut to this many characters.
 STATUS_TEXT_CAP = 500
-# A task whose turn failed this many times is no longer claimed automatically.
-MAX_TASK_FAILURES = 3
 # The most of a failed turn's result kept as its task's `last_error`.
 LAST_ERROR_CHARS = 500
 # Messages to the lead the console does not list as sent: an idle notice is the `idle` line
@@ -542,6 +541,9 @@ class TeammateRunner:
             result = TurnResult(False, f"aborted: {exc}")
         except ShoalError as exc:
             result = TurnResult(False, str(exc))
+        except OSError as exc:  # (a file it could not read or write: named, with the reason)
+            where = f" {exc.filename}" if exc.filename else ""
+            result = TurnResult(False, f"{exc.strerror or type(exc).__name__}{where}")
         except Exception as exc:  # a brain bug ends the turn, never the teammate
             result = TurnResult(False, f"internal error: {exc!r}")
         self._turn = None

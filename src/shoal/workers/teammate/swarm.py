@@ -13,6 +13,8 @@ import contextlib
 import os
 import queue
 import secrets
+import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterable
@@ -140,6 +142,30 @@ class Swarm(MemberRecords):
             self._start(plan, collector)
         leader.wake()
 
+    def _check_program(self, agent: str, cmd: str | None, cwd: str) -> None:
+        """Refuse (UsageError, exit 2) a teammate whose program is not there: the first word of
+        --cmd, else the preset's own (`claude`, `codex`), looked up on the PATH its commands
+        get (a path is taken from `cwd`). Else it would be "spawned", and fail in a log."""
+        try:
+            words = shlex.split(cmd) if cmd else [agent]
+        except ValueError as exc:
+            raise UsageError(f"--cmd {cmd!r} cannot be parsed: {exc}") from None
+        if not words:
+            raise UsageError("--cmd is empty")
+        program = words[0]
+        if os.sep in program:
+            found = os.path.join(cwd, program)
+            ok = os.path.isfile(found) and os.access(found, os.X_OK)
+        else:
+            path = self.leader.environ.get(b"PATH", os.defpath.encode())
+            ok = shutil.which(program, path=os.fsdecode(path)) is not None
+        if not ok:
+            how = "give its path in --cmd" if agent != "exec" else "check --cmd"
+            raise UsageError(
+                f"--agent {agent}: no command {program!r} on the PATH of team "
+                f"{self.leader.team!r}'s leader (install it, or {how})"
+            )
+
     def _plan(self, args: dict[str, Any], tf: Any) -> _Plan:
         leader = self.leader
         team = leader.team
@@ -160,6 +186,8 @@ class Swarm(MemberRecords):
             raise UsageError("--model goes with --agent llm")
         if agent == "exec" and not cmd:
             raise UsageError("--agent exec needs --cmd TEMPLATE (e.g. 'claude -p {prompt}')")
+        if agent in ("exec", "claude", "codex"):
+            self._check_program(agent, str(cmd) if cmd else None, str(args.get("cwd") or "."))
         if script and not Path(script).is_file():
             raise UsageError(f"script {script} does not exist")
         if script:
