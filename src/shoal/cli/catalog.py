@@ -124,7 +124,9 @@ COMMANDS: Final[dict[str, Entry]] = {
         "Watch a lead and three scripted teammates survey this directory (offline, read-only).",
     ),
     # CI: batch runs
-    "run": Entry("run:run", "Run the tasks of SPEC (a TOML file) to a verdict."),
+    "run": Entry(
+        "run:run", "Run the tasks of SPEC (a TOML spec, or a file of commands) to a verdict."
+    ),
     "workflow": Entry(
         "workflow:workflow",
         "Run the tasks of SPEC (a `shoal run` spec) as steps of one background task of the "
