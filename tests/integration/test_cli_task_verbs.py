@@ -252,3 +252,30 @@ def test_task_list_says_a_task_is_parked(cli: Cli) -> None:
     assert "parked" not in next(line for line in listed if "fresh" in line)
     shown = cli("task", "get", "--team", TEAM, "1").stdout
     assert shown.splitlines()[0].startswith("task 1: stuck  [parked after 3 failed turns")
+
+
+def test_a_task_added_with_run_is_done_by_a_scripted_teammate(
+    leader: Cli, home: Path, tmp_path: Path
+) -> None:
+    helped = run(leader, "task", "add", "--help")
+    assert "--run CMD" in helped and "metadata.run" in helped
+    empty = leader("--team", TEAM, "task", "add", "nothing", "--run", " ")
+    assert empty.returncode == EXIT_USAGE
+    both = leader(
+        "--team", TEAM, "task", "add", "x", "--run", "true", "--metadata", '{"run": "false"}'
+    )
+    assert both.returncode == EXIT_USAGE
+    made = tmp_path / "made"
+    item = json.loads(
+        run(leader, "task", "add", "build", "--run", f"echo built > {made}", "--json")
+    )
+    assert item["metadata"] == {"run": f"echo built > {made}"}
+    spawned = leader("--team", TEAM, "spawn", "ana", "--backend", "process", "--cwd", str(tmp_path))
+    assert spawned.returncode == 0, spawned.stderr
+
+    def done() -> bool:
+        got = json.loads(run(leader, "task", "get", str(item["id"]), "--json"))
+        return bool(got["status"] == "completed")
+
+    wait_until(done, timeout=60, what="the teammate to run the task's command")
+    assert made.read_text() == "built\n"

@@ -104,6 +104,14 @@ def task() -> None:
     "--from", "assigned_by", default=None, metavar="NAME", help="Who assigns it (default lead)."
 )
 @click.option("--metadata", "metadata_json", default=None, metavar="JSON", help="Free-form data.")
+@click.option(
+    "--run",
+    "run_command",
+    default=None,
+    metavar="CMD",
+    help="The shell command a teammate with the default scripted brain runs for it "
+    "(metadata.run): the task completes when CMD exits 0.",
+)
 @json_option
 @common_options
 def add(
@@ -114,9 +122,24 @@ def add(
     owner: str | None,
     assigned_by: str | None,
     metadata_json: str | None,
+    run_command: str | None,
     as_json: bool,
 ) -> None:
-    """Add a task with SUBJECT; prints its id."""
+    """Add a task with SUBJECT; prints its id.
+
+    Teammates (`shoal spawn NAME`) claim open tasks in id order. One with the default
+    scripted brain does what --run names (`shoal task add test --run 'make test'`): the task
+    completes when the command exits 0, else it fails and goes back to pending (parked after
+    three failed turns); with no --run it only acknowledges the task. Other brains (exec,
+    claude, codex, llm) take its --description (else SUBJECT) as their prompt.
+    """
+    metadata = _metadata(metadata_json)
+    if run_command is not None:
+        if not run_command.strip():
+            raise UsageError("--run takes a command")
+        if metadata is not None and "run" in metadata:
+            raise UsageError("--run and --metadata's run both name the command: give one")
+        metadata = {**(metadata or {}), "run": run_command}
     tl = _tasklist()
     item = tl.add(
         subject,
@@ -125,7 +148,7 @@ def add(
         blocked_by=blocked_by,
         owner=owner,
         assigned_by=assigned_by,
-        metadata=_metadata(metadata_json),
+        metadata=metadata,
     )
     if as_json:
         print_json(item.model_dump(mode="json"))
