@@ -222,7 +222,8 @@ def test_inbox_listens_for_unix_socket_peers(cli: Cli, home: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["ps", "--bogus"], "No such option '--bogus' (see `shoal ps --help`)"),
+        (["ps", "--bogus"], "no such option --bogus (see `shoal ps --help`)"),
+        (["ps", "--jsn"], "no such option --jsn, did you mean --json? (see `shoal ps --help`)"),
         (["bogus"], "no such command 'bogus' (see `shoal --help`)"),
         (["wiat"], "no such command 'wiat'; did you mean 'wait'? (see `shoal --help`)"),
         (["team", "list", "--bogus"], "(see `shoal team list --help`)"),

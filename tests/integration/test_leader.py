@@ -142,7 +142,7 @@ def test_sh_ps_logs_wait_events(cli: Cli, leader: LeaderProc, home: Path) -> Non
     assert (logged["id"], logged["status"], logged["output"]) == (bad, "failed", "out\nerr\n")
     assert logged["output_truncated"] is False
     assert cli("logs", "--team", "t", bad, "--json", "-f").returncode == 2
-    assert cli("logs", "--team", "t", "bnosuch00", "--json").returncode == 1
+    assert cli("logs", "--team", "t", "bnosuch00", "--json").returncode == 2  # (an unknown id)
 
 
 def test_stop_kills_the_group_quietly(cli: Cli, leader: LeaderProc, home: Path) -> None:
@@ -159,8 +159,8 @@ def test_stop_kills_the_group_quietly(cli: Cli, leader: LeaderProc, home: Path) 
     again = cli("stop", "--team", "t", task_id)
     assert again.returncode == 1 and "already finished" in again.stderr
     unknown = cli("stop", "--team", "t", "bzzzzzzzz")
-    assert unknown.returncode == 1 and "no task" in unknown.stderr
-    assert cli("logs", "--team", "t", "bnope1234").returncode == 1
+    assert unknown.returncode == 2 and "no task 'bzzzzzzzz' in team 't'" in unknown.stderr
+    assert cli("logs", "--team", "t", "bnope1234").returncode == 2
 
 
 def test_foreground_streams_and_exits_with_the_code(cli: Cli, leader: LeaderProc) -> None:
@@ -194,10 +194,11 @@ def test_wait_with_no_ids_counts_failures_from_before_it_was_called(
     timed = cli("wait", "--team", "t", slow, "--timeout", "0.5")
     assert timed.returncode == 124 and "timed out after 0.5s" in timed.stderr
     assert cli("stop", "--team", "t", slow[:6]).returncode == 0  # (prefixes everywhere)
-    assert cli("logs", "--team", "t", failed[:6]).returncode == 0
+    assert cli("logs", "--team", "t", failed[:6]).returncode == 5  # (fails as the task did)
     ambiguous = cli("wait", "--team", "t", "b")
     assert ambiguous.returncode == 2 and "ambiguous" in ambiguous.stderr
-    assert cli("wait", "--team", "t", "bzzzz").returncode == 1
+    unknown = cli("wait", "--team", "t", "bzzzz")
+    assert unknown.returncode == 2 and "no task 'bzzzz' in team 't'" in unknown.stderr
 
 
 def test_wait_says_when_the_leader_dies_under_it(cli: Cli, home: Path) -> None:
@@ -215,7 +216,7 @@ def test_wait_says_when_the_leader_dies_under_it(cli: Cli, home: Path) -> None:
         first.kill9()
         out, err = waiter.communicate(timeout=30)
         assert waiter.returncode == 1, out + err
-        assert "the leader of team 't' is not running" in err and "shoal up" in err
+        assert "no leader is running for team 't'" in err and "shoal up --team t" in err
     finally:
         if waiter.poll() is None:
             waiter.kill()

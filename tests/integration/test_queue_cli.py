@@ -149,7 +149,7 @@ def test_pause_stops_the_process_group_and_paused_time_does_not_count_to_the_tim
     assert final["total_paused_ms"] >= 7000
     ran = final["end_time"] - final["start_time"] - final["total_paused_ms"] / 1000
     assert ran >= 6
-    assert "no task" in run(cli, "pause", "bzzzzzzzz", code=EXIT_FAILED)
+    assert "no task" in run(cli, "pause", "bzzzzzzzz", code=EXIT_USAGE)  # (an unknown id)
     assert "task ids or --group" in run(cli, "pause", code=EXIT_USAGE)
 
 

@@ -259,3 +259,60 @@ def test_an_explicit_backend_is_named_too(cli: Cli, home: Path, tmp_path: Path) 
     assert [(n["backend"], n["why"]) for n in notes] == [
         ("in-process", "set by [run] backend in the spec")
     ]
+
+
+def test_a_retry_cancelled_by_a_halt_is_said_and_its_output_shown_once(
+    home: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(
+        tmp_path,
+        """\
+        [run]
+        jobs = 2
+
+        [[task]]
+        id = "flaky"
+        run = "echo flaky-out; exit 1"
+        retries = 2
+        retry_delay = "60s"
+
+        [[task]]
+        id = "bad"
+        run = "until [ -e @D/gate ]; do sleep 0.05; done; echo bad-out; exit 1"
+        """,
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "run",
+            str(spec),
+            "--output",
+            "tag",
+            "--halt",
+            "now,fail=1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SHOAL_HOME": str(home), **FAST},
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not (lines and lines[-1].startswith("retry flaky: attempt 1 failed")):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        (tmp_path / "gate").touch()  # (bad fails only once flaky's retry waits)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines) + rest
+    assert proc.returncode == 1, out + err
+    assert out.count("flaky\tflaky-out\n") == 1, out
+    (verdict,) = [line for line in out.splitlines() if "FAILED    flaky" in line]
+    assert "its retry was cancelled by the halt" in verdict, verdict

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shoal.core.errors import TaskError
+from shoal.core.errors import TaskError, UnknownTaskError
 from shoal.core.tasks import LocalShellTaskState, TaskStatus, TaskType, new_task_id, should_evict
 from shoal.core.taskupdates import evolve
 from shoal.orchestrator.holds import HOLD_LEASE_S, Holds
@@ -107,7 +107,7 @@ def test_holds_on_what_is_not_there_are_refused_and_dropped() -> None:
     task = ended_shell()
     host, clock = Host(task), Clock()
     holds = Holds(clock=clock, alive=lambda pid, started: True)
-    with pytest.raises(TaskError, match="no task b"):
+    with pytest.raises(UnknownTaskError, match="no task 'b"):
         holds.hold(host, new_task_id(TaskType.LOCAL_BASH), "ui:1")
     holds.hold(host, task.id, "ui:1")
     host.evicted[task.id] = host.registry.remove(task.id)  # (`shoal clean --force`)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.cli.run import Droppable, StreamJson, TextProgress, one_line
+from shoal.cli.run_sinks import Droppable, StreamJson, TextProgress, one_line
 from shoal.core.errors import UsageError
 from shoal.orchestrator.batch import resolve_backend
 from shoal.orchestrator.batch.agents import _exit_code

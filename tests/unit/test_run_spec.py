@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.cli.run import TextProgress
+from shoal.cli.run_sinks import TextProgress
 from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from shoal.core.events import RunEvent
 from shoal.orchestrator.batch import (
@@ -323,7 +323,11 @@ def test_halt_policies() -> None:
     assert soon.triggered(0, 1, 10) and not soon.triggered(5, 0, 10)
     pct = parse_halt("now,fail=25%")
     assert pct.threshold(10) == 3 and pct.threshold(1) == 1 and pct.text == "now,fail=25%"
-    for bad in ("sometimes", "now", "now,fail=0", "soon,fail=1.5", "now,fail=200%", "", 3):
+    # GNU parallel's short forms.
+    assert parse_halt("0") == HaltPolicy()
+    assert parse_halt("1") == parse_halt("soon,fail=1") and parse_halt("1").text == "soon,fail=1"
+    assert parse_halt("2") == parse_halt("now,fail=1")
+    for bad in ("sometimes", "now", "now,fail=0", "soon,fail=1.5", "now,fail=200%", "", 3, "4"):
         with pytest.raises(ValueError, match="bad halt value"):
             parse_halt(bad)
 

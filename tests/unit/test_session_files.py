@@ -48,7 +48,7 @@ def test_a_pollers_view_parses_state_json_again_only_once_it_changed(
 ) -> None:
     """`wait`'s view: the history's appends are read as they come, state.json (overriding
     the history, as `_tasks` has it) is parsed again only when its own stat changed."""
-    from shoal.cli.tasks import _SessionView
+    from shoal.cli.wait import _SessionView
 
     parses: list[int] = []
     real = type(session).read_tasks_raw

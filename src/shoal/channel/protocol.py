@@ -249,6 +249,8 @@ class CleanRequest(_Request):
 
     op: Literal["clean"] = "clean"
     force: bool = False  # (also tasks in their panel grace, or held by a view)
+    task_ids: list[str] = Field(default_factory=list)  # (only these; none: every finished one)
+    successful_only: bool = False  # (only those that completed)
 
 
 class SendInputRequest(_Request):

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.common import DURATION, common_options, get_env, json_option, print_json
 from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, ShoalError, UsageError
 
@@ -55,15 +55,12 @@ def _tool_list(text: str | None) -> list[str] | None:
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Model requests.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Token budget.")
 @click.option("--max-tool-uses", type=click.IntRange(min=1), default=None, help="Tool calls.")
-@click.option(
-    "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Wall time (s)."
-)
+@click.option("--timeout", type=DURATION, default=None, help="Wall time (90, 1.5s, 5m).")
 @click.option(
     "--model-idle",
-    type=click.FloatRange(min=0, min_open=True),
+    type=DURATION,
     default=None,
-    metavar="SECONDS",
-    help="Fail a model request whose server sends no bytes for SECONDS (after the SDK's "
+    help="Fail a model request whose server sends no bytes for DURATION (after the SDK's "
     "retries; default: model_idle_s in config.toml, else 120).",
 )
 @click.option(
@@ -112,7 +109,7 @@ def _tool_list(text: str | None) -> list[str] | None:
 )
 @click.option(
     "--budget-seconds",
-    type=click.FloatRange(min=0, min_open=True),
+    type=DURATION,
     default=None,
     help="A coordinator run's worker time (s): each worker's wall time comes out of it.",
 )
@@ -264,7 +261,7 @@ def agent(
             spec["trust"] = True
     if resume is not None:
         text = (prompt or "").strip() or "Continue."
-        from shoal.cli.tasks import full_task_id
+        from shoal.cli.taskfiles import full_task_id
 
         resume = full_task_id(env.layout, team, resume)
         sent: dict[str, Any] = {"task_id": resume, "text": text}
@@ -293,10 +290,10 @@ def agent(
 
 def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
     """A resumed session keeps its stored mode: say so when it differs from the asked one."""
-    from shoal.cli.tasks import _session
+    from shoal.cli.taskfiles import open_session
     from shoal.workers.agent.coordinator.mode import mode_message
 
-    record = (_session(layout, team).read_tasks_raw() or {}).get(task_id) or {}
+    record = (open_session(layout, team).read_tasks_raw() or {}).get(task_id) or {}
     message = mode_message(bool(record.get("coordinator")), asked)
     if message:
         click.echo(f"shoal: {message}", err=True)
@@ -304,10 +301,10 @@ def _say_mode(layout: Any, team: str, task_id: str, asked: bool) -> None:
 
 def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
     from shoal.channel.client import call
-    from shoal.cli.tasks import _follow, _session
+    from shoal.cli.taskfiles import open_session, print_output
     from shoal.core import consent as consent_text
 
-    session = _session(layout, team)
+    session = open_session(layout, team)
     asked: set[str] = set()
 
     def consent(task: dict[str, Any]) -> None:
@@ -344,7 +341,7 @@ def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
             click.echo(f"shoal: could not answer {request_id}: {exc}", err=True)
 
     try:
-        final = _follow(session, task_id, stream=True, on_poll=consent)
+        final = print_output(session, task_id, stream=True, on_poll=consent)
     except KeyboardInterrupt:
         try:
             call(layout, team, "stop", {"task_id": task_id}, timeout=30)
@@ -371,8 +368,10 @@ def _foreground(layout: Any, team: str, task_id: str, as_json: bool) -> None:
 @json_option
 @common_options
 def agents(cwd: str | None, as_json: bool) -> None:
-    """List the agent definitions (built-in, SHOAL_HOME/agents/, the project's .claude/agents/
-    and .shoal/agents/), with the file each comes from. A malformed one is reported (file:line)
+    """List the agent definitions, with the file each comes from.
+
+    They come from the built-in ones, SHOAL_HOME/agents/, the project's .claude/agents/ and
+    .shoal/agents/. A malformed one is reported (file:line)
     on standard error and skipped; so are an untrusted project's (see `shoal trust`)."""
     from shoal.workers.agent.definitions import load_catalog
 

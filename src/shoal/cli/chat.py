@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import click
 
-from shoal.cli.common import common_options, get_env
+from shoal.cli.common import DURATION, common_options, get_env
 from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import ShoalError, UsageError
 
@@ -54,12 +54,12 @@ class Chat:
     """One interactive session against team `team`'s leader."""
 
     def __init__(self, env: Any, team: str, spec: dict[str, Any]) -> None:
-        from shoal.cli.tasks import _session
+        from shoal.cli.taskfiles import open_session
 
         self.env = env
         self.team = team
         self.spec = spec
-        self.session = _session(env.layout, team)
+        self.session = open_session(env.layout, team)
         self.state = ChatState()
         self._events_offset = self._events_size()
         self.hold: Any = None  # the hold on the followed query (a ViewHold), once started
@@ -83,9 +83,9 @@ class Chat:
         return call(self.env.layout, self.team, op, args)
 
     def record(self, task_id: str) -> dict[str, Any] | None:
-        from shoal.cli.tasks import _tasks
+        from shoal.cli.taskfiles import task_records
 
-        return _tasks(self.session, include_history=True).get(task_id)
+        return task_records(self.session, include_history=True).get(task_id)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -137,10 +137,10 @@ class Chat:
         return True
 
     def tasks(self) -> None:
-        from shoal.cli.tasks import _tasks
+        from shoal.cli.taskfiles import task_records
 
         rows = sorted(
-            _tasks(self.session, include_history=True).values(), key=lambda t: t["start_time"]
+            task_records(self.session, include_history=True).values(), key=lambda t: t["start_time"]
         )
         if not rows:
             click.echo("[no tasks yet]")
@@ -323,10 +323,9 @@ async def _repl(chat: Chat) -> None:
 @click.option("--model", default=None, help="anthropic:NAME, openai:NAME, scripted:FILE, ...")
 @click.option(
     "--model-idle",
-    type=click.FloatRange(min=0, min_open=True),
+    type=DURATION,
     default=None,
-    metavar="SECONDS",
-    help="Fail a model request whose server sends no bytes for SECONDS (default: "
+    help="Fail a model request whose server sends no bytes for DURATION (default: "
     "model_idle_s in config.toml, else 120).",
 )
 @click.option(

@@ -104,6 +104,33 @@ def common_options(fn: F) -> F:
     return fn
 
 
+class Duration(click.ParamType[float]):
+    """A time on the command line, as in a spec: seconds (`90`, `1.5`) or a number with a unit
+    (`500ms`, `30s`, `5m`, `2h`, `1h30m`); the value is seconds, a float. Every option that
+    takes a time takes this one, so `--timeout 5m` means the same to every command."""
+
+    name = "duration"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "DURATION"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float | int) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        from shoal.orchestrator.batch.spec import parse_duration  # (only when one is given)
+
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+"""A duration of more than zero (`90`, `1.5s`, `5m`)."""
+
+
 def json_option(fn: F) -> F:
     """Add --json (machine-readable output)."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import click
 
+from shoal.cli.common import common_options
+
 SHELLS = ("bash", "zsh", "fish")
 
 
 @click.command()
 @click.argument("shell", type=click.Choice(SHELLS))
+@common_options
 def completion(shell: str) -> None:
-    """Print the completion script for SHELL (bash, zsh or fish); it completes commands,
-    options, team names, member names and task ids.
+    """Print the shell completion script for SHELL (bash, zsh or fish).
+
+    It completes commands, options, team names, member names and task ids.
 
     \b
     bash:  eval "$(shoal completion bash)"       (in ~/.bashrc)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.common import DURATION, common_options, get_env, json_option, print_json
 from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 
@@ -52,7 +52,10 @@ def queue_options(fn: F) -> F:
             help="Start once these tasks ended, however they ended.",
         ),
         click.option(
-            "--timeout", default=None, metavar="S", help="Kill it after S of running (e.g. 90, 5m)."
+            "--timeout",
+            type=DURATION,
+            default=None,
+            help="Kill it after DURATION of running (90, 1.5s, 5m).",
         ),
         click.option(
             "--retries",
@@ -62,11 +65,13 @@ def queue_options(fn: F) -> F:
         ),
         click.option(
             "--retry-delay",
+            type=DURATION,
             default=None,
-            metavar="S",
-            help="Wait S before a retry, doubling for each further one.",
+            help="Wait DURATION before a retry, doubling for each further one.",
         ),
-        click.option("--delay", default=None, metavar="S", help="Start no sooner than S from now."),
+        click.option(
+            "--delay", type=DURATION, default=None, help="Start no sooner than DURATION from now."
+        ),
         click.option(
             "--priority", type=int, default=0, help="Higher starts first when slots are limited."
         ),
@@ -85,34 +90,23 @@ def queue_options(fn: F) -> F:
     return fn
 
 
-def _duration(value: str | None, flag: str) -> float | None:
-    if value is None:
-        return None
-    from shoal.orchestrator.batch.spec import parse_duration  # (only when one is given)
-
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-
-
 def _ids(values: tuple[str, ...]) -> list[str]:
     return [i for v in values for i in v.replace(",", " ").split() if i]
 
 
 def queue_spec(options: dict[str, Any]) -> dict[str, Any]:
-    """The request fields of `sh`'s queueing options (durations parsed, ids split)."""
+    """The request fields of `sh`'s queueing options (ids split; click parsed the durations)."""
     retries = options["retries"]
-    retry_delay = _duration(options["retry_delay"], "--retry-delay")
+    retry_delay = options["retry_delay"]
     if retry_delay is not None and not retries:
         raise UsageError("--retry-delay needs --retries N")
     spec = {
         "after": _ids(options["after"]),
         "after_any": _ids(options["after_any"]),
-        "timeout": _duration(options["timeout"], "--timeout"),
+        "timeout": options["timeout"],
         "retries": retries,
         "retry_delay": retry_delay,
-        "delay": _duration(options["delay"], "--delay"),
+        "delay": options["delay"],
         "priority": options["priority"],
         "label": options["label"],
         "group": options["group"],
@@ -278,20 +272,64 @@ resume = _pause_command(
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_ids", nargs=-1)
 @click.option("--in-place", is_flag=True, help="Keep its id (its output starts afresh).")
+@click.option(
+    "--failed",
+    is_flag=True,
+    help="Every shell task that failed or timed out (not those already retried or restarted).",
+)
 @json_option
 @common_options
-def restart(task_id: str, in_place: bool, as_json: bool) -> None:
-    """Run finished shell task TASK_ID again; prints the new task's id."""
-    task = _call("restart", {"task_id": task_id, "in_place": in_place})
+def restart(task_ids: tuple[str, ...], in_place: bool, failed: bool, as_json: bool) -> None:
+    """Run finished shell tasks again; prints the new tasks' ids.
+
+    Give their ids, or --failed for every shell task of the session that failed or timed out
+    and was neither retried nor restarted since. A task keeps the options it was started
+    with, but --after, --after-any and --delay. With --json: the new task's record (a list
+    of them with several ids or --failed)."""
+    if bool(task_ids) == failed:
+        raise UsageError("restart takes task ids or --failed (one of them)")
+    ids = list(task_ids) if task_ids else _failed_shell_tasks()
+    if not ids:
+        if as_json:
+            print_json([])
+        else:
+            click.echo("no failed shell task to restart")
+        return
+    tasks = [_call("restart", {"task_id": task_id, "in_place": in_place}) for task_id in ids]
     if as_json:
-        print_json(task)
+        print_json(tasks[0] if len(task_ids) == 1 else tasks)
     else:
-        click.echo(task["id"])
+        click.echo("\n".join(t["id"] for t in tasks))
+
+
+def _failed_shell_tasks() -> list[str]:
+    """The session's shell tasks that failed or timed out, in start order, but retried ones
+    (their last attempt counts) and those a restart already ran again."""
+    from shoal.cli.taskfiles import open_session, task_records
+
+    env = get_env(click.get_current_context())
+    tasks = task_records(open_session(env.layout, env.team()), include_history=True)
+    restarted = {t.get("restarted_from") for t in tasks.values()}
+    return [
+        t["id"]
+        for t in sorted(tasks.values(), key=lambda t: t.get("start_time", 0))
+        if t.get("type") == "local_bash"
+        and not t.get("retried_as")
+        and t["id"] not in restarted
+        and (
+            t["status"] == "failed"
+            or (t["status"] == "killed" and (t.get("kill_reason") or "").startswith("timed out"))
+        )
+    ]
 
 
 @click.command()
+@click.argument("task_ids", nargs=-1)
+@click.option(
+    "--successful-only", is_flag=True, help="Only tasks that completed (the failed ones stay)."
+)
 @click.option(
     "--sessions",
     "days",
@@ -307,21 +345,31 @@ def restart(task_id: str, in_place: bool, as_json: bool) -> None:
 )
 @json_option
 @common_options
-def clean(days: float | None, force: bool, as_json: bool) -> None:
-    """Remove finished tasks (and their output) from the session's listing; with
-    --sessions N, remove whole sessions not touched for N days instead.
+def clean(
+    task_ids: tuple[str, ...],
+    successful_only: bool,
+    days: float | None,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Remove finished tasks (and their output) from the session's listing.
 
-    An agent that ended less than 30 s ago (its panel grace) and a task a view holds stay
-    unless --force."""
+    Every finished task, or those of TASK_IDS (refused while one runs), and with
+    --successful-only only those that completed. With --sessions N, remove whole sessions
+    not touched for N days instead. An agent that ended less than 30 s ago (its panel grace)
+    and a task a view holds stay unless --force."""
     env = get_env(click.get_current_context())
     if days is not None:
+        if task_ids or successful_only:
+            raise UsageError("--sessions removes whole sessions: it takes no ids")
         removed = remove_old_sessions(env.layout, days)
         if as_json:
             print_json({"removed_sessions": removed})
         else:
             click.echo("\n".join(f"removed session {s}" for s in removed) or "no session to remove")
         return
-    result = _call("clean", {"force": force})
+    request = {"force": force, "task_ids": list(task_ids), "successful_only": successful_only}
+    result = _call("clean", request)
     if as_json:
         print_json(result)
         return

@@ -26,9 +26,11 @@ from shoal.cli.common import common_options, get_env, json_option, print_json
 @json_option
 @common_options
 def dream(model: str | None, sessions: int | None, as_json: bool) -> None:
-    """Consolidate memory: an agent reads the transcripts and events of recent sessions and
-    rewrites the memory files (the project's .shoal/memory/ if it exists, else
-    SHOAL_HOME/memory/); prints the dream's task id. Refused while another dream runs."""
+    """Consolidate memory from recent sessions; prints the dream's task id.
+
+    An agent reads the transcripts and events of recent sessions and rewrites the memory
+    files (the project's .shoal/memory/ if it exists, else SHOAL_HOME/memory/). Refused while
+    another dream runs."""
     from shoal.channel.client import call
     from shoal.workers.agent.models import ModelSpec
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.common import DURATION, common_options, get_env, json_option, print_json
 from shoal.core.errors import EXIT_INTERRUPTED, ShoalError
 from shoal.core.events import (
     Event,
@@ -172,10 +172,10 @@ def _detach(layout: Layout, team: str, jobs: int, quiet: bool) -> None:
 @click.command()
 @click.option(
     "--timeout",
-    type=float,
+    type=DURATION,
     default=30.0,
     show_default=True,
-    help="Seconds to wait for the leader before killing it.",
+    help="How long to wait for the leader before killing it (90, 1.5s, 5m).",
 )
 @json_option
 @common_options

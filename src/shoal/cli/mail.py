@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from shoal.cli.common import (
+    DURATION,
     common_options,
     complete_member,
     get_env,
@@ -161,9 +162,9 @@ class _BadNotices:
 @click.option("--peek", is_flag=True, help="Show waiting messages without consuming them.")
 @click.option(
     "--timeout",
-    type=float,
+    type=DURATION,
     default=None,
-    help="With --follow: stop after this many seconds without a message.",
+    help="With --follow: stop after DURATION (90, 1.5s, 5m) without a message.",
 )
 @click.option(
     "--listen",

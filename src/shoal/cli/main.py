@@ -10,39 +10,21 @@ from typing import Any, NoReturn
 import click
 
 from shoal import __version__
+from shoal.cli.catalog import ALIASES, COMMANDS, HINTS, SECTIONS, names, target_of
 from shoal.cli.common import Env, common_options
 from shoal.core.errors import EXIT_INTERRUPTED, NoSpaceError, ShoalError, is_no_space
 
-# Command name -> "module:attribute". Modules are imported only when their command runs (or
-# for --help), so `shoal send` does not pay for textual, libtmux and the batch engine.
-COMMANDS: dict[str, str] = {
-    "up": "leader:up", "down": "leader:down", "demo": "swarm:demo", "run": "run:run",
-    "sh": "tasks:sh", "ps": "tasks:ps", "logs": "tasks:logs", "stop": "tasks:stop",
-    "wait": "tasks:wait", "events": "tasks:events", "team": "team:team",
-    "spawn": "swarm:spawn", "worker": "worker:worker", "send": "mail:send",
-    "inbox": "mail:inbox", "approve": "swarm:approve", "reject": "swarm:reject",
-    "task": "tasklist:task", "attach": "attach:attach", "pill": "ui:pill", "ui": "ui:ui",
-    "agent": "agent:agent", "agents": "agent:agents", "chat": "chat:chat",
-    "completion": "completion:completion",
-    "group": "control_cmds:group", "parallel": "control_cmds:parallel",
-    "pause": "control_cmds:pause", "resume": "control_cmds:resume",
-    "restart": "control_cmds:restart", "clean": "control_cmds:clean",
-    "send-input": "control_cmds:send_input", "remote": "remote:remote",
-    "dream": "dream:dream",
-    "monitor": "monitor:monitor", "trust": "trust:trust",
-    "workflow": "workflow:workflow",
-}  # fmt: skip
-
 
 class ShoalGroup(click.Group):
-    """A group that loads its commands on demand and turns ShoalError into one
-    `shoal: error:` line and its exit code."""
+    """A group that loads its commands on demand (shoal.cli.catalog names them), lists them
+    by job in its help, and turns ShoalError into one `shoal: error:` line and its exit
+    code."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = target_of(cmd_name)
         if target is None:
             return None
         module, _, attr = target.partition(":")
@@ -53,16 +35,21 @@ class ShoalGroup(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
-        """An unknown command is a usage error that suggests the nearest ones, as option
-        typos are."""
+        """An unknown command is a usage error that suggests the nearest ones (or the command
+        doing the job another tool's word names), as option typos are."""
         name = args[0] if args else ""
-        if args and name not in COMMANDS and not name.startswith("-"):
-            import difflib
-
-            near = difflib.get_close_matches(name, list(COMMANDS), n=3, cutoff=0.7)
-            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-            raise click.UsageError(f"no such command {name!r}{hint}", ctx)
+        if args and target_of(name) is None and not name.startswith("-"):
+            raise click.UsageError(f"no such command {name!r}{_suggestion(name)}", ctx)
         return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands by job, each with its whole summary (from the catalog: nothing is
+        imported to print this)."""
+        for title, section in SECTIONS:
+            with formatter.section(title):
+                formatter.write_dl([(n, COMMANDS[n].summary) for n in section])
+        with formatter.section("Also (pueue's words)"):
+            formatter.write_text(", ".join(f"{a} = {c}" for a, c in ALIASES.items()) + ".")
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -95,6 +82,16 @@ class ShoalGroup(click.Group):
             raise_or_report(exc)
 
 
+def _suggestion(name: str) -> str:
+    """ "; did you mean ..." for an unknown command `name`, or "" when nothing is near."""
+    if name in HINTS:
+        return f"; did you mean {HINTS[name]}?"
+    import difflib
+
+    near = difflib.get_close_matches(name, names(), n=3, cutoff=0.7)
+    return f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+
+
 def raise_or_report(exc: Exception) -> NoReturn:
     """An unexpected exception (a bug): one line and exit 1, or the traceback with SHOAL_DEBUG."""
     if os.environ.get("SHOAL_DEBUG"):
@@ -105,7 +102,11 @@ def raise_or_report(exc: Exception) -> NoReturn:
     sys.exit(1)
 
 
-@click.group(cls=ShoalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=ShoalGroup,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, "-V", "--version", prog_name="shoal")
 @common_options
 @click.pass_context
@@ -113,9 +114,22 @@ def cli(ctx: click.Context) -> None:
     """Run many workers at once from one terminal.
 
     Teams share nothing but files under SHOAL_HOME: a lock-guarded team file and one
-    maildir inbox per member.
+    maildir inbox per member. `shoal COMMAND --help` tells what a command does.
     """
     ctx.ensure_object(Env)
+    if ctx.invoked_subcommand is None:  # bare `shoal`: its help, which is no error
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+
+
+def _usage_message(exc: click.UsageError) -> str:
+    """Click's usage error in shoal's words: `no such option --timout, did you mean
+    --timeout?` rather than click's capitalised sentences."""
+    if isinstance(exc, click.NoSuchOption):
+        near = exc.possibilities or []
+        hint = f", did you mean {' or '.join(near)}?" if near else ""
+        return f"no such option {exc.option_name}{hint}"
+    return exc.format_message().rstrip(".")
 
 
 def main() -> None:
@@ -124,7 +138,7 @@ def main() -> None:
         code = cli.main(prog_name="shoal", standalone_mode=False)
     except click.UsageError as exc:  # unknown command or option, bad value: exit 2
         where = exc.ctx.command_path if exc.ctx is not None else "shoal"
-        message = exc.format_message().rstrip(".")
+        message = _usage_message(exc)
         click.echo(f"shoal: error: {message} (see `{where} --help`)", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # e.g. a file that cannot be opened

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import click
 
-from shoal.cli.common import common_options, get_env, json_option, parse_json_arg, print_json
+from shoal.cli.common import (
+    DURATION,
+    common_options,
+    get_env,
+    json_option,
+    parse_json_arg,
+    print_json,
+)
 from shoal.cli.trust import settle, trust_option
 from shoal.core.errors import UsageError
 
@@ -59,7 +66,9 @@ def _config(explicit: str | None, home: Path, trust_run: bool) -> Path:
 )
 @trust_option
 @click.option("--tool", default=None, help="Also call this tool of the server every --every s.")
-@click.option("--every", type=float, default=None, help="Seconds between calls of --tool (60).")
+@click.option(
+    "--every", type=DURATION, default=None, help="Time between calls of --tool (default 60s)."
+)
 @click.option("--args", "tool_args", default=None, metavar="JSON", help="The tool's arguments.")
 @json_option
 @common_options
@@ -72,9 +81,11 @@ def monitor(
     trust_run: bool,
     as_json: bool,
 ) -> None:
-    """Watch MCP server SERVER: every notification and resource update it sends (and, with
-    --tool, each result of that tool called every --every seconds) becomes one JSON line of
-    the task's output (`shoal logs -f ID`). `shoal stop ID` closes the session politely; a
+    """Watch MCP server SERVER as a background task; prints its id.
+
+    Every notification and resource update it sends (and, with --tool, each result of that
+    tool called every --every seconds) becomes one JSON line of the task's output
+    (`shoal logs -f ID`). `shoal stop ID` closes the session politely; a
     server that exits fails the task with its stderr's tail. Prints the task's id."""
     from shoal.channel.client import call
     from shoal.workers.monitor.kind import check_monitor

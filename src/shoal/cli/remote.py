@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.common import DURATION, common_options, get_env, json_option, print_json
 from shoal.core.errors import UsageError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -25,6 +25,7 @@ TYPES = ("remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-p
 
 
 @click.group()
+@common_options
 def remote() -> None:
     """Run agents and commands on a Ray cluster (`r...` tasks, polled by the team's leader).
 
@@ -67,9 +68,9 @@ def remote() -> None:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=DURATION,
     default=None,
-    help="Stop the job after this many seconds of polling.",
+    help="Stop the job after DURATION (90, 1.5s, 5m) of polling.",
 )
 @click.option("--long-running", is_flag=True, help="Never time out (overrides --timeout).")
 @click.option("--title", default=None, help="The task's title (default: its first line).")
@@ -176,11 +177,11 @@ def job_env_of(pairs: tuple[str, ...]) -> dict[str, str]:
 def status(as_json: bool) -> None:
     """The session's remote tasks, ended ones too: type, status, phase, the job's id, node
     and cluster."""
-    from shoal.cli.tasks import _session, _tasks
+    from shoal.cli.taskfiles import open_session, task_records
 
     env = get_env(click.get_current_context())
     # (as `ps --all`: an ended task leaves the session's registry for its history)
-    records = _tasks(_session(env.layout, env.team()), include_history=True).values()
+    records = task_records(open_session(env.layout, env.team()), include_history=True).values()
     tasks = [t for t in records if t.get("type") == "remote_agent"]
     tasks.sort(key=lambda t: t.get("start_time") or 0)
     if as_json:

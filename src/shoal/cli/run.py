@@ -2,456 +2,41 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, AnyStr, Final, Generic, TextIO
+from typing import Any
 
 import click
-import orjson
 
-from shoal.cli.common import common_options, get_env, json_option, print_json
+from shoal.cli.common import DURATION, common_options, get_env, json_option, print_json
+from shoal.cli.run_sinks import (
+    COLOR_CHOICES,
+    HEARTBEAT_ENV,
+    HEARTBEAT_S,
+    Droppable,
+    StreamJson,
+    TextProgress,
+)
 from shoal.core.errors import ShoalError, UsageError
 from shoal.orchestrator.batch.ci import (
     ANNOTATION_CHOICES,
-    CiKind,
     Row,
     detect,
-    fold_end,
-    fold_start,
     github_annotations,
     markdown_summary,
-    text_table,
 )
 from shoal.orchestrator.batch.exitcodes import RunInfrastructureError
-from shoal.orchestrator.batch.spec import BACKEND_CHOICES, format_duration
+from shoal.orchestrator.batch.spec import BACKEND_CHOICES, Spec
 from shoal.ui.run_output import (
     DEFAULT_FAILURE_LINES,
     OUTPUT_MODES,
-    TAG_SEP,
-    Follower,
     OutputMode,
-    failure_frame,
-    iter_lines,
-    verdict_label,
 )
-from shoal.ui.status import one_line as status_one_line
-
-if TYPE_CHECKING:
-    from shoal.ui.run_progress import RunBoard
-
-# A reason longer than this is cut in a progress line (reports keep all of it).
-REASON_WIDTH: Final = 200
-# Off a terminal: seconds between two "still running" lines (SHOAL_RUN_HEARTBEAT_S sets it;
-# 0: none), and how many running tasks such a line names.
-HEARTBEAT_S: Final = 60.0
-HEARTBEAT_ENV: Final = "SHOAL_RUN_HEARTBEAT_S"
-HEARTBEAT_NAMES: Final = 8
-COLOR_CHOICES: Final = ("auto", "always", "never")
-# ANSI colours of the verdict labels on plain lines (with --color always, or FORCE_COLOR).
-_COLORS: Final = {
-    "succeeded": "32",
-    "failed": "31",
-    "timed_out": "31",
-    "killed": "31",
-    "skipped": "33",
-}
-
-
-class Droppable(Generic[AnyStr]):
-    """A stream that goes quiet once nobody reads it (`shoal run ... | head -1`).
-
-    The first failed write marks it gone and points its descriptor at /dev/null, so neither
-    later writes nor the interpreter's final flush fail: the run goes on and its reports and
-    record are written, only the progress is lost.
-    """
-
-    def __init__(self, stream: IO[AnyStr]) -> None:
-        self.stream: IO[AnyStr] = stream
-        self.gone = False
-
-    def write(self, data: AnyStr) -> None:
-        """Write (and flush) `data`, or drop it once the reader is gone."""
-        if self.gone:
-            return
-        try:
-            self.stream.write(data)
-            self.stream.flush()
-        except (OSError, ValueError):
-            self._drop()
-
-    def flush(self) -> None:
-        """Flush, or do nothing once the reader is gone."""
-        if self.gone:
-            return
-        try:
-            self.stream.flush()
-        except (OSError, ValueError):
-            self._drop()
-
-    def isatty(self) -> bool:
-        """True for a terminal still there."""
-        return not self.gone and self.stream.isatty()
-
-    def _drop(self) -> None:
-        self.gone = True
-        with contextlib.suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self.stream.fileno())
-            finally:
-                os.close(null)
-
-
-def one_line(text: str, width: int = REASON_WIDTH) -> str:
-    """`text` on one progress line: its lines joined with " ⏎ ", cut to `width`."""
-    return status_one_line(text, width, line_sep=" ⏎ ")
-
-
-class StreamJson:
-    """`--output-format stream-json`: every event as one JSON line on stdout (notes, such as
-    the backend chosen for the members, also as one line on stderr)."""
-
-    def __init__(self, out: Droppable[bytes] | IO[bytes], err: Droppable[str] | TextIO) -> None:
-        self.out = out
-        self.err = err
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.out.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
-        self.out.flush()
-        if event.get("type") == "run" and event.get("subtype") == "note":
-            self.err.write(f"note: {one_line(str(event.get('text')))}\n")
-            self.err.flush()
-
-    def close(self) -> None:
-        """Nothing to finish: the last line was the `result` event."""
-
-
-class TextProgress:
-    """Human progress: only the noteworthy lines (failures with their output's last lines,
-    skips, retries, timeouts) and a summary; on a terminal also a live display below them
-    (a bar, counts, an ETA and the running tasks). With `output`, tasks' own output too."""
-
-    def __init__(
-        self,
-        out: Droppable[str] | TextIO,
-        err: Droppable[str] | TextIO,
-        *,
-        live: bool,
-        output: OutputMode = "none",
-        failure_lines: int = DEFAULT_FAILURE_LINES,
-        no_color: bool = False,
-        color: bool = False,
-        quiet: bool = False,
-        heartbeat_s: float = HEARTBEAT_S,
-        ci: CiKind = "none",
-    ) -> None:
-        self.out = out
-        self.err = err
-        self.output = output
-        self.failure_lines = failure_lines
-        self.color = color
-        self.quiet = quiet
-        self.ci = ci
-        self.total = 0
-        self.done = 0
-        self.running: set[tuple[str, int]] = set()
-        self.tally = {"succeeded": 0, "failed": 0, "timed_out": 0, "killed": 0, "skipped": 0}
-        self._width = max(len(k) for k in self.tally)
-        # One writer at a time: events come on the leader's thread, followed output on its own.
-        self.lock = threading.RLock()
-        self.board: RunBoard | None = None
-        if live:
-            from shoal.ui.run_progress import RunBoard  # (rich: only on a terminal)
-
-            self.board = RunBoard(out, no_color=no_color)  # type: ignore[arg-type]
-        self.follower = Follower(self._raw, self.lock) if output == "tag" else None
-        self.paths: dict[str, str] = {}  # task id -> output file of its running attempt
-        # After an interrupt or a halt: tasks never started, counted by reason, said once.
-        self.stopping = False
-        self._unstarted: dict[str, int] = {}
-        # Off a terminal (no live display), a line every `heartbeat_s` while tasks run, so
-        # that a CI step that kills silent jobs (CircleCI: 10 minutes) sees the run alive.
-        self._started_at = time.monotonic()
-        self._beats = threading.Event()
-        self._beater: threading.Thread | None = None
-        if self.board is None and not quiet and heartbeat_s > 0:
-            self._beater = threading.Thread(
-                target=self._beat, args=(heartbeat_s,), name="shoal-run-heartbeat", daemon=True
-            )
-
-    # -- output helpers -------------------------------------------------------------------------
-
-    def _line(self, text: str, *, err: bool = False) -> None:
-        """One progress line (a line break in `text` is shown as ⏎)."""
-        with self.lock:
-            self._write(text.replace("\r", " ").replace("\n", " ⏎ "), err=err)
-
-    def _raw(self, text: str) -> None:
-        """A line of a task's own output, as it is."""
-        with self.lock:
-            self._write(text)
-
-    def _write(self, text: str, *, err: bool = False) -> None:
-        if self.board is not None and not (err and not self.err.isatty()):
-            self.board.line(text)  # above the display (stderr lines too, when on the terminal)
-            return
-        stream = self.err if err else self.out
-        stream.write(text + "\n")
-        stream.flush()
-
-    def _say_unstarted(self) -> None:
-        unstarted, self._unstarted = self._unstarted, {}
-        for reason, count in unstarted.items():
-            self.done += count
-            self._write(f"[{self.done}/{self.total}] {count} task(s) {reason}")
-
-    def _finished(self, task_id: str, status: str, detail: str) -> None:
-        self.done += 1
-        self.tally[status] = self.tally.get(status, 0) + 1
-        label = "ok" if status == "succeeded" else status.replace("_", " ")
-        if status in ("failed", "timed_out", "killed"):
-            label = label.upper()
-        if status == "succeeded" and (self.board is not None or self.quiet):
-            return  # (the display on a terminal counts successes; --quiet: the summary)
-        padded = self._paint(f"{label:<{self._width}}", status)
-        self._line(f"[{self.done}/{self.total}] {padded} {task_id}  {detail}".rstrip())
-
-    def _paint(self, text: str, status: str) -> str:
-        """`text` in the colour of `status`, when colour is on (`--color`, FORCE_COLOR)."""
-        code = _COLORS.get(status) if self.color else None
-        return f"\x1b[{code}m{text}\x1b[0m" if code else text
-
-    def _beat(self, interval: float) -> None:
-        """The heartbeat thread: a line of counts and running tasks every `interval` s."""
-        while not self._beats.wait(interval):
-            with self.lock:
-                names = sorted({task_id for task_id, _ in self.running})
-                shown = ", ".join(names[:HEARTBEAT_NAMES])
-                more = (
-                    f" (+{len(names) - HEARTBEAT_NAMES} more)"
-                    if len(names) > HEARTBEAT_NAMES
-                    else ""
-                )
-                took = format_duration(round(time.monotonic() - self._started_at, 1))
-                running = f"; running: {shown}{more}" if names else ""
-                self._line(f"[{self.done}/{self.total}] still running after {took}{running}")
-
-    def _stop_beating(self) -> None:
-        self._beats.set()
-        if self._beater is not None and self._beater is not threading.current_thread():
-            if self._beater.is_alive():
-                self._beater.join(timeout=5)
-            self._beater = None
-
-    # -- events -----------------------------------------------------------------------------
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        with self.lock:
-            self._event(event)
-
-    def _event(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        sub = event.get("subtype")
-        if kind == "result":
-            self._result(event)
-            return
-        if kind != "run":
-            return
-        if sub == "run_started":
-            self._started(event)
-        elif sub == "note":
-            self._line(f"note: {one_line(str(event.get('text')))}", err=True)
-        elif sub == "task_started":
-            self._task_started(event)
-        elif sub == "task_retrying":
-            self._attempt_ended(event["id"], None, None)
-            self._show_output(event["id"], self.paths.pop(event["id"], None), event)
-            outcome = event["status"].replace("_", " ")
-            delay = event.get("delay_s") or 0
-            wait = f" in {format_duration(delay)}" if delay > 0 else ""
-            self._line(
-                f"retry {event['id']}: attempt {event['attempt']} {outcome} "
-                f"({one_line(str(event.get('reason')))}); starting attempt "
-                f"{event['next_attempt']} of {event['attempts_max']}{wait}"
-            )
-        elif sub == "task_timed_out":
-            self._line(f"timeout {event['id']}: ran past {event['timeout']}; stopping it")
-        elif sub == "task_stalled":
-            self._line(f"waiting? {event['id']}: last output line: {event.get('prompt')}")
-        elif sub == "task_finished":
-            self._task_finished(event)
-        elif sub == "task_skipped":
-            self._attempt_ended(event["id"], "skipped", None)
-            reason = event.get("reason") or ""
-            if self.stopping and reason.startswith("not started"):
-                # (counted when said, at the end: the kills still to come are numbered
-                # before them, so no number is shown twice)
-                self.tally["skipped"] += 1
-                self._unstarted[reason] = self._unstarted.get(reason, 0) + 1
-            else:
-                self._finished(event["id"], "skipped", one_line(reason))
-        elif sub == "halted":
-            self.stopping = True
-            killing = event.get("killing") or 0
-            then = f"; killing {killing} running task(s)" if killing else ""
-            self._line(f"halt: {event['reason']}; starting nothing more{then}")
-        elif sub == "interrupted":
-            self.stopping = True
-            self._line(
-                f"interrupted ({event['reason']}): stopping {event.get('running', 0)} "
-                "running task(s)",
-                err=True,
-            )
-
-    def _task_started(self, event: dict[str, Any]) -> None:
-        self.running.add((event["id"], event["attempt"]))
-        if self.board is not None:
-            self.board.task_started(event["id"])
-        path = event.get("output_file")
-        if path:
-            self.paths[event["id"]] = path
-            if self.follower is not None:
-                self.follower.follow(event["id"], path)
-
-    def _attempt_ended(self, task_id: str, verdict: str | None, took: Any) -> None:
-        self.running = {r for r in self.running if r[0] != task_id}
-        if self.board is not None:
-            self.board.task_ended(
-                task_id, verdict, float(took) if isinstance(took, int | float) else None
-            )
-
-    def _task_finished(self, event: dict[str, Any]) -> None:
-        task_id, status = event["id"], event["status"]
-        self._attempt_ended(task_id, status, event.get("duration_s"))
-        path = self.paths.pop(task_id, None) or event.get("output_file")
-        self._show_output(task_id, path, event)
-        self._finished(task_id, status, _detail(event))
-        # A task killed by the run's own interrupt or halt did not fail on its own: no tail.
-        failed = status in ("failed", "timed_out") or (status == "killed" and not self.stopping)
-        if failed and self.output != "group":  # (group has just shown all of it)
-            label = verdict_label(status, event.get("reason"))
-            for line in failure_frame(task_id, label, path, self.failure_lines):
-                self._raw(line)
-
-    def _show_output(self, task_id: str, path: str | None, event: dict[str, Any]) -> None:
-        """`--output tag|group`: the rest (tag) or the whole (group) of an attempt's output."""
-        if self.follower is not None:
-            if not self.follower.end(task_id) and path:  # (an agent task's: known only now)
-                for line in iter_lines(path):
-                    self._raw(f"{task_id}{TAG_SEP}{line}")
-        elif self.output == "group" and path:
-            label = verdict_label(event["status"], event.get("reason"))
-            header = f"--- {task_id}: {label}: output of {path} ---"
-            # (folded where the CI folds: GitHub's ::group::, GitLab's sections)
-            start = fold_start(self.ci, task_id, f"{task_id}: {label}", time.time())
-            self._raw(start if start is not None else header)
-            if start is not None:
-                self._raw(header)
-            for line in iter_lines(path):
-                self._raw(line)
-            self._raw(f"--- end of {task_id} ---")
-            end = fold_end(self.ci, task_id, time.time())
-            if end is not None:
-                self._raw(end)
-
-    def _started(self, event: dict[str, Any]) -> None:
-        self.total = event["total"]
-        resumed = event.get("resumed") or 0
-        self.done = resumed
-        self.tally["succeeded"] = resumed
-        self._line(
-            f"shoal run {event['spec']}: {self.total} task(s), team {event['team']}, "
-            f"jobs {event['jobs'] or 'unlimited'}, halt {event['halt']}"
-        )
-        if self.board is not None:
-            self.board.total, self.board.jobs = self.total, event["jobs"] or 0
-            self.board.done = self.board.ok = resumed
-            self.board.start()
-        if self._beater is not None and not self._beater.is_alive():
-            self._started_at = time.monotonic()
-            self._beater.start()
-        if event.get("resume_requested"):
-            if event.get("resumed_from"):
-                self._line(
-                    f"resuming run {event['resumed_from']}: {resumed} task(s) succeeded then "
-                    "and are not run again"
-                )
-            else:
-                self._line("no previous run of this spec for this team: running every task")
-
-    def _result(self, event: dict[str, Any]) -> None:
-        self._stop_beating()
-        self._say_unstarted()
-        if self.follower is not None:
-            self.follower.close()
-        if self.board is not None:
-            self.board.stop()
-            self.board = None  # (the summary is plain text, kept in the scrollback)
-        rows = [Row(**row) for row in event.get("summary") or []]
-        if rows and not self.quiet:
-            for line in text_table(rows):
-                self._raw(line)
-        c = event["counts"]
-        took = format_duration(event.get("duration_s") or 0.001)
-        resumed = f" ({c['resumed']} from the previous run)" if c.get("resumed") else ""
-        status = event["subtype"]
-        flaky = c.get("flaky") or 0
-        if status == "succeeded" and c["succeeded"] == c["total"]:
-            shaky = f", {flaky} flaky (passed on a retry)," if flaky else ""
-            line = f"ok: all {c['total']} task(s) succeeded{shaky}{resumed} in {took}"
-        else:
-            parts = [
-                f"{c[k]} {k.replace('_', ' ')}"
-                for k in ("succeeded", "flaky", "failed", "timed_out", "killed", "skipped")
-                if c.get(k)
-            ]
-            word = {"succeeded": "ok", "interrupted": "interrupted"}.get(status, "FAILED")
-            line = (
-                f"{word}: {', '.join(parts)} of {c['total']} in {took} (exit {event['exit_code']})"
-            )
-        self._line(line)
-        if event.get("halted"):
-            self._line(f"halted: {event['halted']}")
-        files = event.get("files") or {}
-        for key in ("report", "junit", "joblog", "results"):
-            if files.get(key):
-                self._line(f"{key}: {files[key]}")
-        if event["exit_code"] != 0:
-            self._line(f"run record: {files.get('record')} (`shoal run --resume` re-runs the rest)")
-        for error in event.get("errors") or []:
-            self._line(f"shoal: error: {error}", err=True)
-
-    def close(self) -> None:
-        """Stop following and take the live display away (a run that ended without its
-        result event, by an error, must not leave the terminal without a cursor)."""
-        self._stop_beating()
-        with self.lock:
-            if self.follower is not None:
-                self.follower.close()
-                self.follower = None
-            if self.board is not None:
-                self.board.stop()
-                self.board = None
-
-
-def _detail(event: dict[str, Any]) -> str:
-    took = event.get("duration_s")
-    timing = f"{took:.2f}s" if isinstance(took, int | float) else ""
-    attempts = event.get("attempts") or 0
-    tries = f", {attempts} attempts" if attempts > 1 else ""
-    if event["status"] == "succeeded":
-        took_s = f"{took:.1f} s" if isinstance(took, int | float) else ""
-        return f"{took_s}{tries}{' (flaky)' if attempts > 1 else ''}"
-    out = f"; output: {event['output_file']}" if event.get("output_file") else ""
-    return f"{one_line(event.get('reason') or event['status'])} ({timing}{tries}){out}"
 
 
 @click.command("run")
-@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@click.argument("spec_args", metavar="SPEC | -- COMMAND ::: ARGS...", nargs=-1, required=True)
 @click.option(
     "--jobs",
     "-j",
@@ -483,7 +68,20 @@ def _detail(event: dict[str, Any]) -> str:
     default=None,
     metavar="POLICY",
     help="Stop early: never, now,fail=N, soon,fail=N, now,success=N, soon,success=N "
-    "(N a count or a percentage like 10%).",
+    "(N a count or a percentage like 10%); or GNU parallel's 0, 1 (soon,fail=1), 2 "
+    "(now,fail=1).",
+)
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=None,
+    help="A plain commands file's or ::: run's: kill each command after DURATION.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=None,
+    help="A plain commands file's or ::: run's: run a failed command again, up to N times.",
 )
 @click.option(
     "--junit",
@@ -589,7 +187,9 @@ def _detail(event: dict[str, Any]) -> str:
 @json_option
 @common_options
 def run(
-    spec_path: str,
+    spec_args: tuple[str, ...],
+    timeout: float | None,
+    retries: int | None,
     jobs: int | None,
     backend: str | None,
     ray_address: str | None,
@@ -611,7 +211,13 @@ def run(
     color: str,
     as_json: bool,
 ) -> None:
-    """Run the tasks of SPEC (a TOML file) to a verdict.
+    """Run the tasks of SPEC (a TOML spec, or a file of commands) to a verdict.
+
+    SPEC is a TOML spec when its name ends in .toml; else a plain commands file, one command
+    per line (as `parallel < FILE`; blank and # lines skipped). `shoal run -- COMMAND :::
+    A B C` runs COMMAND once per argument, as GNU parallel does (`{}` is the argument, `{1}`
+    `{2}` those of several `:::` sources, combined every way; with neither, it is appended).
+    Their tasks are numbered from 1; --timeout and --retries apply to each.
 
     Dependencies gate starts, a failed task skips its dependents, and the exit code is 0 when
     every task succeeded, 1 when any failed or was skipped, 2 for a bad spec or usage, 3 when
@@ -622,7 +228,6 @@ def run(
     unless --keep-team.
     """
     from shoal.orchestrator.batch import RunOptions, run_batch
-    from shoal.orchestrator.batch.parse import parse_spec
     from shoal.orchestrator.batch.spec import parse_halt
     from shoal.orchestrator.batch.workflow_kind import install as install_workflows
 
@@ -638,7 +243,7 @@ def run(
         raise UsageError(f"--halt: {exc}") from None
     if as_json and not dry_run:
         raise UsageError("--json goes with --dry-run (a run's events: --output-format stream-json)")
-    spec = parse_spec(spec_path)
+    spec = _spec_of(list(spec_args), timeout, retries)
     if dry_run:
         from shoal.orchestrator.batch import agent_dispatcher_factory, check_agents
         from shoal.orchestrator.batch.plan import build_plan, render_plan
@@ -710,6 +315,40 @@ def run(
             click.echo(line)
     step_summary(outcome.report, list(outcome.summary))
     sys.exit(outcome.exit_code)
+
+
+def _spec_of(args: list[str], timeout: float | None, retries: int | None) -> Spec:
+    """The spec to run: a TOML spec (a file ending in .toml), a plain commands file (one
+    command per line, as `parallel < FILE`), or `COMMAND ::: ARGS` (as parallel takes it)."""
+    from shoal.orchestrator.batch.commands import (
+        ARGS_SEPARATOR,
+        commands_of_args,
+        commands_of_file,
+        spec_of_commands,
+    )
+    from shoal.orchestrator.batch.parse import parse_spec
+
+    if ARGS_SEPARATOR in args:
+        where = Path(os.getcwd()) / "parallel"  # (its record and team: run-parallel)
+        commands = commands_of_args(args)
+        return spec_of_commands(
+            commands, where, display="the ::: commands", timeout=timeout, retries=retries
+        )
+    if len(args) != 1:
+        raise UsageError(
+            "run takes one SPEC (a .toml spec or a file of commands), or -- COMMAND ::: ARGS"
+        )
+    (given,) = args
+    if given.endswith(".toml"):
+        if timeout is not None or retries is not None:
+            raise UsageError(
+                "--timeout and --retries are for a commands file or ::: (a TOML spec sets "
+                "them in [run] or per task)"
+            )
+        return parse_spec(given)
+    path = Path(os.path.abspath(given))
+    commands = commands_of_file(path, given)
+    return spec_of_commands(commands, path, display=given, timeout=timeout, retries=retries)
 
 
 def use_color(choice: str, tty: bool) -> bool:

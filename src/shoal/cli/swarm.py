@@ -114,12 +114,12 @@ def _remote_task(layout: Any, team: str, name: str) -> str | None:
     one), if it names one; None for a member's name or a permission request's id."""
     if not name.startswith("r") or "." in name:
         return None
-    from shoal.cli.tasks import _tasks
+    from shoal.cli.taskfiles import task_records
     from shoal.teams.session import current_session
 
     session = current_session(layout, team)
     # (an ended one too, evicted to the history: the leader then says it waits for nothing)
-    records = _tasks(session, include_history=True) if session is not None else {}
+    records = task_records(session, include_history=True) if session is not None else {}
     matches = [
         i for i, t in records.items() if i.startswith(name) and t.get("type") == "remote_agent"
     ]
@@ -171,14 +171,14 @@ def _refuse_own_request(layout: Any, team: str, request_id: str) -> None:
     """Refuse (ConflictError) when this command runs inside the process tree of the agent
     that made request `request_id` (`{task id}.{n}`): an agent must not approve itself."""
     from shoal.channel.client import leader_alive
-    from shoal.cli.tasks import _tasks
+    from shoal.cli.taskfiles import task_records
     from shoal.teams.session_files import current_session_files
     from shoal.workers.agent.approval import agent_roots, refuse_inside
 
     session = current_session_files(layout, team)
     if session is None:
         return  # (no session: the leader says what is wrong)
-    records = _tasks(session, include_history=False)
+    records = task_records(session, include_history=False)
     task_id = request_id.split(".", 1)[0]
     matches = [i for i in records if i.startswith(task_id)]
     if len(matches) == 1:
@@ -187,14 +187,14 @@ def _refuse_own_request(layout: Any, team: str, request_id: str) -> None:
 
 def _show_request(request_id: str, as_json: bool) -> None:
     """Print agent request `request_id` whole (wrapped, control characters made visible)."""
-    from shoal.cli.tasks import _tasks
+    from shoal.cli.taskfiles import task_records
     from shoal.core import consent
     from shoal.teams.session_files import current_session_files
 
     env = get_env(click.get_current_context())
     team = env.team()
     session = current_session_files(env.layout, team)
-    records = _tasks(session, include_history=False) if session is not None else {}
+    records = task_records(session, include_history=False) if session is not None else {}
     for task_id, record in records.items():
         waiting = record.get("waiting_for") or {}
         if waiting.get("request_id") == request_id or (
@@ -224,10 +224,12 @@ def _show_request(request_id: str, as_json: bool) -> None:
 @json_option
 @common_options
 def approve(name: str, feedback: str | None, show: bool, as_json: bool) -> None:
-    """Approve the plan teammate NAME is waiting on, an agent's permission request (NAME is
-    then its id, `a1b2c3d4e.1`, shown by `shoal ps`), or a remote ultraplan (its `r...` id):
-    a ready plan completes it; a question is answered with --feedback. With --show, print
-    the request whole instead (prompts cut a very long one and say so)."""
+    """Approve a teammate's plan, an agent's permission request or a remote ultraplan.
+
+    NAME is the teammate waiting on a plan, an agent's request id (`a1b2c3d4e.1`, shown by
+    `shoal ps`), or a remote ultraplan's `r...` id: a ready plan completes it; a question is
+    answered with --feedback. With --show, print the request whole instead (prompts cut a
+    very long one and say so)."""
     if show:
         _show_request(name, as_json)
         return
@@ -247,8 +249,10 @@ def approve(name: str, feedback: str | None, show: bool, as_json: bool) -> None:
 @json_option
 @common_options
 def reject(name: str, feedback: str, as_json: bool) -> None:
-    """Reject the plan teammate NAME is waiting on, or an agent's permission request (its id,
-    shown by `shoal ps`), with feedback the model is told."""
+    """Reject a teammate's plan or an agent's permission request, with feedback.
+
+    NAME is the teammate waiting on a plan, or an agent's request id (shown by `shoal ps`);
+    the model is told the feedback."""
     request_id = _answer_plan(name, False, feedback)
     if as_json:
         print_json({"name": name, "request_id": request_id, "approve": False})

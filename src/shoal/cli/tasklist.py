@@ -11,7 +11,16 @@ from shoal.cli.common import common_options, get_env, json_option, parse_json_ar
 from shoal.core.errors import EXIT_FAILED, UsageError
 from shoal.core.names import validate_name
 from shoal.teams.store import Teams
-from shoal.teams.taskitems import STATUSES, UNSET, UPDATE_STATUSES, ClaimRefused, TaskItem, Unset
+from shoal.teams.taskitems import (
+    MAX_TASK_FAILURES,
+    STATUSES,
+    UNSET,
+    UPDATE_STATUSES,
+    ClaimRefused,
+    TaskItem,
+    Unset,
+    parked,
+)
 from shoal.teams.tasklist import TaskList
 
 TASK_ID = click.IntRange(min=1)
@@ -45,8 +54,22 @@ def _ids(ids: Any) -> str:
     return ", ".join(str(i) for i in ids) or "-"
 
 
+def _parked_note(item: TaskItem) -> str:
+    """What `task list` adds to a parked task: that no teammate takes it any more, its last
+    error, and how to hand it on."""
+    if not parked(item):
+        return ""
+    error = " ".join(str((item.metadata or {}).get("last_error") or "").split())
+    error = error if len(error) <= 120 else error[:119] + "…"
+    return (
+        f"  [parked after {MAX_TASK_FAILURES} failed turns"
+        + (f"; last: {error}" if error else "")
+        + f"; assign it: `shoal task update {item.id} --owner NAME`]"
+    )
+
+
 def _describe(item: TaskItem, open_blockers: list[int]) -> None:
-    click.echo(f"task {item.id}: {item.subject}")
+    click.echo(f"task {item.id}: {item.subject}{_parked_note(item)}")
     rows: list[tuple[str, str]] = [("status", item.status), ("owner", item.owner or "-")]
     if item.active_form:
         rows.append(("active form", item.active_form))
@@ -80,14 +103,15 @@ def task() -> None:
 @click.option(
     "--from", "assigned_by", default=None, metavar="NAME", help="Who assigns it (default lead)."
 )
+@click.option("--metadata", "metadata_json", default=None, metavar="JSON", help="Free-form data.")
 @click.option(
     "--run",
     "run_command",
     default=None,
     metavar="CMD",
-    help="The shell command a scripted teammate runs when it claims the task (metadata.run).",
+    help="The shell command a teammate with the default scripted brain runs for it "
+    "(metadata.run): the task completes when CMD exits 0.",
 )
-@click.option("--metadata", "metadata_json", default=None, metavar="JSON", help="Free-form data.")
 @json_option
 @common_options
 def add(
@@ -97,29 +121,24 @@ def add(
     blocked_by: tuple[int, ...],
     owner: str | None,
     assigned_by: str | None,
-    run_command: str | None,
     metadata_json: str | None,
+    run_command: str | None,
     as_json: bool,
 ) -> None:
     """Add a task with SUBJECT; prints its id.
 
-    A teammate claims the first unblocked, unowned task. A scripted teammate (`shoal spawn
-    NAME`) does the work by running the task's command, given with `--run CMD` (kept as
-    `metadata.run`), in its working directory, and reports its output back; without one it
-    only reports the task done. An agent teammate reads SUBJECT and `--description` as its
-    instructions.
-
-    \b
-    Example:
-      shoal task add build --run 'make'
-      shoal task add test --run 'make test' --blocked-by 1
+    Teammates (`shoal spawn NAME`) claim open tasks in id order. One with the default
+    scripted brain does what --run names (`shoal task add test --run 'make test'`): the task
+    completes when the command exits 0, else it fails and goes back to pending (parked after
+    three failed turns); with no --run it only acknowledges the task. Other brains (exec,
+    claude, codex, llm) take its --description (else SUBJECT) as their prompt.
     """
     metadata = _metadata(metadata_json)
     if run_command is not None:
         if not run_command.strip():
-            raise UsageError("--run needs a command")
+            raise UsageError("--run takes a command")
         if metadata is not None and "run" in metadata:
-            raise UsageError('give the command once: --run or a "run" key in --metadata')
+            raise UsageError("--run and --metadata's run both name the command: give one")
         metadata = {**(metadata or {}), "run": run_command}
     tl = _tasklist()
     item = tl.add(
@@ -162,7 +181,7 @@ def list_(status: str | None, owner: str | None, as_json: bool) -> None:
         for t in items:
             click.echo(
                 f"{t.id:>4}  {t.status:<11}  {t.owner or '-':<16}  "
-                f"{_ids(snap.open_blockers(t)):<10}  {t.subject}"
+                f"{_ids(snap.open_blockers(t)):<10}  {t.subject}{_parked_note(t)}"
             )
     for task_id in sorted(snap.errors):
         click.echo(f"shoal: error: {snap.errors[task_id]}", err=True)

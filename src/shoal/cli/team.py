@@ -89,7 +89,9 @@ def list_(as_json: bool) -> None:
             click.echo(f"{row['name']}\tCORRUPT: {row['error']}")
         else:
             desc = f"\t{row['description']}" if row["description"] else ""
-            click.echo(f"{row['name']}\t{row['members']} members, {row['alive']} alive{desc}")
+            count = row["members"]
+            members = f"{count} member{'' if count == 1 else 's'}"
+            click.echo(f"{row['name']}\t{members}, {row['alive']} alive{desc}")
 
 
 @team.command("show")

@@ -75,8 +75,10 @@ def _entry_json(path: str, entry: Any, status: str) -> dict[str, Any]:
 @json_option
 @common_options
 def trust(directory: str | None, listing: bool, revoke: str | None, as_json: bool) -> None:
-    """Trust DIR (default: here): its agents may use its MCP servers (.shoal/mcp.json, and
-    .mcp.json for `shoal monitor`) and agent definitions (.shoal/agents/, .claude/agents/).
+    """Trust a project directory: its agents may use its MCP servers and agent definitions.
+
+    DIR (default: here) holds the MCP servers (.shoal/mcp.json, and .mcp.json for
+    `shoal monitor`) and agent definitions (.shoal/agents/, .claude/agents/).
 
     Records DIR's real path and a digest of those files (and of the files inside DIR that
     those MCP servers run, named by a server's command or arguments) in

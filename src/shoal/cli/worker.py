@@ -75,8 +75,9 @@ def _options(fn: F) -> F:
 @_options
 @common_options
 def worker(**params: object) -> None:
-    """Run as teammate NAME of the team: join, watch the inbox, tell the lead it is ready,
-    then work until shut down. Backends start this; you rarely run it by hand."""
+    """Run as teammate NAME of the team (backends start this; rarely run by hand).
+
+    It joins, watches the inbox, tells the lead it is ready, then works until shut down."""
     from shoal.workers.teammate.worker import run_worker
 
     env = get_env(click.get_current_context())

@@ -13,6 +13,19 @@ EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok",
+    EXIT_FAILED: "a task failed, or a check refused (no team, no leader running, a name taken, "
+    "a claim refused, a corrupt file)",
+    EXIT_USAGE: "usage or spec error: an unknown command or option, a bad value, an unknown or "
+    "ambiguous task id",
+    EXIT_TIMEOUT: "`wait --timeout` expired (`shoal run`: only timeouts kept it from green)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+"""What each exit code of every command means (the exit-code table of the docs is this one);
+`sh --foreground` and `logs ID` exit with the task's own code instead, and `shoal run` adds 3
+(the run itself could not do its job)."""
+
 
 class ShoalError(Exception):
     """Base of every error shoal reports to a user; `exit_code` is what the CLI exits with."""
@@ -38,6 +51,16 @@ class InvalidNameError(UsageError):
 
 class NotFoundError(ShoalError):
     """A team, member, task or file that was named does not exist."""
+
+
+class UnknownTaskError(UsageError, NotFoundError):
+    """A task id (or prefix) that names no task of the session: a usage error (exit 2), as an
+    ambiguous prefix is, with one wording whichever command was given it."""
+
+    def __init__(self, given: str, team: str | None = None, *, what: str = "task") -> None:
+        self.given = given
+        where = f"team {team!r}" if team is not None else "this session"
+        super().__init__(f"no {what} {given!r} in {where} (see `shoal ps --all`)")
 
 
 class ConflictError(ShoalError):

@@ -7,19 +7,21 @@ import threading
 import time
 from collections.abc import Iterable
 
-from shoal.core.errors import NotFoundError, UsageError
+from shoal.core.errors import UnknownTaskError, UsageError
 
 
-def resolve_task_id(known: Iterable[str], given: str, *, what: str = "task") -> str:
-    """The one id in `known` that is `given` or starts with it; NotFoundError when none
-    is, UsageError when several are (naming them)."""
+def resolve_task_id(
+    known: Iterable[str], given: str, *, what: str = "task", team: str | None = None
+) -> str:
+    """The one id in `known` that is `given` or starts with it; UnknownTaskError when none
+    is (naming `team` when given), UsageError when several are (naming them)."""
     if not given:
         raise UsageError(f"an empty {what} id")
     matches = sorted({i for i in known if i.startswith(given)})
     if given in matches:
         return given
     if not matches:
-        raise NotFoundError(f"no {what} {given!r} in this session (see `shoal ps --all`)")
+        raise UnknownTaskError(given, team, what=what)
     if len(matches) > 1:
         shown = " ".join(matches[:5]) + (" ..." if len(matches) > 5 else "")
         raise UsageError(f"{what} id {given!r} is ambiguous: it starts {shown}")

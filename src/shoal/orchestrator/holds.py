@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shoal.core.errors import ShoalError, TaskError
+from shoal.core.errors import ShoalError, TaskError, UnknownTaskError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive, process_start_time
 
@@ -72,7 +72,7 @@ class Holds:
                 raise TaskError(
                     f"task {task_id} has ended and left the registry; there is nothing to hold"
                 )
-            raise TaskError(f"no task {task_id} in team {leader.team!r} (see `shoal ps --all`)")
+            raise UnknownTaskError(task_id, leader.team)
         if not holder.strip():
             raise TaskError("a hold needs the holder's name")
         self._carry(leader)

@@ -26,7 +26,7 @@ from shoal.channel.protocol import (
     TaskAttachmentsRequest,
     ViewRequest,
 )
-from shoal.core.errors import TaskError, UsageError
+from shoal.core.errors import TaskError, UnknownTaskError, UsageError
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -407,7 +407,7 @@ class LeaderRequests(LeaderStore, ABC):
         if task is None:
             if task_id in self.history():
                 raise TaskError(f"task {task_id} already finished")
-            raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
+            raise UnknownTaskError(task_id, self.team)
         if task.is_terminal:
             raise TaskError(f"task {task_id} already finished ({task.status.value})")
         if on_done is not None:
@@ -436,7 +436,7 @@ class LeaderRequests(LeaderStore, ABC):
     def await_end(self, task_id: str, on_done: Callable[[AnyTaskState], None]) -> None:
         """`on_done` gets the task's final state once it has ended (at once when it has)."""
         if self.registry.get(task_id) is None and task_id not in self.history():
-            raise TaskError(f"no task {task_id} in team {self.team!r} (see `shoal ps --all`)")
+            raise UnknownTaskError(task_id, self.team)
         self._waiters.setdefault(task_id, []).append(on_done)
         self._answer_waiters()
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.channel.protocol import (
@@ -26,7 +27,7 @@ from shoal.channel.protocol import (
     SendInputRequest,
     ShellSpec,
 )
-from shoal.core.errors import NotFoundError, TaskError, UsageError
+from shoal.core.errors import NotFoundError, TaskError, UnknownTaskError, UsageError
 from shoal.core.ids import resolve_task_id
 from shoal.core.tasks import (
     AnyTaskState,
@@ -44,6 +45,7 @@ class Leader(SchedulerHost, Protocol):
     """What the queue verbs need of the leader, beyond what its scheduler does."""
 
     scheduler: Scheduler
+    team: str
 
     def notify(self) -> None: ...
 
@@ -67,12 +69,8 @@ def queueing_options(leader: Leader, spec: ShellSpec) -> dict[str, Any]:
             known.extend(leader.scheduler.known_ids())
         for given in ids:
             try:
-                out.append(resolve_task_id(known, given))
-            except NotFoundError:
-                raise UsageError(
-                    f"{flag}: no task {given!r} in this session (see `shoal ps --all`)"
-                ) from None
-            except UsageError as exc:
+                out.append(resolve_task_id(known, given, team=leader.team))
+            except UsageError as exc:  # (unknown or ambiguous: the flag says which)
                 raise UsageError(f"{flag}: {exc}") from None
         return tuple(dict.fromkeys(out))
 
@@ -129,7 +127,12 @@ def handle(leader: Leader, request: QueueRequest) -> Any:
     if isinstance(request, RestartRequest):
         return restart(leader, request.task_id, in_place=request.in_place)
     if isinstance(request, CleanRequest):
-        return clean(leader, request.force)
+        return clean(
+            leader,
+            request.force,
+            task_ids=request.task_ids,
+            successful_only=request.successful_only,
+        )
     return send_input(leader, request)
 
 
@@ -205,7 +208,7 @@ def _summary(leader: Leader, task_id: str) -> dict[str, Any]:
 
 
 def _live_id(leader: Leader, given: str) -> str:
-    return resolve_task_id(leader.scheduler.known_ids(), given)
+    return resolve_task_id(leader.scheduler.known_ids(), given, team=leader.team)
 
 
 def find(leader: Leader, task_id: str) -> AnyTaskState:
@@ -216,7 +219,7 @@ def find(leader: Leader, task_id: str) -> AnyTaskState:
         return task
     raw = leader.history().get(full)
     if raw is None:  # (listed a moment ago: cleaned since)
-        raise NotFoundError(f"no task {task_id!r} in this session (see `shoal ps --all`)")
+        raise UnknownTaskError(task_id, leader.team)
     return parse_task_state(raw)
 
 
@@ -274,7 +277,7 @@ def _first_attempt(leader: Leader, task: LocalShellTaskState) -> LocalShellTaskS
         seen.add(task.retry_of)
         try:
             earlier = find(leader, task.retry_of)
-        except (NotFoundError, UsageError):
+        except UsageError:  # (unknown or ambiguous)
             break
         if not isinstance(earlier, LocalShellTaskState):
             break
@@ -306,15 +309,49 @@ def _remove_files(task: LocalShellTaskState) -> None:
             os.unlink(path)
 
 
-def clean(leader: Leader, force: bool = False) -> dict[str, Any]:
-    """Drop every finished task from the session's listing (the registry and the history),
-    with its output files. Their ends are told first; unfinished tasks stay, and so do
-    agents in their panel grace and tasks a view holds (`retain`) unless `force`."""
+def _clean_selection(
+    leader: Leader, task_ids: list[str], successful_only: bool
+) -> Callable[[str, str], bool]:
+    """Which finished tasks a `clean` removes, as a test of (id, status): those of `task_ids`
+    (unique prefixes; an unknown one is refused, and so is one not finished), or all; only
+    completed ones when `successful_only`."""
+    chosen: set[str] = set()
+    for given in task_ids:
+        task = find(leader, given)
+        if not task.is_terminal:
+            raise TaskError(
+                f"task {task.id} is {task.status.value}; only finished tasks are cleaned "
+                f"(`shoal stop {task.id}` first)"
+            )
+        chosen.add(task.id)
+
+    def selected(task_id: str, status: str) -> bool:
+        return (not task_ids or task_id in chosen) and (
+            not successful_only or status == TaskStatus.COMPLETED.value
+        )
+
+    return selected
+
+
+def clean(
+    leader: Leader,
+    force: bool = False,
+    *,
+    task_ids: list[str] | None = None,
+    successful_only: bool = False,
+) -> dict[str, Any]:
+    """Drop finished tasks from the session's listing (the registry and the history), with
+    their output files: every one, or those of `task_ids`, and only the completed ones when
+    `successful_only`. Their ends are told first; unfinished tasks stay, and so do agents in
+    their panel grace and tasks a view holds (`retain`) unless `force`."""
+    selected = _clean_selection(leader, task_ids or [], successful_only)
     leader.notify()
     removed: list[str] = []
     kept: list[str] = []
     now = time.time()
     for task in list(leader.registry.terminal_tasks()):
+        if not selected(task.id, task.status.value):
+            continue
         if leader.holds_notification(task.id):
             continue  # (a full disk holds its notification: it stays until that is sent)
         if not force and in_grace(task, now):
@@ -325,14 +362,18 @@ def clean(leader: Leader, force: bool = False) -> dict[str, Any]:
         if isinstance(task, LocalShellTaskState):
             _remove_files(task)
     history = leader.history()
+    staying: list[dict[str, Any]] = []
     for raw in history.values():
+        if not selected(raw["id"], str(raw.get("status"))):
+            staying.append(raw)
+            continue
         removed.append(raw["id"])
         if raw.get("type") == TaskType.LOCAL_BASH.value:
             with contextlib.suppress(ValueError):
                 finished = parse_task_state(raw)
                 assert isinstance(finished, LocalShellTaskState)
                 _remove_files(finished)
-    leader.session.clear_history()
+    leader.session.clear_history(keep=staying)
     leader.forget_history()
     leader.mark_dirty()
     leader.persist(force=True)

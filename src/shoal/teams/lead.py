@@ -15,7 +15,16 @@ from shoal.core.procs import is_alive
 
 
 class NoLeaderError(ShoalError):
-    """No leader runs for the team."""
+    """No leader runs for the team: one wording (and exit 1) whichever command needed it;
+    `why` says what cannot happen without one."""
+
+    def __init__(self, team: str, why: str = "") -> None:
+        self.team = team
+        because = f" ({why})" if why else ""
+        super().__init__(
+            f"no leader is running for team {team!r}{because}; "
+            f"start one with `shoal up --team {team}`"
+        )
 
 
 def team_record(layout: Layout, team: str) -> dict[str, Any]:
@@ -66,7 +75,5 @@ def require_leader(layout: Layout, team: str) -> tuple[int, float]:
     """The running leader's (pid, start time), or NoLeaderError naming `shoal up`."""
     alive = leader_alive(layout, team)
     if alive is None:
-        raise NoLeaderError(
-            f"no leader is running for team {team!r}; start one with `shoal up --team {team}`"
-        )
+        raise NoLeaderError(team)
     return alive

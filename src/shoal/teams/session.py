@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,14 +174,17 @@ class Session(SessionFiles):
         disk: the caller keeps the task until it is written)."""
         self._append(self.history_file, task.model_dump(mode="json"))
 
-    def clear_history(self) -> None:
-        """Empty the history (`shoal clean`): replaced by an empty file, the open append fd
-        closed first so no later record goes to the old file."""
+    def clear_history(self, keep: Iterable[dict[str, Any]] = ()) -> None:
+        """Empty the history (`shoal clean`) but for the records `keep`: replaced by a new
+        file, the open append fd closed first so no later record goes to the old file."""
         fd = self._fds.pop(self.history_file, None)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        atomic_write(self.history_file, b"")
+        atomic_write(
+            self.history_file,
+            b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in keep),
+        )
 
     def typed_events(self) -> Iterator[Event]:
         """Every event so far that this build knows, as its model."""

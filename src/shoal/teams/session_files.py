@@ -63,6 +63,14 @@ class SessionFiles:
             raise CorruptFileError(self.state_file, "invalid session state: no task table")
         return tasks
 
+    def group_names(self) -> set[str]:
+        """The task groups state.json lists (`shoal group add`); empty when absent."""
+        try:
+            groups = orjson.loads(read_bytes_nofollow(self.state_file)).get("groups")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return set()
+        return set(groups) if isinstance(groups, dict) else set()
+
     def events(self) -> Iterator[dict[str, Any]]:
         """Every event record so far (a torn last line, from a crash mid-write, is skipped)."""
         yield from _read_jsonl(self.events_file)

@@ -207,6 +207,20 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     return meta
 
 
+MAX_TASK_FAILURES: Final = 3
+"""A task whose turns failed this many times is parked: no teammate claims it on its own any
+more (an assigned owner still may), so one broken task does not loop forever."""
+
+
+def parked(item: TaskItem) -> bool:
+    """Whether `item` is pending, unowned and parked after MAX_TASK_FAILURES failed turns."""
+    return (
+        item.status == TaskItemStatus.PENDING
+        and item.owner is None
+        and failures_of(item) >= MAX_TASK_FAILURES
+    )
+
+
 def failures_of(item: TaskItem) -> int:
     try:
         return int((item.metadata or {}).get("failures", 0) or 0)

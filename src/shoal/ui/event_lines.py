@@ -20,6 +20,19 @@ def _one_line(text: Any, limit: int = _PREVIEW) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def _message_words(msg: Mapping[str, Any]) -> str:
+    """What a message says in words: a task notification's summary (and, unless it
+    completed, what it ended with), not its XML; any other message's text."""
+    if msg.get("kind") != "task_notification":
+        return str(msg.get("text") or "")
+    raw = msg.get("data")
+    data: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    words = str(msg.get("summary") or data.get("summary") or data.get("status") or "")
+    if data.get("status") not in (None, "completed") and data.get("result"):
+        words += f": {data['result']}"
+    return words
+
+
 def event_line(record: Mapping[str, Any], *, leader_view: bool = False) -> str | None:
     """`HH:MM:SS what  id  detail` for one event; None for what a leader's log leaves out
     (`leader_view`: only starts, ends, stalls, notes and messages, as it always printed)."""
@@ -32,7 +45,7 @@ def event_line(record: Mapping[str, Any], *, leader_view: bool = False) -> str |
         msg = record.get("message") or {}
         return (
             f"{head} message   from {msg.get('from')} [{msg.get('kind')}] "
-            f"{_one_line(msg.get('text'))}"
+            f"{_one_line(_message_words(msg))}"
         ).rstrip()
     if sub == "task_started":
         return f"{head} started   {task}  {_one_line(record.get('description'))}"

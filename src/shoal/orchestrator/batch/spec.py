@@ -159,10 +159,12 @@ class HaltPolicy:
 
 def parse_halt(value: object) -> HaltPolicy:
     """A HaltPolicy from `never`, `now,fail=N`, `soon,fail=N`, `now,success=N`, `soon,success=N`
-    (N a count >= 1 or a percentage such as `10%`); ValueError otherwise."""
+    (N a count >= 1 or a percentage such as `10%`), or GNU parallel's short forms: 0 (never),
+    1 (soon,fail=1), 2 (now,fail=1); ValueError otherwise."""
     text = value.strip().lower().replace(" ", "") if isinstance(value, str) else None
     if text in ("never", "0"):
         return HaltPolicy()
+    text = {"1": "soon,fail=1", "2": "now,fail=1"}.get(text or "", text)
     match = _HALT_RE.fullmatch(text or "")
     if match is not None:
         when, on, number, pct = match.groups()
@@ -171,7 +173,7 @@ def parse_halt(value: object) -> HaltPolicy:
             return HaltPolicy(when=when, on=on, count=count, percent=bool(pct))  # type: ignore[arg-type]
     raise ValueError(
         f'bad halt value "{value}": use never, now,fail=N, soon,fail=N, now,success=N or '
-        "soon,success=N (N a count such as 1, or a percentage such as 10%)"
+        "soon,success=N (N a count such as 1, or a percentage such as 10%), or 0, 1 or 2"
     )
 
 

@@ -528,7 +528,12 @@ class ScriptedBrain:
                 target = (base / render(step.args["path"], ctx)).resolve()
                 if not target.is_relative_to(base):
                     return TurnResult(False, f"refused to write {target}: outside {base}", count)
-                target.write_text(render(step.args["text"], ctx))
+                try:  # (its directories are made, as an editor's "save as" would)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(render(step.args["text"], ctx))
+                except OSError as exc:  # (a step's failure in words, not an internal error)
+                    reason = exc.strerror or type(exc).__name__
+                    return TurnResult(False, f"cannot write {target}: {reason}", count)
                 result = f"wrote {target}"
             elif step.kind == "send":
                 await ctx.send(render(step.args["send"], ctx), render(step.args["text"], ctx))

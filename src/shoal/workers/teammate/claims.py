@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Final
 
 from shoal.core.errors import ShoalError
-from shoal.teams.taskitems import TaskItem
+from shoal.teams.taskitems import MAX_TASK_FAILURES, TaskItem
 from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import TurnResult
 from shoal.workers.teammate.commands import CommandRecord, settle_from
 
 # A task whose turn failed this many times is no longer claimed automatically.
-MAX_TASK_FAILURES: Final = 3
 # The most of a failed turn's result kept as its task's `last_error`.
 LAST_ERROR_CHARS: Final = 500
 

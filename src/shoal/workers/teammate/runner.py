@@ -438,6 +438,9 @@ class TeammateRunner:
             result = TurnResult(False, f"aborted: {exc}")
         except ShoalError as exc:
             result = TurnResult(False, str(exc))
+        except OSError as exc:  # (a file it could not read or write: named, with the reason)
+            where = f" {exc.filename}" if exc.filename else ""
+            result = TurnResult(False, f"{exc.strerror or type(exc).__name__}{where}")
         except Exception as exc:  # a brain bug ends the turn, never the teammate
             result = TurnResult(False, f"internal error: {exc!r}")
         self._turn = None

@@ -7,6 +7,8 @@ failed to start.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +90,31 @@ class SpawnBatch:
         self.reply([self.results[n] for n in self.order if n in self.results], None)
 
 
+def check_program(leader: Any, agent: str, cmd: str | None, cwd: str) -> None:
+    """Refuse (UsageError, exit 2) a teammate whose program is not there: the first word of
+    --cmd, else the preset's own (`claude`, `codex`), looked up on the PATH its commands
+    get (a path is taken from `cwd`). Else it would be "spawned", and fail in a log."""
+    try:
+        words = shlex.split(cmd) if cmd else [agent]
+    except ValueError as exc:
+        raise UsageError(f"--cmd {cmd!r} cannot be parsed: {exc}") from None
+    if not words:
+        raise UsageError("--cmd is empty")
+    program = words[0]
+    if os.sep in program:
+        found = os.path.join(cwd, program)
+        ok = os.path.isfile(found) and os.access(found, os.X_OK)
+    else:
+        path = leader.environ.get(b"PATH", os.defpath.encode())
+        ok = shutil.which(program, path=os.fsdecode(path)) is not None
+    if not ok:
+        how = "give its path in --cmd" if agent != "exec" else "check --cmd"
+        raise UsageError(
+            f"--agent {agent}: no command {program!r} on the PATH of team "
+            f"{leader.team!r}'s leader (install it, or {how})"
+        )
+
+
 def plan_spawn(
     host: SwarmHost,
     members: Mapping[str, MemberRun],
@@ -117,6 +144,8 @@ def plan_spawn(
         raise UsageError("--model goes with --agent llm")
     if agent == "exec" and not cmd:
         raise UsageError("--agent exec needs --cmd TEMPLATE (e.g. 'claude -p {prompt}')")
+    if agent in ("exec", "claude", "codex"):
+        check_program(host, agent, str(cmd) if cmd else None, str(args.get("cwd") or "."))
     if script and not Path(script).is_file():
         raise UsageError(f"script {script} does not exist")
     if script:
