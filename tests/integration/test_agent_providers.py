@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from shoal.workers.agent.loop import AgentLoop, Limits, Outcome, make_tools
+from shoal.workers.agent.loop import AgentLoop, Limits, Outcome
 from shoal.workers.agent.models import ModelSpec, build_model
+from shoal.workers.agent.tool_calls import make_tools
 from shoal.workers.agent.tools import Workspace
 from shoal.workers.agent.transcript import Transcript
 from tests.support.model_wire import stream_of

@@ -80,7 +80,7 @@ def notified_ids(transcript: Path) -> list[str]:
     truncate records applied), as often as each appears."""
     import re
 
-    from shoal.workers.agent.loop import prompt_texts
+    from shoal.workers.agent.progress import prompt_texts
     from shoal.workers.agent.transcript import Transcript
 
     seen: list[str] = []

@@ -50,7 +50,7 @@ def leader(cli: Cli, home: Path) -> Iterator[Cli]:
 
 def prompts(task: dict[str, Any]) -> str:
     """Every user-side text of the coordinator's conversation (tool results included)."""
-    from shoal.workers.agent.loop import prompt_texts
+    from shoal.workers.agent.progress import prompt_texts
     from shoal.workers.agent.transcript import Transcript
 
     messages = Transcript.load(Path(task["transcript"])).messages

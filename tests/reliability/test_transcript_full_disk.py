@@ -19,8 +19,10 @@ import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 from shoal.core.errors import NoSpaceError
-from shoal.workers.agent.loop import AgentLoop, Limits, Output, make_tools
+from shoal.workers.agent.loop import AgentLoop, Limits
+from shoal.workers.agent.progress import Output
 from shoal.workers.agent.scripted import Script, scripted_model
+from shoal.workers.agent.tool_calls import make_tools
 from shoal.workers.agent.tools import Workspace
 from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
 from tests.reliability.conftest import Disk

@@ -19,17 +19,19 @@ from typing import Any
 
 import pytest
 
-from shoal.workers.agent.loop import AgentLoop, Output, make_tools
+from shoal.workers.agent.loop import AgentLoop
+from shoal.workers.agent.progress import Output
 from shoal.workers.agent.scripted import Script, scripted_model
-from shoal.workers.agent.tools import (
+from shoal.workers.agent.tool_args import (
     EditArgs,
     GlobArgs,
     GrepArgs,
     ReadArgs,
     ToolFailure,
-    Workspace,
     WriteArgs,
 )
+from shoal.workers.agent.tool_calls import make_tools
+from shoal.workers.agent.tools import Workspace
 from shoal.workers.dream.workspace import DreamWorkspace
 from tests.conftest import Cli
 from tests.polling import wait_until
@@ -466,7 +468,7 @@ def test_grep_reads_a_huge_line_in_pieces_and_numbers_lines_right(
     monkeypatch.setattr(tools, "GREP_LINE_BYTES", 16)
     (tmp_path / "f.txt").write_text("short\n" + "x" * 40 + "needle" + "y" * 40 + "\nneedle\n")
     ws = tools.Workspace(tmp_path, mode="plan")
-    found = ws.grep(tools.GrepArgs.model_validate(
+    found = ws.grep(GrepArgs.model_validate(
         {"pattern": "needle|xx", "output_mode": "content", "-n": True}
     ))  # fmt: skip
     numbers = [line.split(":")[1] for line in found.splitlines()]

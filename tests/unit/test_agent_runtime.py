@@ -14,7 +14,8 @@ import pytest
 from shoal.core.errors import NotFoundError, UsageError
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
-from shoal.workers.agent.loop import AgentLoop, Limits, Outcome, Output, make_tools
+from shoal.workers.agent.foreground import OUTPUT_KEEP_CHARS, run_foreground
+from shoal.workers.agent.loop import AgentLoop, Limits, Outcome
 from shoal.workers.agent.models import (
     MissingKeyError,
     ModelSpec,
@@ -22,20 +23,20 @@ from shoal.workers.agent.models import (
     check_model,
     choose_model,
 )
+from shoal.workers.agent.progress import Output
 from shoal.workers.agent.replay import replay_model
 from shoal.workers.agent.scripted import Script, scripted_model
 from shoal.workers.agent.team_tools import TeamCreateArgs, TeamDeleteArgs, TeamTools
-from shoal.workers.agent.tools import (
-    OUTPUT_KEEP_CHARS,
+from shoal.workers.agent.tool_args import (
     EditArgs,
     GrepArgs,
     ReadArgs,
     ToolFailure,
-    Workspace,
     WriteArgs,
     parse_args,
-    run_foreground,
 )
+from shoal.workers.agent.tool_calls import make_tools
+from shoal.workers.agent.tools import Workspace
 from shoal.workers.agent.transcript import Transcript
 
 # -- models ----------------------------------------------------------------------------------

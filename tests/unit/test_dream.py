@@ -16,8 +16,16 @@ import pytest
 
 from shoal.core.errors import ShoalError, UnsafePathError, UsageError
 from shoal.core.procs import current_identity
-from shoal.core.tasks import DreamPhase, DreamTaskState, new_task_id, update_task
-from shoal.workers.agent.tools import EditArgs, GlobArgs, GrepArgs, ReadArgs, ToolFailure, WriteArgs
+from shoal.core.tasks import DreamPhase, DreamTaskState, new_task_id
+from shoal.core.taskupdates import update_task
+from shoal.workers.agent.tool_args import (
+    EditArgs,
+    GlobArgs,
+    GrepArgs,
+    ReadArgs,
+    ToolFailure,
+    WriteArgs,
+)
 from shoal.workers.dream.memory import (
     LOCK_NAME,
     ConsolidationLock,
@@ -209,7 +217,7 @@ def test_workspace_search_covers_memory_and_sessions(ws: DreamWorkspace) -> None
 WRITER = """
 import sys
 from pathlib import Path
-from shoal.workers.agent.tools import ReadArgs, WriteArgs
+from shoal.workers.agent.tool_args import ReadArgs, WriteArgs
 from shoal.workers.dream.workspace import DreamWorkspace
 ws = DreamWorkspace(cwd=Path(sys.argv[1]), mode="acceptEdits")
 n = 0

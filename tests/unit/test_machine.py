@@ -12,8 +12,8 @@ from shoal.orchestrator.batch.state import RUN_MACHINE as BATCH_MACHINE
 from shoal.orchestrator.batch.state import RunStatus
 from shoal.teams.taskitems import ITEM_MACHINE, TaskItemStatus
 from shoal.workers.teammate.members import PHASE_MACHINE, Phase
-from shoal.workers.teammate.runner import RUN_MACHINE as TEAMMATE_MACHINE
-from shoal.workers.teammate.runner import RunState
+from shoal.workers.teammate.runstate import RUN_MACHINE as TEAMMATE_MACHINE
+from shoal.workers.teammate.runstate import RunState
 
 
 class Light(StrEnum):

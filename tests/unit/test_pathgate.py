@@ -12,7 +12,8 @@ import pytest
 
 from shoal.core import pathgate
 from shoal.core.pathgate import GateError, PathGate, expand_braces, pattern_parts
-from shoal.workers.agent.tools import EditArgs, ReadArgs, Workspace, WriteArgs
+from shoal.workers.agent.tool_args import EditArgs, ReadArgs, WriteArgs
+from shoal.workers.agent.tools import Workspace
 
 
 @pytest.fixture(params=["openat2", "walk"])

@@ -21,13 +21,12 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import Script, ScriptedBrain
-from shoal.workers.teammate.runner import (
+from shoal.workers.teammate.runner import RunnerConfig, TeammateRunner
+from shoal.workers.teammate.runstate import (
     RUN_TRANSITIONS,
     TERMINAL_RUN_STATES,
     IllegalRunTransition,
-    RunnerConfig,
     RunState,
-    TeammateRunner,
     move_run_state,
 )
 from tests.polling import wait_until_async

@@ -13,14 +13,8 @@ import pytest
 
 from shoal.channel.protocol import AttachmentAck
 from shoal.core.errors import ShoalError, TaskError
-from shoal.core.tasks import (
-    AnyTaskState,
-    LocalAgentTaskState,
-    LocalShellTaskState,
-    TaskStatus,
-    evolve,
-    update_task,
-)
+from shoal.core.tasks import AnyTaskState, LocalAgentTaskState, LocalShellTaskState, TaskStatus
+from shoal.core.taskupdates import evolve, update_task
 from shoal.workers.agent.attachments import (
     ATTACHMENT_CAP_BYTES,
     ATTACHMENT_ROUND_BYTES,
@@ -35,7 +29,7 @@ from shoal.workers.agent.attachments import (
     read_attachment,
     render,
 )
-from shoal.workers.agent.runner import Feed
+from shoal.workers.agent.feed import Feed
 
 AGENT = "aagent001"
 
@@ -421,8 +415,10 @@ class Source:
 
 
 def _script_loop(tmp_path: Path, script: str, source: Source) -> Any:
-    from shoal.workers.agent.loop import AgentLoop, Output, make_tools
+    from shoal.workers.agent.loop import AgentLoop
+    from shoal.workers.agent.progress import Output
     from shoal.workers.agent.scripted import Script, scripted_model
+    from shoal.workers.agent.tool_calls import make_tools
     from shoal.workers.agent.tools import Workspace
     from shoal.workers.agent.transcript import Transcript
 

@@ -29,7 +29,7 @@ from shoal.demo.swarm import demo_leader
 from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams
 from shoal.workers.agent.coordinator.mode import scratchpad_dir
-from shoal.workers.agent.runner import COORDINATOR_JOURNAL
+from shoal.workers.agent.coordinator.turns import COORDINATOR_JOURNAL
 from shoal.workers.agent.spec import AgentSpec
 
 DEMO_TIMEOUT_S: Final = 55.0

@@ -22,15 +22,10 @@ from shoal.channel import client as control
 from shoal.core.errors import NoSpaceError, ShoalError
 from shoal.core.paths import Layout
 from shoal.teams.session import current_session
+from shoal.workers.agent.feed import Feed, watch_inbox
 from shoal.workers.agent.job import EXIT_NO_SPACE, AgentJob, JobOutcome
-from shoal.workers.agent.runner import (
-    KILLED_ERROR,
-    TURN_SIGNAL,
-    Feed,
-    StatusWriter,
-    run_job,
-    watch_inbox,
-)
+from shoal.workers.agent.runner import KILLED_ERROR, TURN_SIGNAL, run_job
+from shoal.workers.agent.status_writer import StatusWriter
 
 
 @dataclass(frozen=True)

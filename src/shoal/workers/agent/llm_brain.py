@@ -18,11 +18,14 @@ from typing import Any
 from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import resolve_home
-from shoal.workers.agent.loop import AgentLoop, Output, make_tools
+from shoal.workers.agent.loop import AgentLoop
 from shoal.workers.agent.models import ModelSpec, build_model, check_model, choose_model
 from shoal.workers.agent.permissions import Gate
+from shoal.workers.agent.progress import Output
 from shoal.workers.agent.team_tools import TeamTools
-from shoal.workers.agent.tools import ToolFailure, Workspace
+from shoal.workers.agent.tool_args import ToolFailure
+from shoal.workers.agent.tool_calls import make_tools
+from shoal.workers.agent.tools import Workspace
 from shoal.workers.teammate.brains import TurnContext, TurnResult
 
 # What a teammate's model may use (its shells and files, the team's list and messages).

@@ -1,45 +1,34 @@
 """One agent run: pydantic-ai's `Agent.iter()` driven node by node, with what shoal adds on
-top — the sidechain transcript appended after every node, the readable output file, progress
-(tool uses, tokens, the 5 latest activities, each with its time, a summary: the latest thing
-the agent said, else its latest tool call) at each round, the last 50 messages of the
-conversation for views, pending messages drained at tool round boundaries (pydantic-ai's own
-`AgentRun.enqueue`, each counted as it reaches a request), the new output of the agent's
-background tasks attached before each model request (attachments.py), and limits that end
-the run `failed` with the limit named: turns (model requests), tokens, tool uses and wall
-time. While a request is out, the progress summary adds "waiting for the model for N s",
-renewed every WAIT_TICK_S.
+top — the sidechain transcript appended after every node, the readable output file and the
+progress at each round (progress.py), pending messages drained at tool round boundaries
+(pydantic-ai's own `AgentRun.enqueue`, each counted as it reaches a request), the new output
+of the agent's background tasks attached before each model request (attachments.py), and
+limits that end the run `failed` with the limit named: turns (model requests), tokens, tool
+uses and wall time. While a request is out, the progress summary adds "waiting for the model
+for N s", renewed every WAIT_TICK_S.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import inspect
-import os
 import re
-import sys
-import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from shoal.core.config import TOOL_RETRIES
 from shoal.core.errors import NoSpaceError, ShoalError
-from shoal.core.paths import FILE_MODE
-from shoal.core.taskstatus import AGENT_MESSAGES_UI_CAP, MESSAGE_TEXT_CAP
 from shoal.workers.agent.attachments import AttachSource, attached_ends
-from shoal.workers.agent.tools import (
-    FILE_TOOLS,
-    TOOL_SPECS,
-    ToolFailure,
-    Workspace,
-    parse_args,
-    schema_of,
-    tool_error,
+from shoal.workers.agent.progress import (
+    Output,
+    Progress,
+    describe_call,
+    prompt_texts,
+    short_result,
+    summary_of,
 )
 from shoal.workers.agent.transcript import Transcript
 
@@ -48,9 +37,6 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
     from pydantic_ai.models import Model
 
-T = TypeVar("T")
-
-RECENT_ACTIVITIES: Final = 5
 # How often the wait for a model response is renewed in the progress (the leader's event
 # throttle, PROGRESS_EVENT_INTERVAL_S, is shorter, so each renewal is at most one event).
 WAIT_TICK_S: Final = 2.0
@@ -68,107 +54,6 @@ class Limits:
     timeout: float | None = None
 
 
-@dataclass
-class Progress:
-    """The seed's agent progress (its ProgressTracker): counts, the latest activity and the
-    five before it (each with the time it was made), the summary. Tokens count as the seed
-    counts them: each request's input is the whole conversation so far, so only the latest
-    request's counts, beside every output.
-
-    Beside it, what the runner reports with it but not as progress: the conversation's last
-    messages (`messages`, for views) and how many pending messages reached it (`drained`)."""
-
-    tool_use_count: int = 0
-    latest_input_tokens: int = 0  # the latest request's input, cache reads and writes included
-    cumulative_output_tokens: int = 0
-    last_activity: str | None = None
-    recent_activities: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIVITIES))
-    activity_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIVITIES))
-    summary: str | None = None
-    messages: deque[dict[str, Any]] = field(
-        default_factory=lambda: deque(maxlen=AGENT_MESSAGES_UI_CAP)
-    )
-    drained: int = 0
-    from_disk: bool = False  # `messages` began with a conversation read back (a resume)
-
-    @property
-    def token_count(self) -> int:
-        return self.latest_input_tokens + self.cumulative_output_tokens
-
-    def count(self, usage: Any) -> None:
-        """Count one model response's usage (pydantic-ai's RequestUsage, whose input_tokens
-        holds the cache reads and writes of every provider)."""
-        self.latest_input_tokens = usage.input_tokens
-        self.cumulative_output_tokens += usage.output_tokens
-
-    def count_history(self, messages: Sequence[ModelMessage]) -> None:
-        """Count the responses of a conversation read back (a resumed agent goes on)."""
-        from pydantic_ai.messages import ModelResponse
-
-        for message in messages:
-            if isinstance(message, ModelResponse):
-                self.count(message.usage)
-
-    def note(self, activity: str, at: float | None = None) -> None:
-        self.last_activity = activity
-        self.recent_activities.append(activity)
-        self.activity_times.append(time.time() if at is None else at)
-
-    def said(self, role: str, text: str, kind: str = "text", at: float | None = None) -> None:
-        """One message of the conversation, for views (its text cut to MESSAGE_TEXT_CAP)."""
-        text = text.strip()
-        if not text:
-            return
-        cut = text if len(text) <= MESSAGE_TEXT_CAP else text[:MESSAGE_TEXT_CAP] + "…"
-        at = time.time() if at is None else at
-        self.messages.append({"role": role, "kind": kind, "text": cut, "at": at})
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "tool_use_count": self.tool_use_count,
-            "token_count": self.token_count,
-            "latest_input_tokens": self.latest_input_tokens,
-            "cumulative_output_tokens": self.cumulative_output_tokens,
-            "last_activity": self.last_activity,
-            "last_activity_at": self.activity_times[-1] if self.activity_times else None,
-            "recent_activities": list(self.recent_activities),
-            "recent_activity_times": list(self.activity_times),
-            "summary": self.summary,
-        }
-
-
-def summary_of(text: str) -> str | None:
-    """The first line of what the agent said, cut to 200 characters, for its summary."""
-    for line in text.strip().splitlines():
-        if line.strip():
-            return line.strip()[:200]
-    return None
-
-
-def conversation_messages(
-    messages: Iterable[ModelMessage], into: Progress | None = None
-) -> list[dict[str, Any]]:
-    """The messages of a conversation as views show them (user texts, assistant texts and
-    tool calls; the last AGENT_MESSAGES_UI_CAP), e.g. of a transcript read back from disk."""
-    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
-
-    progress = into if into is not None else Progress()
-    for message in messages:
-        at = getattr(message, "timestamp", None)
-        when = at.timestamp() if at is not None else None
-        if isinstance(message, ModelRequest):
-            for text in prompt_texts([message]):
-                progress.said("user", text, at=when)
-        elif isinstance(message, ModelResponse):
-            for part in message.parts:
-                if isinstance(part, TextPart):
-                    progress.said("assistant", part.content, at=when)
-                elif isinstance(part, ToolCallPart):
-                    line = describe_call(part.tool_name, part.args_as_dict())
-                    progress.said("assistant", line, "tool_use", at=when)
-    return list(progress.messages)
-
-
 @dataclass(frozen=True)
 class Outcome:
     """How a run ended: `completed` with the final text, or `failed` with the reason."""
@@ -180,200 +65,6 @@ class Outcome:
     tool_uses: int
     turns: int
     duration_ms: int
-
-
-def describe_call(name: str, args: Any) -> str:
-    """`Bash(ls -la)`: a tool call in one short line, for progress and the readable output."""
-    if isinstance(args, dict):
-        for key in ("description", "command", "file_path", "pattern", "to", "prompt"):
-            if isinstance(args.get(key), str):
-                return f"{name}({args[key][:80]})"
-    return f"{name}()"
-
-
-class Output:
-    """The task's readable output file: what the model said, the tools it called, their
-    results (first lines)."""
-
-    def __init__(self, path: Path | None, *, echo: bool | Callable[[str], None] = False) -> None:
-        self.path = path
-        # Also shown live (a tmux pane): True for stdout, or a function given each text (a
-        # teammate's console).
-        self.echo = echo
-
-    def write(self, text: str) -> None:
-        if not text:
-            return
-        if callable(self.echo):
-            self.echo(text)
-        elif self.echo:
-            with contextlib.suppress(OSError):
-                sys.stdout.write(text)
-                sys.stdout.flush()
-        if self.path is None:
-            return
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
-
-def _short(text: str, lines: int = 6) -> str:
-    kept = [line[:200] for line in text.splitlines()[:lines]]
-    more = len(text.splitlines()) - len(kept)
-    body = "\n".join(f"  ⎿ {line}" if i == 0 else f"    {line}" for i, line in enumerate(kept))
-    return body + (f"\n    … {more} more line(s)" if more > 0 else "")
-
-
-async def off_loop(call: Callable[[], T]) -> T:
-    """`call()` on a daemon thread of its own, awaited: a slow file system stalls only the
-    agent whose call it is, and a cancel (`stop`) ends the wait at once. The thread is left
-    to finish on its own (a daemon, so it never holds the process open at exit)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(value: T | None, error: BaseException | None) -> None:
-        if done.done():  # (cancelled meanwhile)
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(value)  # type: ignore[arg-type]
-
-    def work() -> None:
-        try:
-            value, error = call(), None
-        except BaseException as exc:  # (handed to the awaiting coroutine)
-            value, error = None, exc
-        with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
-            loop.call_soon_threadsafe(settle, value, error)
-
-    threading.Thread(target=work, name="agent-file-tool", daemon=True).start()
-    return await done
-
-
-class InOrder:
-    """One agent's tool calls of a turn, kept in the order the model made them where a file
-    tool is involved: a call starts its work only once every file tool call made before it
-    has finished (a Write, then a Bash that reads the file, see the file written), as when
-    the file tools ran on the event loop itself. Commands do not wait for one another (two
-    Bash calls of one turn still run side by side)."""
-
-    def __init__(self) -> None:
-        self._earlier: list[asyncio.Future[None]] = []  # the file tool calls not yet done
-
-    def take(
-        self, file_tool: bool
-    ) -> tuple[list[asyncio.Future[None]], asyncio.Future[None] | None]:
-        """(the file tool calls to wait for, this call's own end when it is one). Taken
-        before the call's first await, so the order is the order the calls were made in."""
-        self._earlier = [f for f in self._earlier if not f.done()]
-        earlier = list(self._earlier)
-        mine: asyncio.Future[None] | None = None
-        if file_tool:
-            mine = asyncio.get_running_loop().create_future()
-            self._earlier.append(mine)
-        return earlier, mine
-
-    @staticmethod
-    def done(mine: asyncio.Future[None] | None) -> None:
-        if mine is not None and not mine.done():
-            with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
-                mine.set_result(None)
-
-
-def _tool_function(
-    handlers: Sequence[Any],
-    name: str,
-    model: Any,
-    gate: Any = None,
-    in_order: InOrder | None = None,
-) -> Callable[..., Any]:
-    """The function pydantic-ai calls for tool `name`: validates, runs, turns a ToolFailure
-    (or a refusal of shoal's: a missing list task, a stopped leader) into a tool error and bad
-    arguments into a retry prompt."""
-    from pydantic_ai import ModelRetry
-
-    handler = next(getattr(h, name.lower()) for h in handlers if hasattr(h, name.lower()))
-
-    file_tool = name in FILE_TOOLS and not inspect.iscoroutinefunction(handler)
-
-    async def run(**kwargs: Any) -> str:
-        earlier, mine = (in_order or InOrder()).take(file_tool)
-        try:
-            try:
-                args = parse_args(model, kwargs)
-            except ValueError as exc:
-                raise ModelRetry(f"{name}: {exc}") from None
-            if gate is not None:
-                await gate.check(name, kwargs)
-            if earlier:
-                await asyncio.wait(earlier)
-            if file_tool:
-                result = await off_loop(functools.partial(handler, args))
-            else:
-                result = handler(args)
-            if asyncio.iscoroutine(result):
-                result = await result
-        except (ToolFailure, ShoalError) as exc:
-            return tool_error(str(exc))
-        except OSError as exc:
-            return tool_error(f"{name}: {exc}")
-        finally:
-            InOrder.done(mine)
-        return str(result)
-
-    return run
-
-
-def make_tools(
-    workspace: Workspace,
-    allowed: Sequence[str] | None = None,
-    team: Any = None,
-    gate: Any = None,
-) -> list[Tool[Any]]:
-    """pydantic-ai tools: the file tools, the team tools when `team` (a TeamTools) is given,
-    ExitPlanMode and the permission check when `gate` (a permissions.Gate) is; only the
-    `allowed` ones, when given."""
-    from pydantic_ai import Tool
-
-    from shoal.workers.agent.permissions import PLAN_TOOL_SPECS
-    from shoal.workers.agent.team_tools import TEAM_TOOL_SPECS
-
-    specs = [
-        *TOOL_SPECS,
-        *(TEAM_TOOL_SPECS if team is not None else ()),
-        *(PLAN_TOOL_SPECS if gate is not None else ()),
-    ]
-    handlers = [workspace, *([team] if team is not None else []), *([gate] if gate else [])]
-    in_order = InOrder()
-    return [
-        Tool.from_schema(
-            _tool_function(handlers, name, model, gate, in_order), name, text, schema_of(model)
-        )
-        for name, model, text in specs
-        if allowed is None or name in allowed
-    ]
-
-
-def prompt_texts(messages: Sequence[ModelMessage]) -> list[str]:
-    """The text of every user prompt part of `messages`. A part's content is a string, or a
-    list when several queued messages reached one request together (its strings count)."""
-    from pydantic_ai.messages import ModelRequest, UserPromptPart
-
-    texts: list[str] = []
-    for message in messages:
-        if not isinstance(message, ModelRequest):
-            continue
-        for part in message.parts:
-            if not isinstance(part, UserPromptPart):
-                continue
-            if isinstance(part.content, str):
-                texts.append(part.content)
-            else:
-                texts += [item for item in part.content if isinstance(item, str)]
-    return texts
 
 
 class AgentLoop:
@@ -707,9 +398,9 @@ class AgentLoop:
         elif Agent.is_model_request_node(node):
             for req_part in node.request.parts:
                 if isinstance(req_part, ToolReturnPart):
-                    self.output.write(_short(req_part.model_response_str()) + "\n")
+                    self.output.write(short_result(req_part.model_response_str()) + "\n")
                 elif isinstance(req_part, RetryPromptPart):
-                    self.output.write(_short(f"error: {req_part.model_response()}") + "\n")
+                    self.output.write(short_result(f"error: {req_part.model_response()}") + "\n")
         self._count_run_drained()
         if self.on_progress is not None:
             self.on_progress(self.progress)

@@ -145,7 +145,7 @@ async def open_servers(
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from pydantic_ai import Tool
 
-    from shoal.workers.agent.tools import tool_error
+    from shoal.workers.agent.tool_args import tool_error
 
     tools: list[Tool[Any]] = []
     for name, spec in servers.items():
@@ -207,7 +207,7 @@ def _caller(
 ) -> Any:
     import asyncio
 
-    from shoal.workers.agent.tools import ToolFailure
+    from shoal.workers.agent.tool_args import ToolFailure
 
     async def call(**kwargs: Any) -> str:
         if check is not None:

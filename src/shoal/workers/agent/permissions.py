@@ -35,7 +35,7 @@ from pydantic import Field
 
 from shoal.core.errors import UsageError
 from shoal.mailbox.store import MAX_MESSAGE_BYTES
-from shoal.workers.agent.tools import ToolFailure, _Args
+from shoal.workers.agent.tool_args import ToolArgs, ToolFailure
 
 # The ladder, lowest first: a mode may do without asking all that the modes below it may.
 LADDER: Final = ("plan", "default", "acceptEdits", "bypassPermissions")
@@ -91,7 +91,7 @@ def narrowest(parent: str, *asked: str | None) -> str:
     return best
 
 
-class ExitPlanModeArgs(_Args):
+class ExitPlanModeArgs(ToolArgs):
     plan: str = Field(min_length=1, description="The plan, for the lead to approve")
 
 

@@ -396,7 +396,7 @@ def _due_after(script: Script, messages: list[ModelMessage]) -> tuple[int, Turn]
 
     if not script.after:
         return None
-    from shoal.workers.agent.loop import prompt_texts
+    from shoal.workers.agent.progress import prompt_texts
 
     ends = sum(len(END_NOTIFICATION.findall(text)) for text in prompt_texts(messages))
     played: set[int] = set()

@@ -34,7 +34,7 @@ from shoal.workers.agent.mcp_tools import McpServer, find_config
 from shoal.workers.agent.models import check_model, choose_model
 from shoal.workers.agent.permissions import BUBBLE, MODES, check_mode, narrowest
 from shoal.workers.agent.team_tools import FORK_TAG, TEAM_TOOL_SPECS
-from shoal.workers.agent.tools import TOOL_SPECS
+from shoal.workers.agent.tool_args import TOOL_SPECS
 
 
 class AgentHost(Protocol):

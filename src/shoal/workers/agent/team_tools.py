@@ -19,7 +19,7 @@ from pydantic import AliasChoices, Field
 
 from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
-from shoal.workers.agent.tools import ToolFailure, _Args
+from shoal.workers.agent.tool_args import ToolArgs, ToolFailure
 
 # What one TaskOutput call shows of a task's output (the original's 65KB), read by seeking:
 # an output of any size is never read whole.
@@ -39,27 +39,27 @@ class LeaderPort(Protocol):
         ...
 
 
-class SendMessageArgs(_Args):
+class SendMessageArgs(ToolArgs):
     to: str = Field(description="A member's name, '*' for every member, or an agent task id")
     message: str = Field(min_length=1, description="The text to send")
 
 
-class TaskCreateArgs(_Args):
+class TaskCreateArgs(ToolArgs):
     subject: str = Field(min_length=1, description="A short title, in the imperative")
     description: str = Field("", description="What has to be done")
     activeForm: str | None = Field(None, description="Present continuous form for spinners")
     metadata: dict[str, Any] | None = Field(None, description="Free-form data")
 
 
-class TaskGetArgs(_Args):
+class TaskGetArgs(ToolArgs):
     taskId: str = Field(description="The id of a task of the shared list")
 
 
-class TaskListArgs(_Args):
+class TaskListArgs(ToolArgs):
     pass
 
 
-class TaskUpdateArgs(_Args):
+class TaskUpdateArgs(ToolArgs):
     taskId: str = Field(description="The id of a task of the shared list")
     status: str | None = Field(None, description="pending, in_progress or completed")
     owner: str | None = Field(None, description="The member that owns it")
@@ -71,7 +71,7 @@ class TaskUpdateArgs(_Args):
     addBlocks: list[str] | None = None
 
 
-class TaskOutputArgs(_Args):
+class TaskOutputArgs(ToolArgs):
     task_id: str = Field(description="The id of a background task (e.g. b1a2b3c4d)")
     offset: int | None = Field(
         None,
@@ -81,23 +81,23 @@ class TaskOutputArgs(_Args):
     )
 
 
-class TaskStopArgs(_Args):
+class TaskStopArgs(ToolArgs):
     task_id: str = Field(
         validation_alias=AliasChoices("task_id", "shell_id"),
         description="The id of the background task to stop",
     )
 
 
-class TeamCreateArgs(_Args):
+class TeamCreateArgs(ToolArgs):
     team_name: str = Field(description="The new team's name ([a-z][a-z0-9_-]*)")
     description: str = Field("", description="What the team is for")
 
 
-class TeamDeleteArgs(_Args):
+class TeamDeleteArgs(ToolArgs):
     team_name: str = Field(description="The team to delete (it must have no active members)")
 
 
-class AgentArgs(_Args):
+class AgentArgs(ToolArgs):
     description: str = Field(min_length=1, description="A short (3-5 word) name for the task")
     prompt: str = Field(min_length=1, description="The task for the agent to carry out")
     subagent_type: str | None = Field(
@@ -110,7 +110,7 @@ FORK_TAG: Final = "<fork-boilerplate>"
 TERMINAL: Final = frozenset({"completed", "failed", "killed"})
 SUBAGENT_POLL_S: Final = 0.1
 
-TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
+TEAM_TOOL_SPECS: Final[tuple[tuple[str, type[ToolArgs], str], ...]] = (
     ("SendMessage", SendMessageArgs, "Send a message to a teammate, everyone, or an agent."),
     ("TaskCreate", TaskCreateArgs, "Add a task to the team's shared task list."),
     ("TaskGet", TaskGetArgs, "Read one task of the team's shared task list."),
@@ -321,7 +321,7 @@ class TeamTools:
         raise ToolFailure(f"agent {child} {task['status']}: {task.get('error') or 'no result'}")
 
 
-class CoordinatorAgentArgs(_Args):
+class CoordinatorAgentArgs(ToolArgs):
     description: str = Field(min_length=1, description="A short (3-5 word) name for the task")
     prompt: str = Field(
         min_length=1,
@@ -346,12 +346,12 @@ class CoordinatorAgentArgs(_Args):
     )
 
 
-class PrActivityArgs(_Args):
+class PrActivityArgs(ToolArgs):
     repo: str = Field(description="The repository, owner/name (e.g. octo-org/octo-repo)")
     number: int = Field(ge=1, description="The pull request's number")
 
 
-COORDINATOR_TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
+COORDINATOR_TOOL_SPECS: Final[tuple[tuple[str, type[ToolArgs], str], ...]] = (
     (
         "Agent",
         CoordinatorAgentArgs,

@@ -1,12 +1,13 @@
 """The file and shell tools an agent's model sees: Read, Write, Edit, Glob, Grep, Bash.
 
-Names and argument names are the model-facing contract (the seed's: `file_path`,
-`old_string`, `-i`, ...), so each tool's arguments are a pydantic model with those aliases and
-its JSON schema is what the model is shown. A failure the model can act on (a missing file, an
+Names and argument names are the model-facing contract (tool_args.py: the seed's names,
+`file_path`, `old_string`, `-i`, ..., as aliases of pydantic models whose JSON schema is what
+the model is shown). A failure the model can act on (a missing file, an
 `old_string` that is not unique, a write to a file it has not read) is returned to it as a
 `<tool_use_error>`, as Claude Code does; arguments that fail the schema are a retry prompt
 (pydantic-ai's ModelRetry). Neither ends the agent: only a model stuck sending one tool bad
-arguments more than `tool_retries` times in a row (config.toml, default 25) does.
+arguments more than `tool_retries` times in a row (config.toml, default 25) does. Bash runs a
+foreground command as foreground.py says, a background one as a task of the leader.
 
 Paths are relative to the agent's working directory and go through one path gate
 (core/pathgate.py). In the confined modes (plan, default, acceptEdits, bubble) a path must lie
@@ -21,111 +22,32 @@ import contextlib
 import os
 import re
 import shlex
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any, Final
 
 from shoal.core.pathgate import GateError, PathGate, Written, open_entry
 from shoal.core.paths import resolve_home
-from shoal.core.sandbox import Policy, SandboxError, popen_confined
+from shoal.core.sandbox import Policy
+from shoal.workers.agent.foreground import run_foreground
+from shoal.workers.agent.tool_args import (
+    BashArgs,
+    EditArgs,
+    GlobArgs,
+    GrepArgs,
+    ReadArgs,
+    ToolFailure,
+    WriteArgs,
+)
 
 BASH_DEFAULT_TIMEOUT_MS: Final = 120_000
-BASH_MAX_TIMEOUT_MS: Final = 600_000
-OUTPUT_KEEP_CHARS: Final = 30_000  # of a command's output, the rest is noted
 READ_DEFAULT_LINES: Final = 2000
 READ_LINE_CHARS: Final = 2000
 GLOB_LIMIT: Final = 100
 CONFINED_MODES: Final = frozenset({"default", "acceptEdits", "plan", "bubble"})
-# The tools that touch the disk: each call runs on a thread, off the agent's event loop.
-FILE_TOOLS: Final = frozenset({"Read", "Write", "Edit", "Glob", "Grep"})
 GREP_SKIP: Final = frozenset({".git", "node_modules", "__pycache__", ".venv"})
-
-
-class ToolFailure(Exception):
-    """A failure the model is told about (its text is the tool's result)."""
-
-
-def tool_error(message: str) -> str:
-    """How a failed tool call reads to the model."""
-    return f"<tool_use_error>{message}</tool_use_error>"
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-class ReadArgs(_Args):
-    file_path: str = Field(description="The path of the file to read")
-    offset: int | None = Field(None, ge=1, description="The line number to start from (1-based)")
-    limit: int | None = Field(None, ge=1, description="How many lines to read")
-
-
-class WriteArgs(_Args):
-    file_path: str = Field(description="The path of the file to write")
-    content: str = Field(description="The whole new content of the file")
-
-
-class EditArgs(_Args):
-    file_path: str = Field(description="The path of the file to edit")
-    old_string: str = Field(description="The exact text to replace")
-    new_string: str = Field(description="The text to put in its place")
-    replace_all: bool = Field(False, description="Replace every occurrence, not just one")
-
-
-class GlobArgs(_Args):
-    pattern: str = Field(description="A glob pattern such as **/*.py")
-    path: str | None = Field(None, description="The directory to search (default: cwd)")
-
-
-class GrepArgs(_Args):
-    pattern: str = Field(description="A regular expression")
-    path: str | None = Field(None, description="A file or directory (default: cwd)")
-    glob: str | None = Field(None, description="Only files matching this glob, e.g. *.py")
-    output_mode: Literal["content", "files_with_matches", "count"] = "files_with_matches"
-    case_insensitive: bool = Field(False, alias="-i", description="Ignore case")
-    line_numbers: bool = Field(False, alias="-n", description="Show line numbers (content mode)")
-    head_limit: int | None = Field(None, ge=1, description="Only the first N lines of output")
-
-
-class BashArgs(_Args):
-    command: str = Field(description="The command line to run with /bin/sh")
-    timeout: int | None = Field(
-        None, ge=1, le=BASH_MAX_TIMEOUT_MS, description="Milliseconds (default 120000)"
-    )
-    description: str | None = Field(None, description="What the command does, in a few words")
-    run_in_background: bool = Field(False, description="Start it as a background task")
-
-
-# (name, argument model, description): the tools of this module, as the model sees them.
-TOOL_SPECS: Final[tuple[tuple[str, type[_Args], str], ...]] = (
-    ("Read", ReadArgs, "Read a file; lines are numbered from 1."),
-    ("Write", WriteArgs, "Write a file (an existing file must have been Read first)."),
-    ("Edit", EditArgs, "Replace text in a file that was Read first."),
-    ("Glob", GlobArgs, "Find files by glob pattern, newest first."),
-    ("Grep", GrepArgs, "Search file contents with a regular expression."),
-    ("Bash", BashArgs, "Run a shell command (foreground with a timeout, or in the background)."),
-)
-
-
-def schema_of(model: type[_Args]) -> dict[str, Any]:
-    """The JSON schema the model is shown (argument names by alias)."""
-    return model.model_json_schema(by_alias=True)
-
-
-def parse_args(model: type[_Args], args: dict[str, Any]) -> _Args:
-    """Validate a call's arguments; a ValueError names every bad field."""
-    try:
-        return model.model_validate(args)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ValueError(f"bad arguments: {problems}") from None
 
 
 # A background starter: (command, description, sandbox) -> (the id, the output file) of the
@@ -229,7 +151,7 @@ class Workspace:
         if (st.st_mtime_ns, st.st_size) != seen:
             raise ToolFailure(f"{verb} {path}: the file changed since it was Read; Read it again")
 
-    # -- tools (each runs on a thread of its own: see loop.py) ------------------------------
+    # -- tools (each runs on a thread of its own: see tool_calls.py) -----------------------------
 
     def read(self, args: ReadArgs) -> str:
         with self._gated():
@@ -500,141 +422,6 @@ def _search(fd: int, path: Path, regex: re.Pattern[str], args: GrepArgs, out: li
                 out.append(f"{path}:{n}:{line}" if args.line_numbers else f"{path}:{line}")
         if hits and args.output_mode == "count":
             out.append(f"{path}:{hits}")
-
-
-class _ConfinedProcess:
-    """A command started confined (core/sandbox.py's `popen_confined`: vfork-fast, where a
-    pre-exec hook would make Python fork the whole agent process), with asyncio's process
-    interface as far as run_foreground uses it: `pid`, `stdout`, `wait()`, `returncode`.
-    Its end is awaited on a pidfd: no thread waits for it."""
-
-    def __init__(self, popen: Any, stdout: asyncio.StreamReader, transport: Any) -> None:
-        self.popen = popen
-        self.pid: int = popen.pid
-        self.stdout = stdout
-        self._transport = transport
-        self._pidfd = os.pidfd_open(popen.pid)
-
-    @classmethod
-    async def start(
-        cls, command: str, cwd: Path, env: dict[str, str], sandbox: Policy
-    ) -> _ConfinedProcess:
-        import subprocess
-
-        popen = popen_confined(
-            sandbox,
-            ["/bin/sh", "-c", command],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), popen.stdout
-        )
-        return cls(popen, reader, transport)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode  # type: ignore[no-any-return]
-
-    async def wait(self) -> int:
-        if self.popen.returncode is None:
-            loop = asyncio.get_running_loop()
-            ended: asyncio.Future[None] = loop.create_future()
-
-            def readable() -> None:
-                if not ended.done():
-                    ended.set_result(None)
-
-            loop.add_reader(self._pidfd, readable)
-            try:
-                await ended
-            finally:
-                loop.remove_reader(self._pidfd)
-            self.popen.wait()
-        if self._pidfd >= 0:
-            os.close(self._pidfd)
-            self._pidfd = -1
-            self._transport.close()
-        return int(self.popen.returncode)
-
-
-async def run_foreground(
-    command: str,
-    cwd: Path,
-    env: dict[str, str],
-    timeout: float,
-    track: Callable[[int, bool], None] | None = None,
-    sandbox: Policy | None = None,
-) -> str:
-    """Run `command` in its own process group; its output (stdout+stderr) is kept up to
-    OUTPUT_KEEP_CHARS characters, the rest counted; past `timeout` the group is killed.
-    `track(pgid, running)` hears of the group as it starts and once it is over (the runner
-    lists it in its status, so a runner killed -9 leaves nothing the leader cannot kill).
-    With `sandbox` the command and all it starts are confined to that policy (Landlock)."""
-    proc: Any
-    if sandbox is None:
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh",
-            "-c",
-            command,
-            cwd=cwd,
-            env={**os.environ, **env},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-    else:
-        try:
-            proc = await _ConfinedProcess.start(command, cwd, {**os.environ, **env}, sandbox)
-        except SandboxError as exc:
-            raise ToolFailure(f"the command was not run: its sandbox failed ({exc})") from None
-    assert proc.stdout is not None
-    if track is not None:
-        track(proc.pid, True)
-    kept = bytearray()
-    dropped = 0
-
-    async def drain() -> None:
-        nonlocal dropped
-        assert proc.stdout is not None
-        while chunk := await proc.stdout.read(65536):
-            room = OUTPUT_KEEP_CHARS * 4 - len(kept)  # bytes: up to 4 per character
-            kept.extend(chunk[: max(room, 0)])
-            dropped += max(len(chunk) - max(room, 0), 0)
-        await proc.wait()
-
-    timed_out = False
-    try:
-        await asyncio.wait_for(drain(), timeout)
-    except TimeoutError:
-        timed_out = True
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-        if track is not None:
-            track(proc.pid, False)
-    text = kept.decode("utf-8", "replace")
-    extra = len(text) - OUTPUT_KEEP_CHARS
-    if extra > 0:
-        text = text[:OUTPUT_KEEP_CHARS]
-    notes = []
-    if extra > 0 or dropped:
-        more = f"{max(extra, 0) + dropped:,} more " + ("bytes" if dropped else "characters")
-        notes.append(f"[output truncated: {more} not shown]")
-    if timed_out:
-        notes.append(f"[killed after the timeout of {timeout:g}s]")
-    elif proc.returncode:
-        notes.append(f"[exit code {proc.returncode}]")
-    return "\n".join([text.rstrip("\n"), *notes]).strip("\n") or "(no output)"
 
 
 def edited(text: str, args: EditArgs, path: Path) -> tuple[str, int]:

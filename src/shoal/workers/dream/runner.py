@@ -29,8 +29,10 @@ from shoal.core.errors import ShoalError
 from shoal.core.jsonio import atomic_write
 from shoal.core.tasks import DREAM_TURNS_CAP, DreamPhase
 from shoal.workers.agent.job import AgentStatus, JobLimits, JobOutcome
-from shoal.workers.agent.loop import AgentLoop, Limits, Output, Progress, make_tools
+from shoal.workers.agent.loop import AgentLoop, Limits
 from shoal.workers.agent.models import ModelSpec, build_model
+from shoal.workers.agent.progress import Output, Progress
+from shoal.workers.agent.tool_calls import make_tools
 from shoal.workers.agent.transcript import Transcript
 from shoal.workers.dream.workspace import DREAM_TOOLS, DreamWorkspace
 

@@ -19,7 +19,8 @@ from typing import Final
 
 from shoal.core.pathgate import PathGate, Written
 from shoal.core.paths import DIR_MODE, FILE_MODE
-from shoal.workers.agent.tools import GlobArgs, GrepArgs, ToolFailure, Workspace
+from shoal.workers.agent.tool_args import GlobArgs, GrepArgs, ToolFailure
+from shoal.workers.agent.tools import Workspace
 from shoal.workers.dream.memory import LOCK_NAME
 
 DREAM_TOOLS: Final = ("Read", "Write", "Edit", "Glob", "Grep")

@@ -29,7 +29,7 @@ from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
 from shoal.teams.taskitems import TaskItem
 from shoal.teams.tasklist import TaskList
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 
 # The key of a status file that lists the teammate's commands.
 STATUS_KEY = "commands"
@@ -221,6 +221,20 @@ def settle_and_release(
     with contextlib.suppress(ShoalError, OSError):
         settled = settle_member(teams, team, name, status)
     return settled, TaskList(teams, team).release_member(name)
+
+
+def settle_previous_run(teams: Teams, team: str, name: str) -> None:
+    """A previous run under this name that died (its status file names another pid, no
+    longer alive) may have left commands running and tasks finished but not marked: kill
+    the one, settle the other, before this run's first write replaces that file."""
+    with contextlib.suppress(ShoalError, OSError):
+        previous = teams.read_status(team, name)
+        pid = (previous or {}).get("pid")
+        if not (previous or {}).get(STATUS_KEY) or not isinstance(pid, int):
+            return
+        if pid != os.getpid() and not is_alive(pid, None):
+            # (its unfinished tasks go back too: else they would block this run's claims)
+            settle_and_release(teams, team, name, previous)
 
 
 def settle_from(tasks: TaskList, task_id: int, name: str, record: CommandRecord) -> Outcome | None:

@@ -1,6 +1,6 @@
-"""A teammate's run as the leader sees it (its phases, why it ended), the spawn plan and batch
-answer, and its records: its task record, in step with its status file and messages, and its
-entry in the team file."""
+"""A teammate's run as the leader sees it (its phases, why it ended, its ready timeout) and
+its records: its task record, in step with its status file and messages, and its entry in the
+team file. (A spawn batch's plan and answer are spawn_plan.py's.)"""
 
 from __future__ import annotations
 
@@ -16,25 +16,22 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from shoal.core import git
-from shoal.core.errors import ShoalError, UsageError
+from shoal.core.errors import ShoalError
 from shoal.core.filestamp import SETTLE_NS, Stamp, settled, stamp_of
 from shoal.core.machine import IllegalMove, Machine, describe
 from shoal.core.paths import Layout
 from shoal.core.procs import Termination
+from shoal.core.taskrecords import AgentProgress, ToolActivity
 from shoal.core.tasks import (
     RECENT_ACTIVITIES_CAP,
     TEAMMATE_MESSAGES_UI_CAP,
-    AgentProgress,
     AnyTaskState,
     TaskStatus,
-    ToolActivity,
 )
 from shoal.teams.backends.base import Backend, Handle
 from shoal.teams.store import Teams
 from shoal.workers.kinds import TaskStore
 from shoal.workers.teammate.commands import Settled, settle_and_release
-from shoal.workers.teammate.worker import WorkerOptions
 
 SPAWN_TIMEOUT_S = float(os.environ.get("SHOAL_SPAWN_TIMEOUT", "30"))
 # A batch of process teammates larger than the machine starts slower: each member past
@@ -117,68 +114,6 @@ class SwarmHost(TaskStore, Protocol):
     def session_id(self) -> str: ...
 
     def register(self, task: AnyTaskState) -> AnyTaskState: ...
-
-
-@dataclass
-class _Plan:
-    """A checked spawn request, before anything is started."""
-
-    name: str
-    agent: str
-    backend: Backend
-    why: str
-    cwd: str
-    options: WorkerOptions
-    task_id: str
-    output: Path
-    plan_mode: bool
-    worktree: str | None
-    prompt: str | None
-    in_process: bool
-    color: str | None
-
-
-class _Collector:
-    """Answers a spawn batch once every member is ready or has failed."""
-
-    def __init__(self, count: int, reply: BatchReply) -> None:
-        self.count = count
-        self.reply = reply
-        self.results: dict[str, dict[str, Any]] = {}
-        self.errors: dict[str, ShoalError] = {}
-        self.order: list[str] = []
-
-    def for_member(self, name: str) -> Reply:
-        self.order.append(name)
-
-        def answer(result: dict[str, Any] | None, error: ShoalError | None) -> None:
-            self.done(name, result, error)
-
-        return answer
-
-    def done(self, name: str, result: dict[str, Any] | None, error: ShoalError | None) -> None:
-        if error is not None:
-            self.errors[name] = error
-        elif result is not None:
-            self.results[name] = result
-        if len(self.results) + len(self.errors) < self.count:
-            return
-        if self.errors:
-            if self.count == 1:
-                self.reply(None, next(iter(self.errors.values())))
-            else:
-                shown = list(self.errors.items())[:3]
-                failed = "; ".join(f"{n}: {e}" for n, e in shown)
-                if len(self.errors) > len(shown):
-                    failed += f"; and {len(self.errors) - len(shown)} more"
-                self.reply(
-                    None,
-                    ShoalError(
-                        f"{len(self.errors)} of {self.count} teammates failed to start ({failed})"
-                    ),
-                )
-            return
-        self.reply([self.results[n] for n in self.order if n in self.results], None)
 
 
 @dataclass
@@ -361,19 +296,6 @@ class MemberRecords:
                 self.leader.teams.leave_many(team, approved)
             if others:
                 self.leader.teams.leave_many(team, others, departed=False)
-
-
-def make_worktree(layout: Layout, team: str, name: str, cwd: str) -> Path:
-    """A detached git worktree for teammate `name`, of the repository `cwd` is in."""
-    top = git.toplevel(cwd)
-    if top is None:
-        raise UsageError(f"--worktree needs a git repository, and {cwd} is not in one")
-    path = layout.ensure(layout.worktrees_dir(team)) / name
-    try:
-        git.worktree_add(top, path, detach=True)
-    except git.GitError as exc:
-        raise ShoalError(f"cannot create a worktree for {name!r}: {exc.stderr}") from None
-    return path
 
 
 def _outcome(run: MemberRun, log: str) -> tuple[TaskStatus, dict[str, Any]]:

@@ -5,8 +5,10 @@ turn of the brain, progress into the status file, the result to the lead as a
 `task_notification`, idle (one notice per change), then claim the next open task. While a
 turn runs, shutdown requests, aborts and plan answers are still read.
 
-The run state (idle, busy, stopping, stopped) is a `RunState`; it changes only through
-`move_run_state`, which enforces `RUN_TRANSITIONS`, and is what the status file's `state` says.
+The run state (idle, busy, stopping, stopped) is a `RunState` (runstate.py); it changes only
+through `move_run_state`, and is what the status file's `state` says (status.py). What the
+teammate sends its lead, a turn's result among it, is to_lead.py's; its part in the task list
+is claims.py's.
 """
 
 from __future__ import annotations
@@ -16,22 +18,17 @@ import contextlib
 import os
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from shoal.core.errors import ShoalError
-from shoal.core.machine import IllegalMove, Machine
-from shoal.core.notify import task_notification_xml
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.sandbox import Policy
-from shoal.core.tasks import TEAMMATE_MESSAGES_UI_CAP, TaskUsage
 from shoal.mailbox.inbox import Delivery, Inbox
-from shoal.mailbox.router import deliver_to, send, task_notification_message
+from shoal.mailbox.router import send
 from shoal.mailbox.schema import (
     AnyMessage,
     ControlMessage,
@@ -43,84 +40,25 @@ from shoal.mailbox.store import Maildir
 from shoal.mailbox.watcher import Watcher, shared_watcher
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
-from shoal.teams.taskitems import MAX_TASK_FAILURES
 from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import Brain, TurnAborted, TurnContext, TurnResult
+from shoal.workers.teammate.claims import TaskClaims
 from shoal.workers.teammate.commands import (
     STATUS_KEY,
     CommandRecord,
     dump,
-    settle_and_release,
-    settle_from,
+    settle_previous_run,
 )
 from shoal.workers.teammate.console import Console
+from shoal.workers.teammate.runstate import RunState, move_run_state
+from shoal.workers.teammate.status import TeammateStatus
+from shoal.workers.teammate.to_lead import report_turn, tell_lead
 
 # Kinds read even while a turn runs.
 SIDE_KINDS = frozenset({"shutdown_request", "control", "plan_approval_response"})
 # How often an idle teammate looks at the task list anyway (a stat; it is read only when
 # changed). Changes wake it at once through the watcher; this is the safety net.
 IDLE_RECHECK_S = 30.0
-RECENT_ACTIVITIES = 5
-# Message texts kept in the status file (for views) are cut to this many characters.
-STATUS_TEXT_CAP = 500
-# The most of a failed turn's result kept as its task's `last_error`.
-LAST_ERROR_CHARS = 500
-# Messages to the lead the console does not list as sent: an idle notice is the `idle` line
-# itself, a plan approval request the `plan` line.
-QUIET_SENDS = frozenset({"idle_notification", "plan_approval_request"})
-
-
-class RunState(StrEnum):
-    """Where a teammate's run is; the value is the `state` of its status file (as written)."""
-
-    IDLE = "idle"
-    BUSY = "busy"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-
-
-RUN_TRANSITIONS: Final[dict[RunState, frozenset[RunState]]] = {
-    # A turn starts; or a shutdown is approved, or the teammate is aborted.
-    RunState.IDLE: frozenset({RunState.BUSY, RunState.STOPPING, RunState.STOPPED}),
-    # The turn ends; or the teammate stops in the middle of it (the turn is then cut short).
-    RunState.BUSY: frozenset({RunState.IDLE, RunState.STOPPING, RunState.STOPPED}),
-    RunState.STOPPING: frozenset({RunState.STOPPED}),
-    RunState.STOPPED: frozenset(),
-}
-# (idle/busy -> stopped directly: the runner's task was cancelled from outside, e.g. an
-# in-process teammate killed with its lead, and it ends without a stopping phase.)
-
-
-class IllegalRunTransition(IllegalMove):
-    """A run state change RUN_TRANSITIONS does not allow: a bug in the runner, never input (so
-    not a ShoalError, which the runner's best-effort writes suppress)."""
-
-    def __init__(self, name: str, from_state: RunState, to_state: RunState) -> None:
-        self.name = name
-        self.from_state = from_state
-        self.to_state = to_state
-        allowed = sorted(s.value for s in RUN_TRANSITIONS[from_state])
-        why = f"allowed: {', '.join(allowed)}" if allowed else f"{from_state.value} is terminal"
-        message = (
-            f"teammate {name}: illegal run state change {from_state.value} -> {to_state.value} "
-            f"({why})"
-        )
-        super().__init__(message, name, from_state, to_state, RUN_TRANSITIONS[from_state])
-
-
-RUN_MACHINE: Final = Machine(
-    RUN_TRANSITIONS, refuse=lambda name, a, b, _: IllegalRunTransition(name, a, b), stay=False
-)
-"""A teammate's run; staying put is not a move (the caller says why a state is reached)."""
-TERMINAL_RUN_STATES: Final = RUN_MACHINE.terminal
-
-
-def move_run_state(name: str, current: RunState, target: RunState) -> RunState:
-    """`target` if RUN_TRANSITIONS allows `current -> target`, else IllegalRunTransition.
-
-    Staying put is not a move: the table has no self-loops, so the caller decides (and says
-    why) when a state is already reached."""
-    return RUN_MACHINE.check(name, current, target)
 
 
 @dataclass
@@ -166,6 +104,7 @@ class TeammateRunner:
         self.config = config
         self.teams = Teams(layout)
         self.tasks = TaskList(self.teams, config.team)
+        self.claims = TaskClaims(self.tasks, config.name, layout.tasklist_dir(config.team))
         self.watcher = watcher
         self.name = config.name
         self.team = config.team
@@ -179,24 +118,21 @@ class TeammateRunner:
         self._wake: asyncio.Event | None = None
         self._turn: asyncio.Task[TurnResult] | None = None
         self._plan_answers: dict[str, tuple[bool, str | None]] = {}
-        self._messages: deque[dict[str, Any]] = deque(maxlen=TEAMMATE_MESSAGES_UI_CAP)
-        self._activities: deque[str] = deque(maxlen=RECENT_ACTIVITIES)
-        self._activity_times: deque[float] = deque(maxlen=RECENT_ACTIVITIES)  # (epoch s)
-        self._status: dict[str, Any] = {}
+        # (its lead may set `config.on_status` once the runner is built: it is looked up per write)
+        self.status = TeammateStatus(self.teams, config.team, config.name, self._hand_status)
         # Whether the lead has heard of this idle spell (one notice per change): a fact about the
         # notices, not a run state (a teammate is idle before its first turn, and tells no one).
         self._idle_notified = False
         self._turns = 0
-        self._tool_uses = 0
-        self._tokens = 0  # the brain's conversation's count after its latest turn
-        self._turn_steps = 0
-        self._summary: str | None = None
-        self._tasklist_mtime = -1.0
         # The commands of the current turn, as listed in the status file until it is settled.
         self._commands: list[CommandRecord] = []
         self._inbox: Inbox | None = None
         self._unwatch_tasks: Callable[[], None] | None = None
         self.ready = asyncio.Event()
+
+    def _hand_status(self, snapshot: dict[str, Any]) -> None:
+        if self.config.on_status is not None:
+            self.config.on_status(snapshot)
 
     @property
     def shutdown_approved(self) -> bool:
@@ -217,7 +153,7 @@ class TeammateRunner:
         """Move to `target` (IllegalRunTransition if the table forbids it) and write it to the
         status file with `changes`; a refused move changes nothing."""
         self._state = move_run_state(self.name, self._state, target)
-        self._set_status(state=target.value, **changes)
+        self.status.write(state=target.value, **changes)
         if target is RunState.BUSY:
             self.console.busy(str(changes.get("activity") or "busy"))
         elif target is RunState.IDLE:
@@ -229,7 +165,7 @@ class TeammateRunner:
         if not self._stopping:
             self._move(RunState.STOPPING, **changes)
         elif changes:
-            self._set_status(**changes)
+            self.status.write(**changes)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -266,8 +202,8 @@ class TeammateRunner:
             self._unwatch_tasks = lambda: self._watcher.unwatch_dir(
                 self.layout.tasklist_dir(self.team), wake_loop
             )
-        self._settle_previous()
-        self._set_status(
+        settle_previous_run(self.teams, self.team, self.name)
+        self.status.write(
             state=self._state.value,  # idle, unless aborted before it ran
             started_at=time.time(),
             watcher=self._inbox.watcher_mode,
@@ -291,19 +227,6 @@ class TeammateRunner:
         finally:
             self._finish()
         return self.exit_code
-
-    def _settle_previous(self) -> None:
-        """A previous run under this name that died (its status file names another pid, no
-        longer alive) may have left commands running and tasks finished but not marked: kill
-        the one, settle the other, before this run's first write replaces that file."""
-        with contextlib.suppress(ShoalError, OSError):
-            previous = self.teams.read_status(self.team, self.name)
-            pid = (previous or {}).get("pid")
-            if not (previous or {}).get(STATUS_KEY) or not isinstance(pid, int):
-                return
-            if pid != os.getpid() and not is_alive(pid, None):
-                # (its unfinished tasks go back too: else they would block this run's claims)
-                settle_and_release(self.teams, self.team, self.name, previous)
 
     async def _serve(self) -> None:
         assert self._inbox is not None and self._wake is not None
@@ -365,7 +288,7 @@ class TeammateRunner:
         # Moved outside the suppression: only the write is best effort, never the table.
         self._state = move_run_state(self.name, self._state, RunState.STOPPED)
         with contextlib.suppress(ShoalError, OSError):
-            self._set_status(state=RunState.STOPPED.value)
+            self.status.write(state=RunState.STOPPED.value)
         self.console.line("stopped", f"exit code {self.exit_code}")
         if self._leave and not self.config.joined:
             # (teammates joined by the spawner are marked as departed by it, in one batch)
@@ -374,20 +297,10 @@ class TeammateRunner:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def _remember(self, msg: AnyMessage) -> None:
-        text = (
-            msg.text
-            if msg.text is None or len(msg.text) <= STATUS_TEXT_CAP
-            else (msg.text[:STATUS_TEXT_CAP] + "…")
-        )
-        self._messages.append(
-            {"from": msg.from_, "kind": msg.kind, "text": text, "sent_at": msg.sent_at}
-        )
-
     async def _handle(self, delivery: Delivery) -> None:
         assert self._inbox is not None
         msg = delivery.message
-        self._remember(msg)
+        self.status.remember(msg)
         if self.console.enabled:
             self.console.received(msg.kind, msg.from_, _about(msg))
         try:
@@ -411,7 +324,7 @@ class TeammateRunner:
             await self._assigned(int(task_id))
         elif msg.kind == "text":
             await self._run_turn(msg.text or msg.summary or "", None)
-        self._set_status(messages=list(self._messages))
+        self.status.write(messages=list(self.status.messages))
 
     async def _handle_side(self, msg: AnyMessage) -> None:
         if isinstance(msg, PlanApprovalResponseMessage):
@@ -455,35 +368,19 @@ class TeammateRunner:
     # -- turns -------------------------------------------------------------------------------
 
     async def _assigned(self, task_id: int) -> None:
-        with contextlib.suppress(ShoalError):
-            current = self.tasks.get(task_id)
-            if current.status == "completed":
-                return  # already done (e.g. claimed from the list before this notice came)
         try:
-            item = self.tasks.claim(task_id, self.name, check_busy=False)
+            item = self.claims.take_assigned(task_id)
         except ShoalError as exc:
             self.console.line("task", f"cannot take task {task_id}: {exc}")
             await self._to_lead("text", text=f"{self.name} cannot take task {task_id}: {exc}")
             return
-        self.console.task(f"took assigned task {item.id}: {item.subject}")
-        await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
+        if item is not None:
+            self.console.task(f"took assigned task {item.id}: {item.subject}")
+            await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
 
     async def _work_on_next_task(self) -> bool:
-        directory = self.layout.tasklist_dir(self.team)
-        try:
-            mtime = os.stat(directory).st_mtime
-        except FileNotFoundError:
-            return False
-        if mtime == self._tasklist_mtime:
-            return False
-        if not any(n.endswith(".json") for n in os.listdir(directory)):
-            self._tasklist_mtime = mtime  # an empty list: nothing to lock and read
-            return False
-        item = None
-        with contextlib.suppress(ShoalError):
-            item = self.tasks.claim_next(self.name, max_failures=MAX_TASK_FAILURES)
+        item = self.claims.claim_next()
         if item is None:
-            self._tasklist_mtime = mtime
             return False
         self.console.task(f"claimed task {item.id}: {item.subject}")
         await self._run_turn(item.description or item.subject, item.model_dump(mode="json"))
@@ -552,91 +449,37 @@ class TeammateRunner:
         # A turn cut short because the teammate is stopping was aborted, whatever it raised;
         # so was one whose pane went away (whoever settles the member kills its commands).
         aborted = aborted or ((self._stopping or self._orphaned()) and not result.ok)
-        # (an aborted turn reports no steps, but those it took were counted as they ran)
-        self._tool_uses += max(result.steps, self._turn_steps)
-        self._tokens = result.tokens or self._tokens
-        self._turn_steps = 0
-        status = "completed" if result.ok else ("killed" if aborted else "failed")
+        self.status.end_turn(result.steps, result.tokens)
         if task is not None:
-            await self._settle_task(int(task["id"]), result)
-        summary = f'{self.name}: "{subject[:80]}" ' + (
-            "completed" if result.ok else ("was aborted" if aborted else "failed")
+            cut_short = not result.ok and (self._stopping or self._orphaned())
+            self.claims.settle(int(task["id"]), result, cut_short, self._commands)
+        self.status.summary = report_turn(
+            self.teams,
+            self.team,
+            self.name,
+            self.console,
+            task_id=self.config.task_id,
+            output_file=self.config.output_file,
+            subject=subject,
+            result=result,
+            aborted=aborted,
+            started=started,
+            list_task_id=(task or {}).get("id"),
         )
-        xml = task_notification_xml(
-            task_id=self.config.task_id or f"{self.name}@{self.team}",
-            task_type="in_process_teammate",
-            output_file=str(self.config.output_file),
-            status=status,
-            summary=summary,
-            result=result.result,
-            usage=TaskUsage(
-                total_tokens=result.tokens,
-                tool_uses=result.steps,
-                duration_ms=int((time.monotonic() - started) * 1000),
-            ),
-        )
-        task_id = self.config.task_id or f"{self.name}@{self.team}"
-        try:
-            directory = self.teams.directory(self.team)
-            deliver_to(
-                directory.inbox(LEAD_NAME),
-                task_notification_message(
-                    sender=self.name,
-                    to=LEAD_NAME,
-                    xml=xml,
-                    summary=summary,
-                    task_id=task_id,
-                    status=status,
-                    task_type="in_process_teammate",
-                    output_file=str(self.config.output_file),
-                    result=result.result[-2000:],
-                    list_task_id=(task or {}).get("id"),
-                    exit_code=result.exit_code,
-                ),
-            )
-        except (ShoalError, OSError) as exc:
-            self.console.line("error", f"cannot send the result to {LEAD_NAME}: {exc}")
-        else:
-            self.console.sent("task_notification", LEAD_NAME, f"{status}: {result.result}")
-        self._summary = summary
         # Its task is settled: its commands are no longer anyone's business.
         commands, self._commands = self._commands, []
         ended: dict[str, Any] = {
             "current_task": None,
-            "progress": self._progress(),
+            "progress": self.status.progress(),
             "last_result": result.result[-500:],
             STATUS_KEY: [],
         }
         if self._stopping:
-            self._set_status(**ended)  # it stays stopping: the runner's loop ends next
+            self.status.write(**ended)  # it stays stopping: the runner's loop ends next
         else:
             self._move(RunState.IDLE, **ended)
         for record in commands:
             record.remove_side_files()
-
-    async def _settle_task(self, task_id: int, result: TurnResult) -> None:
-        with contextlib.suppress(ShoalError):
-            if result.ok:
-                self.tasks.update(task_id, status="completed")
-            elif self._stopping or self._orphaned():  # (cut short: not the task's failure)
-                self._settle_cut_short(task_id)
-            else:  # (only while it is still this teammate's: a failure is counted once)
-                error = result.result[-LAST_ERROR_CHARS:]
-                self.tasks.settle_claim(task_id, self.name, completed=False, error=error)
-
-    def _settle_cut_short(self, task_id: int) -> None:
-        """The task of a turn cut short (the teammate stopping, its pane gone). If its last
-        command had already ended on its own, the task takes that command's outcome, as when
-        the leader settles a dead teammate: a finished task must not go back to the list and
-        run a second time. Otherwise it goes back to pending, no failure counted."""
-        last = next((r for r in reversed(self._commands) if r.task_id == task_id), None)
-        settled = (
-            last is not None
-            and not last.group_alive()  # (killed with the turn, or it had ended)
-            and settle_from(self.tasks, task_id, self.name, last) is not None
-        )
-        if not settled:
-            self.tasks.settle_claim(task_id, self.name, completed=False)
 
     def _orphaned(self) -> bool:
         """Whether the pane this teammate runs on has gone: its member pid (the pane's stub)
@@ -649,7 +492,7 @@ class TeammateRunner:
         """List a command of this turn in the status file before it may run (raises when the
         file cannot be written: the command must not run unrecorded)."""
         self._commands.append(record)
-        self._set_status(**{STATUS_KEY: dump(self._commands)})
+        self.status.write(**{STATUS_KEY: dump(self._commands)})
 
     def _become_idle(self) -> None:
         if self._state is not RunState.IDLE:
@@ -668,24 +511,8 @@ class TeammateRunner:
 
     def _activity(self, text: str) -> None:
         # Brains report one activity per step (tool use), so the count is live during a turn.
-        self._turn_steps += 1
         self.console.step(text)
-        self._activities.append(text)
-        self._activity_times.append(time.time())
-        self._summary = text  # (as it works; its turn's end says how the turn went)
-        self._set_status(
-            activity=text,
-            recent_activities=list(self._activities),
-            activity_times=list(self._activity_times),
-            progress=self._progress(),
-        )
-
-    def _progress(self) -> dict[str, Any]:
-        return {
-            "tool_use_count": self._tool_uses + self._turn_steps,
-            "token_count": self._tokens,
-            "summary": self._summary,
-        }
+        self.status.step(text)
 
     async def _send_text(self, to: str, text: str) -> None:
         send(self.teams.directory(self.team), to=to, sender=self.name, text=text)
@@ -699,7 +526,7 @@ class TeammateRunner:
         # written as its own key (`awaiting_approval`) next to `state`, which stays `busy`.
         assert self._wake is not None
         request_id = secrets.token_hex(8)
-        self._set_status(
+        self.status.write(
             awaiting_approval={"request_id": request_id, "plan": plan},
             activity="awaiting plan approval",
         )
@@ -723,14 +550,14 @@ class TeammateRunner:
                     continue
                 await self._woken(IDLE_RECHECK_S)
         except BaseException:
-            self._set_status(awaiting_approval=None)
+            self.status.write(awaiting_approval=None)
             raise
         approved, feedback = self._plan_answers.pop(request_id)
         self.console.line(
             "approval",
             "plan approved" if approved else f"plan rejected: {feedback or 'no reason given'}",
         )
-        self._set_status(
+        self.status.write(
             awaiting_approval=None, activity="plan approved" if approved else "plan rejected"
         )
         return approved, feedback
@@ -745,33 +572,16 @@ class TeammateRunner:
         summary: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> None:
-        try:
-            send(
-                self.teams.directory(self.team),
-                to=LEAD_NAME,
-                sender=self.name,
-                kind=kind,
-                text=text,
-                summary=summary,
-                data=data,
-            )
-        except (ShoalError, OSError) as exc:
-            self.console.line("error", f"cannot send a {kind} to {LEAD_NAME}: {exc}")
-            return
-        if kind not in QUIET_SENDS and self.console.enabled:
-            about = text or summary
-            if kind == "shutdown_response" and data is not None:
-                about = "approved" if data.get("approve") else f"rejected: {data.get('reason')}"
-            self.console.sent(kind, LEAD_NAME, about)
-
-    def _set_status(self, **changes: Any) -> None:
-        if "activity" in changes and changes["activity"] != self._status.get("activity"):
-            changes["activity_at"] = time.time()  # (epoch s: when it began)
-        self._status.update(changes)
-        self._status["messages"] = list(self._messages)
-        self.teams.write_status(self.team, self.name, self._status)
-        if self.config.on_status is not None:
-            self.config.on_status(dict(self._status))
+        tell_lead(
+            self.teams,
+            self.team,
+            self.name,
+            self.console,
+            kind,
+            text=text,
+            summary=summary,
+            data=data,
+        )
 
 
 def _about(msg: AnyMessage) -> str:

@@ -13,39 +13,33 @@ import contextlib
 import os
 import queue
 import secrets
-import shlex
-import shutil
 import sys
 import time
 from collections.abc import Iterable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from shoal.core.errors import ConflictError, ShoalError, UsageError
+from shoal.core.errors import ShoalError, UsageError
 from shoal.core.events import TeammateReady, TeammateSpawned
-from shoal.core.names import validate_name
 from shoal.core.output import create_output_file, tail
 from shoal.core.procs import is_alive
+from shoal.core.taskrecords import TeammateIdentity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     InProcessTeammateTaskState,
     TaskStatus,
     TaskType,
-    TeammateIdentity,
-    new_task_id,
 )
 from shoal.mailbox.router import send
 from shoal.mailbox.schema import AnyMessage
 from shoal.mailbox.watcher import shared_watcher as get_watcher
-from shoal.teams.backends.base import Backend, Handle, SpawnSpec, choose, get_backend
+from shoal.teams.backends.base import Backend, Handle, SpawnSpec, get_backend
 from shoal.teams.backends.inprocess import InProcessBackend
 from shoal.teams.colors import pick_color
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import JoinSpec
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.teammate.brains import Script
 from shoal.workers.teammate.members import (
     SHUTDOWN_TIMEOUT_S,
     BatchReply,
@@ -55,13 +49,11 @@ from shoal.workers.teammate.members import (
     Reply,
     StopCause,
     SwarmHost,
-    _Collector,
     _cut,
     _outcome,
-    _Plan,
-    make_worktree,
     ready_timeout,
 )
+from shoal.workers.teammate.spawn_plan import SpawnBatch, SpawnPlan, plan_spawn
 from shoal.workers.teammate.worker import WorkerOptions, build_runner
 
 
@@ -137,118 +129,15 @@ class Swarm(MemberRecords):
         leader.layout.ensure(leader.layout.team_dir(team) / "logs")
         if any(p.in_process for p in plans):
             get_watcher().watch_root(leader.layout.inboxes_dir(team))
-        collector = _Collector(len(plans), reply)
+        collector = SpawnBatch(len(plans), reply)
         for plan in plans:
             self._start(plan, collector)
         leader.wake()
 
-    def _check_program(self, agent: str, cmd: str | None, cwd: str) -> None:
-        """Refuse (UsageError, exit 2) a teammate whose program is not there: the first word of
-        --cmd, else the preset's own (`claude`, `codex`), looked up on the PATH its commands
-        get (a path is taken from `cwd`). Else it would be "spawned", and fail in a log."""
-        try:
-            words = shlex.split(cmd) if cmd else [agent]
-        except ValueError as exc:
-            raise UsageError(f"--cmd {cmd!r} cannot be parsed: {exc}") from None
-        if not words:
-            raise UsageError("--cmd is empty")
-        program = words[0]
-        if os.sep in program:
-            found = os.path.join(cwd, program)
-            ok = os.path.isfile(found) and os.access(found, os.X_OK)
-        else:
-            path = self.leader.environ.get(b"PATH", os.defpath.encode())
-            ok = shutil.which(program, path=os.fsdecode(path)) is not None
-        if not ok:
-            how = "give its path in --cmd" if agent != "exec" else "check --cmd"
-            raise UsageError(
-                f"--agent {agent}: no command {program!r} on the PATH of team "
-                f"{self.leader.team!r}'s leader (install it, or {how})"
-            )
+    def _plan(self, args: dict[str, Any], tf: Any) -> SpawnPlan:
+        return plan_spawn(self.leader, self.members, self._in_process, args, tf)
 
-    def _plan(self, args: dict[str, Any], tf: Any) -> _Plan:
-        leader = self.leader
-        team = leader.team
-        name = validate_name(str(args.get("name") or ""), "member name")
-        if name == LEAD_NAME:
-            raise ConflictError(f"{LEAD_NAME!r} is the lead's name; pick another")
-        agent = args.get("agent") or "scripted"
-        if agent not in ("scripted", "exec", "llm", "claude", "codex"):
-            raise UsageError(f"unknown agent {agent!r} (scripted, exec, llm or claude)")
-        script, cmd, model = args.get("script"), args.get("cmd"), args.get("model")
-        if agent == "llm":
-            from shoal.workers.agent.models import ModelSpec, check_model
-
-            if model:
-                env = {os.fsdecode(k): os.fsdecode(v) for k, v in leader.environ.items()}
-                check_model(ModelSpec.parse(str(model)), env, Path(str(args.get("cwd") or ".")))
-        elif model:
-            raise UsageError("--model goes with --agent llm")
-        if agent == "exec" and not cmd:
-            raise UsageError("--agent exec needs --cmd TEMPLATE (e.g. 'claude -p {prompt}')")
-        if agent in ("exec", "claude", "codex"):
-            self._check_program(agent, str(cmd) if cmd else None, str(args.get("cwd") or "."))
-        if script and not Path(script).is_file():
-            raise UsageError(f"script {script} does not exist")
-        if script:
-            Script.load(Path(script))  # refuse a bad script now, not in the teammate
-        current = self.members.get(name)
-        if current is not None and current.backend.is_alive(current.handle):
-            raise ConflictError(f"teammate {name!r} is already running in team {team!r}")
-        existing = tf.member(name)
-        if (
-            existing is not None
-            and existing.is_active
-            and is_alive(existing.pid, existing.pid_started_at)
-        ):
-            raise ConflictError(f"member {name!r} is already active in team {team!r}")
-        backend, why = choose(
-            str(args.get("backend") or "auto"), provided={"in-process": self._in_process}
-        )
-        cwd = str(args.get("cwd") or os.getcwd())
-        if not os.path.isdir(cwd):
-            raise UsageError(f"working directory {cwd!r} does not exist")
-        worktree = None
-        if args.get("worktree"):
-            worktree = str(make_worktree(leader.layout, team, name, cwd))
-            cwd = worktree
-        task_id = new_task_id(TaskType.IN_PROCESS_TEAMMATE)
-        output = leader.output_file(task_id)
-        plan_mode = bool(args.get("plan_mode"))
-        in_process = isinstance(backend, InProcessBackend)
-        options = WorkerOptions(
-            team=team,
-            name=name,
-            agent=agent,
-            script=str(Path(script).resolve()) if script else None,
-            cmd=str(cmd) if cmd else None,
-            model=str(model) if model else None,
-            plan_mode=plan_mode,
-            sandbox=bool(args.get("sandbox")),
-            task_id=task_id,
-            output=str(output),
-            cwd=cwd,
-            backend=backend.name,
-            joined=in_process,
-            output_cap=leader.limits.output_cap,
-        )
-        return _Plan(
-            name=name,
-            agent=agent,
-            backend=backend,
-            why=why,
-            cwd=cwd,
-            options=options,
-            task_id=task_id,
-            output=output,
-            plan_mode=plan_mode,
-            worktree=worktree,
-            prompt=args.get("prompt"),
-            in_process=in_process,
-            color=existing.color if existing and existing.color else None,
-        )
-
-    def _start(self, plan: _Plan, collector: _Collector) -> None:
+    def _start(self, plan: SpawnPlan, collector: SpawnBatch) -> None:
         leader = self.leader
         layout, team = leader.layout, leader.team
         assert plan.color is not None
