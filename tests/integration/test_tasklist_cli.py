@@ -258,8 +258,8 @@ def test_add_run_is_the_command_a_scripted_teammate_runs(cli: Cli, team: TaskLis
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--run", "  "], "--run takes a command"),
-        (["--run", "make", "--metadata", '{"run": "other"}'], "give one"),
+        (["--run", "  "], "--run needs a command"),
+        (["--run", "make", "--metadata", '{"run": "other"}'], "give the command once"),
     ],
 )
 def test_add_run_refuses_an_empty_or_doubled_command(

@@ -103,15 +103,14 @@ def task() -> None:
 @click.option(
     "--from", "assigned_by", default=None, metavar="NAME", help="Who assigns it (default lead)."
 )
-@click.option("--metadata", "metadata_json", default=None, metavar="JSON", help="Free-form data.")
 @click.option(
     "--run",
     "run_command",
     default=None,
     metavar="CMD",
-    help="The shell command a teammate with the default scripted brain runs for it "
-    "(metadata.run): the task completes when CMD exits 0.",
+    help="The shell command a scripted teammate runs when it claims the task (metadata.run).",
 )
+@click.option("--metadata", "metadata_json", default=None, metavar="JSON", help="Free-form data.")
 @json_option
 @common_options
 def add(
@@ -121,24 +120,29 @@ def add(
     blocked_by: tuple[int, ...],
     owner: str | None,
     assigned_by: str | None,
-    metadata_json: str | None,
     run_command: str | None,
+    metadata_json: str | None,
     as_json: bool,
 ) -> None:
     """Add a task with SUBJECT; prints its id.
 
-    Teammates (`shoal spawn NAME`) claim open tasks in id order. One with the default
-    scripted brain does what --run names (`shoal task add test --run 'make test'`): the task
-    completes when the command exits 0, else it fails and goes back to pending (parked after
-    three failed turns); with no --run it only acknowledges the task. Other brains (exec,
-    claude, codex, llm) take its --description (else SUBJECT) as their prompt.
+    A teammate claims the first unblocked, unowned task. A scripted teammate (`shoal spawn
+    NAME`) does the work by running the task's command, given with `--run CMD` (kept as
+    `metadata.run`), in its working directory, and reports its output back; without one it
+    only reports the task done. An agent teammate reads SUBJECT and `--description` as its
+    instructions.
+
+    \b
+    Example:
+      shoal task add build --run 'make'
+      shoal task add test --run 'make test' --blocked-by 1
     """
     metadata = _metadata(metadata_json)
     if run_command is not None:
         if not run_command.strip():
-            raise UsageError("--run takes a command")
+            raise UsageError("--run needs a command")
         if metadata is not None and "run" in metadata:
-            raise UsageError("--run and --metadata's run both name the command: give one")
+            raise UsageError('give the command once: --run or a "run" key in --metadata')
         metadata = {**(metadata or {}), "run": run_command}
     tl = _tasklist()
     item = tl.add(

@@ -18,7 +18,6 @@ from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import TurnResult
 from shoal.workers.teammate.commands import CommandRecord, settle_from
 
-# A task whose turn failed this many times is no longer claimed automatically.
 # The most of a failed turn's result kept as its task's `last_error`.
 LAST_ERROR_CHARS: Final = 500
 

@@ -90,10 +90,10 @@ class SpawnBatch:
         self.reply([self.results[n] for n in self.order if n in self.results], None)
 
 
-def check_program(leader: Any, agent: str, cmd: str | None, cwd: str) -> None:
+def check_program(leader: SwarmHost, agent: str, cmd: str | None, cwd: str) -> None:
     """Refuse (UsageError, exit 2) a teammate whose program is not there: the first word of
-    --cmd, else the preset's own (`claude`, `codex`), looked up on the PATH its commands
-    get (a path is taken from `cwd`). Else it would be "spawned", and fail in a log."""
+    --cmd, else the preset's own (`claude`, `codex`), looked up on the PATH its commands get
+    (a path is taken from `cwd`). Else it would be "spawned", and fail in a log."""
     try:
         words = shlex.split(cmd) if cmd else [agent]
     except ValueError as exc:
@@ -145,7 +145,7 @@ def plan_spawn(
     if agent == "exec" and not cmd:
         raise UsageError("--agent exec needs --cmd TEMPLATE (e.g. 'claude -p {prompt}')")
     if agent in ("exec", "claude", "codex"):
-        check_program(host, agent, str(cmd) if cmd else None, str(args.get("cwd") or "."))
+        check_program(leader, agent, str(cmd) if cmd else None, str(args.get("cwd") or "."))
     if script and not Path(script).is_file():
         raise UsageError(f"script {script} does not exist")
     if script:
