@@ -25,9 +25,10 @@ from typing import Any, Final
 from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.consent import brief
 from shoal.core.errors import NoSpaceError, ShoalError
+from shoal.core.leasepolicy import agent_policy
 from shoal.core.notify import END_NOTIFICATION
 from shoal.core.paths import Layout
-from shoal.core.sandbox import Policy, agent_policy
+from shoal.core.sandbox import Policy
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.schema import PermissionResponseMessage
