@@ -1969,7 +1969,7 @@ def bench_sandbox(cfg: Config) -> SectionResult:
     bubblewrap is installed, the same command under `bwrap` for comparison."""
     import asyncio
 
-    from shoal.core import sandbox
+    from shoal.core import leasepolicy, sandbox
     from shoal.workers.agent.foreground import run_foreground
     from shoal.workers.agent.tool_args import BashArgs
     from shoal.workers.agent.tools import Workspace
@@ -1982,7 +1982,7 @@ def bench_sandbox(cfg: Config) -> SectionResult:
     if sandbox.abi() < 1:
         result.notes.append("this kernel offers no Landlock: nothing to measure")
         return result
-    policy = sandbox.agent_policy(work, "bypassPermissions", ["src/**"], tmp=tmp, network=False)
+    policy = leasepolicy.agent_policy(work, "bypassPermissions", ["src/**"], tmp=tmp, network=False)
     boxed = Workspace(cwd=work, mode="bypassPermissions", sandbox=policy)
     bare = Workspace(cwd=work, mode="bypassPermissions")
     call = BashArgs(command="true")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from shoal.core import sandbox
+from shoal.core import leasepolicy, sandbox
 from shoal.core.sandbox import PRETEND_ABSENT_VAR, Policy
 from shoal.workers.agent.coordinator import leasecheck
 from tests.conftest import Cli
@@ -116,22 +116,22 @@ def test_a_lease_maps_to_paths_that_never_include_git_or_shoal(tmp_path: Path) -
     (repo / "docs").mkdir()
     (repo / "docs" / "x.md").write_text("")
 
-    dirs, files, _ = sandbox.lease_paths(repo, ["src/**"])
+    dirs, files, _ = leasepolicy.lease_paths(repo, ["src/**"])
     assert (dirs, files) == ([str(repo / "src")], [])
-    dirs, files, _ = sandbox.lease_paths(repo, ["README", "docs/*.md"])
+    dirs, files, _ = leasepolicy.lease_paths(repo, ["README", "docs/*.md"])
     assert dirs == [str(repo / "docs")] and files == [str(repo / "README")]
-    dirs, files, _ = sandbox.lease_paths(repo, ["**/*.py"])  # (its literal dir is the root)
+    dirs, files, _ = leasepolicy.lease_paths(repo, ["**/*.py"])  # (its literal dir is the root)
     assert dirs == [] and sorted(files) == [str(repo / "src" / "a.py"), str(repo / "src/keep.py")]
-    dirs, files, notes = sandbox.lease_paths(repo, ["**"])
+    dirs, files, notes = leasepolicy.lease_paths(repo, ["**"])
     granted = {Path(p).name for p in (*dirs, *files)}
     assert ".git" not in granted and ".shoal" not in granted and {"src", "README"} <= granted
     assert any("top of the tree" in n for n in notes)
-    dirs, files, notes = sandbox.lease_paths(repo, [".git/config", "new.py"])
+    dirs, files, notes = leasepolicy.lease_paths(repo, [".git/config", "new.py"])
     assert dirs == files == [] and len(notes) == 2
     (repo / "escape").symlink_to(tmp_path)  # (a hostile tree's link out of itself)
     (repo / "src" / "out.py").symlink_to(tmp_path / "elsewhere.py")
     (tmp_path / "elsewhere.py").write_text("")
-    dirs, files, notes = sandbox.lease_paths(repo, ["escape/**", "escape", "src/*.py", "**"])
+    dirs, files, notes = leasepolicy.lease_paths(repo, ["escape/**", "escape", "src/*.py", "**"])
     every = [*dirs, *files]
     assert all(Path(p).is_relative_to(repo) for p in every), every
     assert sum("leads outside the tree" in n for n in notes) >= 3, notes

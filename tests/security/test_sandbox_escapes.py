@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from shoal.core import git, sandbox
-from shoal.core.sandbox import Policy, agent_policy
+from shoal.core.leasepolicy import agent_policy
+from shoal.core.sandbox import Policy
 from shoal.workers.agent.coordinator import leasecheck
 from tests.polling import wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.core import pathgate
+from shoal.core import beneath
 from shoal.core.pathgate import GateError, PathGate, expand_braces, pattern_parts
 from shoal.workers.agent.tool_args import EditArgs, ReadArgs, WriteArgs
 from shoal.workers.agent.tools import Workspace
@@ -19,14 +19,14 @@ from shoal.workers.agent.tools import Workspace
 @pytest.fixture(params=["openat2", "walk"])
 def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "walk":
-        monkeypatch.setattr(pathgate, "_openat2_ok", False)
+        monkeypatch.setattr(beneath, "_openat2_ok", False)
 
         def never(*_args: object) -> int:
             raise AssertionError("openat2 was used although the walk was forced")
 
-        monkeypatch.setattr(pathgate, "_openat2", never)
+        monkeypatch.setattr(beneath, "_openat2", never)
     else:
-        assert pathgate.openat2_available(), "this machine's kernel has openat2 (Linux >= 5.6)"
+        assert beneath.openat2_available(), "this machine's kernel has openat2 (Linux >= 5.6)"
     yield request.param
 
 

@@ -3,10 +3,10 @@
 A name is placed lexically (joined to the base, `..` folded) and must lie beneath one of the
 gate's roots; its directory is then opened from the root with `openat2(RESOLVE_BENEATH |
 RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` where the kernel has it (Linux >= 5.6), else one
-component at a time with `O_NOFOLLOW` directory descriptors, and the last component is used
-through that descriptor, never followed. So a symlink anywhere on the way, planted before or
-swapped in during a call, leads nowhere; the root itself is reopened by its real path with no
-symlink allowed, so a root swapped for a link is noticed.
+component at a time with `O_NOFOLLOW` directory descriptors (beneath.py), and the last
+component is used through that descriptor, never followed. So a symlink anywhere on the way,
+planted before or swapped in during a call, leads nowhere; the root itself is reopened by its
+real path with no symlink allowed, so a root swapped for a link is noticed.
 
 Reads refuse what is not a regular file (a FIFO, a socket, a device) without opening it for
 reading (it is looked at first through its directory, then opened non-blocking and checked
@@ -23,11 +23,9 @@ through a symlink in the last component, and never into the protected paths.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fnmatch
 import os
-import platform
 import re
 import secrets
 import stat
@@ -36,24 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from shoal.core.beneath import DIR_REF, fd_path, is_link, open_beneath
 from shoal.core.errors import ShoalError
 
 READ_CAP_BYTES: Final = 8 * 1024 * 1024
 READ_CAP_TEXT: Final = "8 MiB"
 
-RESOLVE_NO_MAGICLINKS: Final = 0x02
-RESOLVE_NO_SYMLINKS: Final = 0x04
-RESOLVE_BENEATH: Final = 0x08
-_RESOLVE: Final = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-# openat2 came after the syscall tables were unified (Linux 5.1): 437 on every architecture
-# that uses the common numbering. Elsewhere (mips, alpha, ia64, x32) the walk is used.
-_SYS_OPENAT2: Final = 437
-_COMMON_TABLE: Final = frozenset(
-    {"x86_64", "amd64", "aarch64", "arm64", "armv7l", "armv6l", "riscv64", "ppc64le", "ppc64",
-     "s390x", "i386", "i686", "loongarch64"}
-)  # fmt: skip
-_O_PATH: Final = getattr(os, "O_PATH", 0)
-_DIR_REF: Final = (_O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC  # to *at() beneath
 _DIR_LIST: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # to list
 _READ: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
 GIT_DIR: Final = ".git"
@@ -70,114 +56,6 @@ class GateError(ShoalError):
     def __init__(self, message: str, problem: Problem) -> None:
         super().__init__(message)
         self.problem = problem
-
-
-# -- the kernel -------------------------------------------------------------------------------
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_openat2_ok: bool | None = None  # probed on first use; a test sets False to force the walk
-
-
-def _syscall() -> Callable[..., int] | None:
-    if platform.system() != "Linux" or platform.machine().lower() not in _COMMON_TABLE:
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    call = libc.syscall
-    call.restype = ctypes.c_long
-    return call
-
-
-_SYSCALL = _syscall()
-
-
-def _openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
-    """openat2(dirfd, path, {flags, mode, RESOLVE_BENEATH|NO_SYMLINKS|NO_MAGICLINKS})."""
-    assert _SYSCALL is not None
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
-    raw = os.fsencode(path)
-    for _ in range(8):  # EAGAIN: a rename raced the `..` check; EINTR: a signal
-        fd = _SYSCALL(
-            ctypes.c_long(_SYS_OPENAT2),
-            ctypes.c_int(dirfd),
-            ctypes.c_char_p(raw),
-            ctypes.byref(how),
-            ctypes.c_size_t(ctypes.sizeof(how)),
-        )
-        if fd >= 0:
-            return int(fd)
-        err = ctypes.get_errno()
-        if err not in (errno.EAGAIN, errno.EINTR):
-            break
-    raise OSError(err, os.strerror(err), path)
-
-
-def openat2_available() -> bool:
-    """Whether this kernel has openat2 with RESOLVE_BENEATH (probed once)."""
-    global _openat2_ok
-    if _openat2_ok is None:
-        _openat2_ok = False
-        if _SYSCALL is not None:
-            try:
-                os.close(_openat2(os.open("/", _DIR_REF), ".", _DIR_REF))
-                _openat2_ok = True
-            except OSError:  # ENOSYS (old kernel), EPERM (a seccomp filter), EINVAL
-                pass
-    return _openat2_ok
-
-
-def _is_link(dirfd: int, name: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def open_beneath(dirfd: int, parts: Sequence[str], flags: int, mode: int = 0) -> int:
-    """A descriptor of `parts` beneath the directory open at `dirfd`, no symlink (nor `..`)
-    followed on the way: OSError ELOOP when a symlink is in the way, as openat2 says it."""
-    for part in parts:
-        if part in ("", ".", "..") or "/" in part or "\0" in part:
-            raise OSError(errno.EINVAL, f"bad path component {part!r}")
-    if not parts:
-        return os.open(".", flags | os.O_CLOEXEC, mode, dir_fd=dirfd)
-    if openat2_available():
-        return _openat2(dirfd, "/".join(parts), flags, mode)
-    current, opened = dirfd, []
-    try:
-        for part in parts[:-1]:
-            try:
-                current = os.open(part, _DIR_REF | os.O_NOFOLLOW, dir_fd=current)
-            except OSError as exc:
-                if _is_link(current, part):
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part) from None
-                raise exc from None
-            opened.append(current)
-        last = parts[-1]
-        try:
-            return os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
-        except OSError as exc:
-            if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(current, last):
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), last) from None
-            raise exc from None
-    finally:
-        for fd in opened:
-            os.close(fd)
-
-
-def fd_path(fd: int) -> Path | None:
-    """The real path of what `fd` is open on (Linux's /proc), or None when unknown."""
-    try:
-        target = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
-    return Path(target) if target.startswith("/") and not target.endswith(" (deleted)") else None
 
 
 def _within(path: Path, root: Path) -> bool:
@@ -429,9 +307,9 @@ class PathGate:
 
     def _root_fd(self, root: Path) -> int:
         """The root, reopened by its real path with no symlink allowed on the way."""
-        top = os.open("/", _DIR_REF)
+        top = os.open("/", DIR_REF)
         try:
-            return open_beneath(top, root.parts[1:], _DIR_REF)
+            return open_beneath(top, root.parts[1:], DIR_REF)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise GateError(
@@ -465,9 +343,9 @@ class PathGate:
             parent = spot.shown.parent
             if create:
                 self._make_dirs_unconfined(parent)
-            return self._open(name, Spot(parent, None, ()), (), _DIR_REF)
+            return self._open(name, Spot(parent, None, ()), (), DIR_REF)
         try:
-            return self._open(name, spot, spot.parts[:-1], _DIR_REF)
+            return self._open(name, spot, spot.parts[:-1], DIR_REF)
         except FileNotFoundError:
             if not create:
                 raise
@@ -476,14 +354,14 @@ class PathGate:
         try:
             for part in spot.parts[:-1]:
                 try:
-                    nxt = os.open(part, _DIR_REF | os.O_NOFOLLOW, dir_fd=current)
+                    nxt = os.open(part, DIR_REF | os.O_NOFOLLOW, dir_fd=current)
                 except FileNotFoundError:
                     self._refuse_protected(self._real_at(current, part), name)
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, self.dir_mode, dir_fd=current)
-                    nxt = os.open(part, _DIR_REF | os.O_NOFOLLOW, dir_fd=current)
+                    nxt = os.open(part, DIR_REF | os.O_NOFOLLOW, dir_fd=current)
                 except OSError:
-                    if _is_link(current, part):
+                    if is_link(current, part):
                         raise self._outside_or_link(name, spot) from None
                     raise
                 if current != rfd:

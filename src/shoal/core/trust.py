@@ -38,9 +38,9 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shoal.core.beneath import open_beneath
 from shoal.core.errors import NotFoundError
 from shoal.core.jsonio import atomic_write, dumps, lock_for, read_model
-from shoal.core.pathgate import open_beneath
 from shoal.core.paths import ensure_dir
 
 TRUST_FILE: Final = "trust.json"

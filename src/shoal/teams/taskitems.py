@@ -1,10 +1,11 @@
 """A task-list item and its rules: the status table, the one move check, the read view of the
-whole list and the claim rules (blockers, busy owners, failures), without the files."""
+whole list, the claim rules (blockers, busy owners, failures) and the dependency edges (both
+sides of each, no cycle), without the files."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from shoal.core.errors import (
     ConflictError,
     CorruptFileError,
+    NotFoundError,
     UsageError,
 )
 from shoal.core.machine import IllegalMove, Machine
@@ -259,3 +261,63 @@ def check_claim(snap: TaskSnapshot, item: TaskItem, name: str, check_busy: bool)
             raise ClaimRefused(
                 item.id, "agent_busy", busy, f"{name} is working on task {ids}; finish it first"
             )
+
+
+def checked_blockers(
+    snap: TaskSnapshot, task_ids: Iterable[int], what: str, team: str
+) -> list[int]:
+    """Validated, de-duplicated blocker ids that exist as readable items."""
+    out: list[int] = []
+    for bid in task_ids:
+        check_id(bid)
+        if bid in snap.errors:
+            raise snap.errors[bid]
+        if bid not in snap.items:
+            raise NotFoundError(f"{what}: no task {bid} in team {team!r} (see `shoal task list`)")
+        if bid not in out:
+            out.append(bid)
+    return out
+
+
+def edge_edits(
+    snap: TaskSnapshot, task_id: int, blocked_by: list[int], blocks: list[int], team: str
+) -> dict[int, TaskItem]:
+    """Items changed by adding `task_id blocked_by b` and `task_id blocks x` edges: both
+    sides of each edge, and none that would make a cycle (a ConflictError naming it)."""
+    blocked_by = checked_blockers(snap, blocked_by, f"task {task_id} --blocked-by", team)
+    blocks = checked_blockers(snap, blocks, f"task {task_id} --blocks", team)
+    edits: dict[int, TaskItem] = {}
+
+    def current(i: int) -> TaskItem:
+        return edits.get(i, snap.items[i])
+
+    def link(blocked: int, blocker: int) -> None:
+        if blocked == blocker:
+            raise ConflictError(f"task {blocked} cannot be blocked by itself")
+        chain = snap.depends_on(blocker, blocked)
+        if chain is not None:
+            cycle = " -> ".join(str(i) for i in (blocked, *chain))
+            raise ConflictError(
+                f"task {blocked} cannot be blocked by task {blocker}: that would make a "
+                f"cycle ({cycle}, each blocked by the next)"
+            )
+        a, b = current(blocked), current(blocker)
+        if blocker not in a.blocked_by:
+            a = a.model_copy(update={"blocked_by": (*a.blocked_by, blocker)})
+        if blocked not in b.blocks:
+            b = b.model_copy(update={"blocks": (*b.blocks, blocked)})
+        edits[blocked], edits[blocker] = a, b
+        # Later cycle checks must see this edge too.
+        snap.items[blocked] = a
+        snap.items[blocker] = b
+
+    original = dict(snap.items)
+    try:
+        for b in blocked_by:
+            link(task_id, b)
+        for x in blocks:
+            link(x, task_id)
+    finally:
+        snap.items.clear()
+        snap.items.update(original)
+    return {i: t for i, t in edits.items() if t != snap.items[i]}

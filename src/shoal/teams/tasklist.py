@@ -56,6 +56,8 @@ from shoal.teams.taskitems import (
     check_id,
     check_metadata,
     check_subject,
+    checked_blockers,
+    edge_edits,
     first_claimable,
     move_item,
 )
@@ -267,23 +269,6 @@ class TaskList:
             )
         return name
 
-    def _blockers(
-        self, snap: TaskSnapshot, task_ids: Iterable[int], what: str
-    ) -> builtins.list[int]:
-        """Validated, de-duplicated blocker ids that exist as readable items."""
-        out: builtins.list[int] = []
-        for bid in task_ids:
-            check_id(bid)
-            if bid in snap.errors:
-                raise snap.errors[bid]
-            if bid not in snap.items:
-                raise NotFoundError(
-                    f"{what}: no task {bid} in team {self.team!r} (see `shoal task list`)"
-                )
-            if bid not in out:
-                out.append(bid)
-        return out
-
     def add(
         self,
         subject: str,
@@ -310,7 +295,7 @@ class TaskList:
         with self._locked() as directory:
             # Only the blockers are read: adding stays cheap however long the list grows.
             snap = self._partial(directory, wanted)
-            blockers = self._blockers(snap, wanted, "--blocked-by")
+            blockers = checked_blockers(snap, wanted, "--blocked-by", self.team)
             new_id = max([*self._ids_on_disk(directory), self._read_highwatermark(directory)]) + 1
             now = iso_now()
             item = TaskItem(
@@ -396,7 +381,7 @@ class TaskList:
             if meta is not None:
                 merged = {**old.metadata, **meta}
                 changes["metadata"] = {k: v for k, v in merged.items() if v is not None}
-            edits = self._edges(snap, task_id, wanted_by, wanted_blocks)
+            edits = edge_edits(snap, task_id, wanted_by, wanted_blocks, self.team)
             if edits:
                 old = edits.pop(task_id, old)
             # An illegal move raises here, before anything is written.
@@ -409,52 +394,6 @@ class TaskList:
         if isinstance(owner, str) and owner != snap.items[task_id].owner:
             self._notify(new, assigned_by)
         return new
-
-    def _edges(
-        self,
-        snap: TaskSnapshot,
-        task_id: int,
-        blocked_by: builtins.list[int],
-        blocks: builtins.list[int],
-    ) -> dict[int, TaskItem]:
-        """Items changed by adding `task_id blocked_by b` and `task_id blocks x` edges."""
-        blocked_by = self._blockers(snap, blocked_by, f"task {task_id} --blocked-by")
-        blocks = self._blockers(snap, blocks, f"task {task_id} --blocks")
-        edits: dict[int, TaskItem] = {}
-
-        def current(i: int) -> TaskItem:
-            return edits.get(i, snap.items[i])
-
-        def link(blocked: int, blocker: int) -> None:
-            if blocked == blocker:
-                raise ConflictError(f"task {blocked} cannot be blocked by itself")
-            chain = snap.depends_on(blocker, blocked)
-            if chain is not None:
-                cycle = " -> ".join(str(i) for i in (blocked, *chain))
-                raise ConflictError(
-                    f"task {blocked} cannot be blocked by task {blocker}: that would make a "
-                    f"cycle ({cycle}, each blocked by the next)"
-                )
-            a, b = current(blocked), current(blocker)
-            if blocker not in a.blocked_by:
-                a = a.model_copy(update={"blocked_by": (*a.blocked_by, blocker)})
-            if blocked not in b.blocks:
-                b = b.model_copy(update={"blocks": (*b.blocks, blocked)})
-            edits[blocked], edits[blocker] = a, b
-            # Later cycle checks must see this edge too.
-            snap.items[blocked] = a
-            snap.items[blocker] = b
-
-        original = dict(snap.items)
-        try:
-            for b in blocked_by:
-                link(task_id, b)
-            for x in blocks:
-                link(x, task_id)
-        finally:
-            snap.items.clear()
-            snap.items.update(original)
-        return {i: t for i, t in edits.items() if t != snap.items[i]}
 
     def reset(self) -> int:
         """Empty the list, as the seed's resetTaskList when a team is created (Team = Project

@@ -26,8 +26,9 @@ from typing import Any, Final
 
 from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.errors import ShoalError
+from shoal.core.leasepolicy import agent_policy
 from shoal.core.paths import Layout
-from shoal.core.sandbox import Policy, agent_policy
+from shoal.core.sandbox import Policy
 from shoal.workers.agent.ask_lead import Consent
 from shoal.workers.agent.attachments import IDLE_RENEW_S, Attacher, owned_tasks_file
 from shoal.workers.agent.coordinator.turns import (

@@ -72,7 +72,7 @@ def teammate_sandbox(layout: Layout, opts: WorkerOptions, cwd: str) -> Policy | 
     (the team's `tmp/NAME/`, its TMPDIR), the paths of `[sandbox] writable` in config.toml,
     network on. None when sandboxes are off or the kernel has none: said once, here, on
     stderr (its commands then run unconfined)."""
-    from shoal.core import sandbox
+    from shoal.core import leasepolicy, sandbox
     from shoal.core.config import sandbox_settings, sandbox_unix_sockets
 
     enabled, writable = sandbox_settings(layout.home)
@@ -81,7 +81,7 @@ def teammate_sandbox(layout: Layout, opts: WorkerOptions, cwd: str) -> Policy | 
         print(f"shoal: --sandbox: {why}; this teammate's commands run unconfined", file=sys.stderr)
         return None
     tmp = layout.ensure(layout.team_dir(opts.team) / "tmp" / opts.name)
-    return sandbox.agent_policy(
+    return leasepolicy.agent_policy(
         Path(cwd),
         "acceptEdits",
         None,
