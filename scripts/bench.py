@@ -1397,6 +1397,107 @@ run = "true"
     return path
 
 
+@section(
+    "kinds", "task kinds: a 100-step workflow beside the same spec run, dream and monitor start"
+)
+def bench_kinds(cfg: Config) -> SectionResult:
+    """The kinds the other sections leave out, each from the CLI call to its first result."""
+    result = SectionResult()
+    n = 100
+    home = cfg.workdir / "kinds-home"
+    spec = cfg.workdir / "kinds-steps.toml"
+    spec.write_text(
+        "[run]\njobs = 2\n\n"
+        + "".join(f'[[task]]\nid = "s{i}"\nrun = "true"\n\n' for i in range(n))
+    )
+    bare = min(_bare_pythons(1) for _ in range(5))
+    run_s = []
+    for _ in range(cfg.repeats):
+        t0 = time.perf_counter()
+        _shoal_cli(home, "run", str(spec), "--jobs", "2")
+        run_s.append(time.perf_counter() - t0)
+    _shoal_cli(home, "up", "--team", "kinds", "--jobs", "2", "--detach", "--quiet")
+    try:
+        flow_s = []
+        for _ in range(cfg.repeats):
+            t0 = time.perf_counter()
+            wid = _shoal_cli(home, "workflow", "--team", "kinds", str(spec)).stdout.split()[0]
+            _shoal_cli(home, "wait", "--team", "kinds", wid)
+            flow_s.append(time.perf_counter() - t0)
+        result.rows.append(
+            Row(
+                f"workflow of {n} `true` steps, vs the spec as `shoal run`",
+                "s",
+                min(flow_s),
+                min(run_s),
+                "lower",
+            )
+        )
+        dream_s = []
+        for _ in range(cfg.repeats):
+            t0 = time.perf_counter()
+            did = _shoal_cli(home, "dream", "--team", "kinds").stdout.split()[0]
+            _shoal_cli(home, "wait", "--team", "kinds", did)
+            dream_s.append(time.perf_counter() - t0)
+        result.rows.append(
+            Row(
+                "dream (scripted model, no sessions) start to end, vs `python -c pass`",
+                "s",
+                min(dream_s),
+                bare,
+                "lower",
+            )
+        )
+        config = cfg.workdir / "kinds-mcp.json"
+        server = {
+            "command": sys.executable,
+            "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+        }
+        config.write_text(json.dumps({"mcpServers": {"time": server}}))
+        monitor_s = []
+        for _ in range(cfg.repeats):
+            t0 = time.perf_counter()
+            mid = _shoal_cli(
+                home,
+                "monitor",
+                "--team",
+                "kinds",
+                "time",
+                "--config",
+                str(config),
+                "--tool",
+                "get_current_time",
+                "--args",
+                '{"timezone": "UTC"}',
+                "--every",
+                "60",
+            ).stdout.split()[0]
+            deadline = time.monotonic() + 60
+            while "tool-result" not in _shoal_cli(home, "logs", "--team", "kinds", mid).stdout:
+                if time.monotonic() > deadline:
+                    raise BenchError("the monitor gave no tool result within 60 s")
+                time.sleep(0.01)
+            monitor_s.append(time.perf_counter() - t0)
+            _shoal_cli(home, "stop", "--team", "kinds", mid)
+        result.rows.append(
+            Row(
+                "monitor: CLI call to its first tool result, vs `python -c pass`",
+                "s",
+                min(monitor_s),
+                bare,
+                "lower",
+            )
+        )
+    finally:
+        _shoal_cli(home, "down", "--team", "kinds")
+    result.notes.append(
+        "the workflow runs in a long-lived leader (one `workflow` and one `wait` call); "
+        "the spec row is a whole `shoal run` process with its own leader; the monitor row "
+        "polls `shoal logs`, so it includes up to one CLI call of latency"
+    )
+    return result
+
+
 @section("pysuite", "shoal run: a generated pytest suite sharded 2 and 4 ways")
 def bench_pysuite(cfg: Config) -> SectionResult:
     """A generated pytest suite (tests/support/pysuite.py; attrs-sized: 1,400 tests in 40

@@ -1,15 +1,15 @@
 """`remote_agent` tasks on a real Ray head: `shoal remote submit` through a real leader
 process, each test's work tree a git repository of its own in tmp_path.
 
-Shell jobs end with their real exit codes and see the committed files (not the ignored ones);
-a job's log reaches the output file exactly once, line by line, without Ray's preamble, however
+Shell jobs end with their real exit codes and see the committed files (not the ignored ones); a
+job's log reaches the output file exactly once, line by line, without Ray's preamble, however
 it is read; `shoal stop` stops the job on the cluster and its process (and a leader polling a
 job does not spin); a leader killed with kill -9 and started again re-attaches to its running
-job (and revives no ended one); `remote status` lists ended tasks too; every eligibility
-failure is one line and creates no task; the scripted agent's remote types (remote-agent,
-ultrareview, ultraplan with its question and its approval) complete on the cluster, and a
-stopped agent job leaves no private leader behind on the node; a head killed mid-run fails its
-task within seconds."""
+job (and revives no ended one, whose sidecar it removes); `remote status` lists ended tasks
+too; every eligibility failure is one line and creates no task; the scripted agent's remote
+types (remote-agent, ultrareview, ultraplan with its question and its approval) complete on the
+cluster, and a stopped agent job leaves no private leader behind on the node; a head killed
+mid-run fails its task within seconds."""
 
 from __future__ import annotations
 
@@ -69,6 +69,24 @@ args = { description = "wait", command = "exec sleep 300.{prompt}" }
 
 [[turn]]
 text = "slept"
+"""
+
+# An agent that makes a task list of two items and completes the first.
+TODO_SCRIPT = """
+final = "planned"
+
+[[turn]]
+[[turn.call]]
+tool = "TaskCreate"
+args = { subject = "read the code" }
+[[turn.call]]
+tool = "TaskCreate"
+args = { subject = "fix the bug" }
+
+[[turn]]
+[[turn.call]]
+tool = "TaskUpdate"
+args = { taskId = "1", status = "completed" }
 """
 
 
@@ -208,6 +226,7 @@ def repo(tmp_path: Path) -> Path:
             "sub/inner.txt": "in\n",
             "plan.toml": PLAN_SCRIPT,
             "slow.toml": SLOW_SCRIPT,
+            "todo.toml": TODO_SCRIPT,
         },
     )
 
@@ -357,21 +376,33 @@ def test_remote_status_lists_tasks_and_stop_stops_the_job(
 # --------------------------------------------------------------------------- kill -9
 
 
-def test_a_leader_killed_with_kill_9_re_attaches_on_resume(
-    cli: Cli, home: Path, repo: Path, ray: RayHead
+def test_a_leader_killed_with_kill_9_re_attaches_on_resume_and_leaves_no_sidecar(
+    cli: Cli, home: Path, repo: Path, ray: RayHead, tmp_path: Path
 ) -> None:
     """A leader killed with kill -9 mid-job, then started again: the running task is
     re-attached (its log says so; no second submit, so no JobExists), completes, and its output
-    holds every line exactly once; a task that had completed before the kill stays completed
-    (same end), and the cluster has one job for each task, no new one."""
-    up(cli)
+    holds every line exactly once; a task that had completed and been notified before the kill
+    stays completed (same end), and the sidecar the killed leader still kept for it (it keeps
+    them a while after the notification) is removed by the new leader; the cluster has one job
+    for each task, no new one, and once all is notified no sidecar is left."""
+    up(cli, env={"SHOAL_RAY_SIDECAR_KEEP_S": "600"})
+    gate = tmp_path / "gate"
     try:
         done = submit(cli, repo, "--type", "shell", "--", "echo done-before")
-        before = ended(home, done)
+        before = wait_until(
+            lambda: (t := ended(home, done))["notified"] and t,
+            timeout=JOB_S,
+            what=f"{done} to be notified",
+        )
         assert before["status"] == "completed"
+        output = Path(before["output_file"])
+        sidecars = output.parent.parent / "remote"
+        assert (sidecars / f"{done}.json").exists()  # (kept: SHOAL_RAY_SIDECAR_KEEP_S)
         running = submit(
             cli, repo, "--type", "shell", "--",
-            "for i in $(seq 1 40); do echo line-$i; sleep 0.1; done",
+            f"for i in $(seq 1 5); do echo line-$i; done; "
+            f"while [ ! -e {gate} ]; do sleep 0.05; done; "
+            "for i in $(seq 6 40); do echo line-$i; done",
         )  # fmt: skip
         output = Path(record(home, running)["output_file"])
         wait_until(
@@ -384,7 +415,15 @@ def test_a_leader_killed_with_kill_9_re_attaches_on_resume(
         os.kill(alive[0], signal.SIGKILL)
         wait_until(lambda: leader_alive(Layout(home), TEAM) is None, what="the leader to die")
         assert record(home, running)["status"] == "running"
+        assert {p.stem for p in sidecars.glob("*.json")} == {done, running}
         up(cli)
+        wait_until(
+            lambda: not (sidecars / f"{done}.json").exists(),
+            timeout=15,
+            what=f"the sidecar of {done} (ended, notified) to be removed on resume",
+        )
+        assert record(home, running)["status"] == "running"
+        gate.touch()
         final = ended(home, running)
         assert final["status"] == "completed", final
         assert final["error"] is None and final["exit_code"] == 0
@@ -398,9 +437,12 @@ def test_a_leader_killed_with_kill_9_re_attaches_on_resume(
             assert [j["submission_id"] for j in jobs].count(task_id) == 1
             owned = [j for j in jobs if (j.get("metadata") or {}).get("shoal_task") == task_id]
             assert len(owned) == 1, owned
-        # Once notified, the task's sidecar goes.
-        sidecar = output.parent.parent / "remote" / f"{running}.json"
-        wait_until(lambda: not sidecar.exists(), timeout=15, what=f"{sidecar} to be removed")
+        # Once notified, the task's sidecar goes too: nothing is left.
+        wait_until(
+            lambda: not list(sidecars.glob("*.json")),
+            timeout=15,
+            what=lambda: f"{sorted(sidecars.glob('*.json'))} to be removed",
+        )
     finally:
         cli("down", timeout=120)
 
@@ -520,9 +562,11 @@ def test_remote_agent_and_ultrareview_complete_with_their_results(
 ) -> None:
     """The scripted agent on the cluster: a remote-agent's result (from its `result` marker)
     is the agent's final text, which saw the work tree; an ultrareview completes with the
-    review as its result, `result_file` review.md and its progress done."""
+    review as its result, `result_file` review.md and its progress done; an agent that makes
+    a task list leaves it, as it last was on the node, in its task's `todo_list`."""
     agent = submit(leader, repo, "say hello")
     review = submit(leader, repo, "--type", "ultrareview", "look at data.txt")
+    planner = submit(leader, repo, "--model", "scripted:todo.toml", "make a plan")
     final = ended(home, agent)
     assert final["status"] == "completed", (final, logs(leader, agent))
     result = final["result"]
@@ -534,6 +578,13 @@ def test_remote_agent_and_ultrareview_complete_with_their_results(
     assert done["remote_task_metadata"]["result_file"] == "review.md"
     assert done["review_progress"] == {"stage": "done"}
     assert "Review the code" in done["result"] and "look at data.txt" in done["result"]
+    planned = ended(home, planner)
+    assert planned["status"] == "completed", (planned, logs(leader, planner))
+    assert planned["result"] == "planned"
+    assert planned["todo_list"] == [
+        {"content": "read the code", "status": "completed"},
+        {"content": "fix the bug", "status": "pending"},
+    ], planned["todo_list"]
 
 
 def test_stopping_an_agent_job_brings_its_private_leader_down(

@@ -20,7 +20,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.orchestrator.batch.report import JOBLOG_HEADER, read_joblog
 from shoal.orchestrator.liveness import leader_alive
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 from tests.conftest import Cli, group_gone, in_ci
 from tests.polling import wait_until
 

@@ -4,10 +4,9 @@
 The JUnit report is validated against the Jenkins xunit plugin's `junit-10.xsd` (MIT licence,
 Copyright (c) 2014 Gregory Boissinot), from the jenkinsci/xunit-plugin repository at
 src/main/resources/org/jenkinsci/plugins/xunit/types/model/xsd/junit-10.xsd, when it is
-given: `$SHOAL_JUNIT_XSD`, else tests/fixtures/junit-10.xsd, else the shared fixtures beside
-the checkout (`../shared/fixtures/junit-10.xsd`). That schema is not part of this repository;
-without it, the reports are validated against tests/support/junit_structure.xsd, the same
-structure written for these tests (elements, order, the attributes each may carry).
+kept as test data in tests/fixtures/junit-10.xsd (`$SHOAL_JUNIT_XSD` names another copy). The
+tests fail, never fall back, when it is missing. tests/support/junit_structure.xsd, the same
+structure written for these tests, is checked to refuse what junit-10 refuses.
 """
 
 from __future__ import annotations
@@ -42,8 +41,10 @@ def jenkins_schema() -> xmlschema.XMLSchema | None:
 
 
 def junit_schema() -> xmlschema.XMLSchema:
-    """junit-10.xsd when given, else the structure written for these tests."""
-    return jenkins_schema() or xmlschema.XMLSchema(str(STRUCTURE_XSD))
+    """Jenkins' junit-10.xsd: a missing schema fails the test rather than weakening it."""
+    schema = jenkins_schema()
+    assert schema is not None, f"tests/fixtures/{XSD_NAME} is missing (Jenkins' JUnit schema)"
+    return schema
 
 
 STRUCTURE_XSD = REPO / "tests" / "support" / "junit_structure.xsd"

@@ -346,7 +346,11 @@ def test_a_terminal_shows_a_live_bar_with_the_running_tasks(
     env = {**FAST, "SHOAL_HOME": str(home), "TERM": "xterm-256color", "NO_COLOR": ""}
     argv = ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "shoal", "run"]
     # The pane runs the command itself; it stays open afterwards so its last screen is seen.
-    command = f"{shlex.join([*argv, str(spec)])}; echo $? > {done}; exec sleep 600"
+    # The exit code is written to a side file and renamed, so it is never seen half-written.
+    command = (
+        f"{shlex.join([*argv, str(spec)])}; echo $? > {done}.part; mv {done}.part {done}; "
+        "exec sleep 600"
+    )
     pane = f"run-{uuid.uuid4().hex[:8]}"
     new = ["new-session", "-d", "-s", pane, "-x", "120", "-y", "30", "sh", "-c", command]
     subprocess.run(["tmux", "-L", tmux_socket, *new], check=True)

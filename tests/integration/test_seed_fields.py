@@ -318,7 +318,7 @@ args = {{ taskId = "1", status = "completed" }}
 def test_a_remote_job_reports_its_agents_task_list_as_it_changes(
     home: Path, tmp_path: Path
 ) -> None:
-    from shoal.workers.remote.kind import MARKER, todo_of
+    from shoal.workers.remote.verdicts import MARKER, todo_of
 
     gate = tmp_path / "go"
     script = tmp_path / "todo.toml"

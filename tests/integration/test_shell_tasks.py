@@ -16,7 +16,8 @@ from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.leader import Leader
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
+from shoal.workers.shell.kind import looks_like_prompt
 from tests.conftest import group_gone
 from tests.polling import wait_until
 
@@ -119,7 +120,7 @@ def test_prompt_detection(tmp_path: Path) -> None:
         ("", False),
     ]:
         out.write_text(f"some output\n{line}")
-        assert (shell.looks_like_prompt(out) is not None) is expected, line
+        assert (looks_like_prompt(out) is not None) is expected, line
 
 
 def test_leader_reports_a_planted_symlink(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

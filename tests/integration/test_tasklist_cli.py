@@ -245,3 +245,26 @@ def test_an_illegal_status_move_is_one_error_line_and_exit_1(cli: Cli, team: Tas
     assert reopened.returncode == 0 and json.loads(reopened.stdout)["status"] == "pending"
     assert cli("task", "update", "1", "--status", "in_progress").returncode == 0
     assert team.get(1).status == "in_progress"
+
+
+def test_add_run_is_the_command_a_scripted_teammate_runs(cli: Cli, team: TaskList) -> None:
+    out = cli("task", "add", "build", "--run", "make -j2", "--metadata", '{"area": "core"}')
+    assert out.returncode == 0, out.stderr
+    item = team.get(int(out.stdout))
+    assert item.metadata == {"area": "core", "run": "make -j2"}
+    assert "--run CMD" in cli("task", "add", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--run", "  "], "--run needs a command"),
+        (["--run", "make", "--metadata", '{"run": "other"}'], "give the command once"),
+    ],
+)
+def test_add_run_refuses_an_empty_or_doubled_command(
+    cli: Cli, team: TaskList, args: list[str], said: str
+) -> None:
+    out = cli("task", "add", "build", *args)
+    assert out.returncode == 2 and said in error_line(out.stderr)
+    assert team.snapshot().sorted() == []  # nothing was added

@@ -15,7 +15,8 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Log, Static
 
 from shoal.core.paths import Layout
-from shoal.core.tasks import TaskStatus, update_task
+from shoal.core.tasks import TaskStatus
+from shoal.core.taskupdates import update_task
 from shoal.mailbox.store import Maildir
 from shoal.orchestrator.leader import Leader
 from shoal.teams.store import Teams
@@ -91,6 +92,26 @@ def test_overview_lists_tasks_and_members(fixture_app: SwarmApp) -> None:
         assert str(tasks.get_row(TASK_IDS["failed"])[3]) == "failed(2)"
 
     run_app(fixture_app, body)
+
+
+def test_overview_lists_the_shared_task_list(layout: Layout) -> None:
+    """The team's task list is a table of the overview: status, owner, what blocks an item."""
+    from shoal.teams.tasklist import TaskList
+
+    build_swarm(layout)
+    tl = TaskList(Teams(layout), "demo")
+    tl.add("build")
+    tl.add("test", blocked_by=[1])
+    app = SwarmApp(FileSource(layout, "demo"), watch=False)
+
+    async def body(pilot: Pilot[None]) -> None:
+        screen = pilot.app.screen
+        assert isinstance(screen, Overview)
+        items = screen.query_one("#items", DataTable)
+        assert [r.value for r in items.rows] == ["1", "2"]
+        assert str(items.get_row("2")[4]) == "test  (blocked by 1)"
+
+    run_app(app, body)
 
 
 def test_overview_lists_finished_tasks_and_follows_changes(layout: Layout) -> None:

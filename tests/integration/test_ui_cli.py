@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from shoal.core.paths import Layout
-from shoal.core.tasks import TaskStatus, update_task
+from shoal.core.tasks import TaskStatus
+from shoal.core.taskupdates import update_task
 from shoal.ui.tmux import install_tmux_status, tmux_status_hint
 from tests.conftest import Cli, require_tmux
 from tests.polling import poll, wait_until

@@ -12,7 +12,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
 from shoal.teams.session import SessionState, current_session
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 from tests.conftest import Cli, group_gone
 from tests.polling import wait_until
 

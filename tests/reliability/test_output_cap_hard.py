@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from shoal.workers.shell.kind import OUTPUT_CAP_SLACK, output_limit
+from shoal.workers.shell.output_cap import OUTPUT_CAP_SLACK, output_limit
 from tests.conftest import Cli
 from tests.integration.test_agent_tasks import BYPASS, script
 from tests.integration.test_leader import LeaderProc, sh, task_record
@@ -114,7 +114,7 @@ def test_the_limit_is_the_cap_plus_the_slack_within_the_hard_limit() -> None:
     assert output_limit(CAP) > CAP
     script_ = (
         "import resource, sys\n"
-        "from shoal.workers.shell.kind import output_limit\n"
+        "from shoal.workers.shell.output_cap import output_limit\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
         "print(output_limit(5 << 30))\n"
     )

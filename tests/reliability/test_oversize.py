@@ -15,7 +15,7 @@ from shoal.channel.client import ControlError, call
 from shoal.core.cmdsize import COMMAND_MAX_BYTES, SPEC_MAX_JSON_BYTES
 from shoal.core.errors import EXIT_USAGE
 from shoal.core.paths import Layout
-from shoal.core.tasks import RESULT_CAP_CHARS
+from shoal.core.taskupdates import RESULT_CAP_CHARS
 from shoal.mailbox.schema import MAX_MESSAGE_BYTES
 from shoal.teams.session import current_session
 from tests.conftest import Cli

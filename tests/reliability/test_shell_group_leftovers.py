@@ -17,7 +17,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.session import current_session
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 from tests.conftest import Cli, pid_gone
 from tests.polling import wait_until
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import output_cap as shell
 from tests.conftest import Cli
 from tests.integration.test_leader import LeaderProc, sh, task_record
 from tests.polling import wait_until

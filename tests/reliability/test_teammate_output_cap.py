@@ -17,7 +17,7 @@ import pytest
 from shoal.core.paths import Layout
 from shoal.teams.store import Teams
 from shoal.teams.tasklist import TaskList
-from shoal.workers.shell.kind import OUTPUT_CAP_SLACK
+from shoal.workers.shell.output_cap import OUTPUT_CAP_SLACK
 from shoal.workers.teammate.brains import OutputCapExceeded, ScriptedBrain, TurnContext
 from shoal.workers.teammate.commands import CommandRecord
 from tests.conftest import Cli, group_gone

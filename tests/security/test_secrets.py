@@ -32,8 +32,9 @@ import pytest
 from shoal.core.secretenv import is_secret
 from shoal.teams.backends.base import SpawnSpec
 from shoal.teams.backends.tmux import SECRETS_DIR, TmuxBackend
-from shoal.workers.remote.kind import RemoteError, pack_workdir
+from shoal.workers.remote.packing import pack_workdir
 from shoal.workers.remote.ray_jobs import RayError, RayJobs
+from shoal.workers.remote.spec import RemoteError
 from tests.conftest import Cli
 from tests.polling import wait_until
 from tests.ray_cluster import RayHead

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.core.tasks import AgentProgress, LocalAgentTaskState, TaskStatus, TaskUsage
+from shoal.core.taskrecords import AgentProgress, TaskUsage
+from shoal.core.tasks import LocalAgentTaskState, TaskStatus
 from shoal.workers.agent.coordinator.mode import left, overspent
 
 

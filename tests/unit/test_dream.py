@@ -16,7 +16,8 @@ import pytest
 
 from shoal.core.errors import ShoalError, UnsafePathError, UsageError
 from shoal.core.procs import current_identity
-from shoal.core.tasks import DreamPhase, DreamTaskState, new_task_id, update_task
+from shoal.core.tasks import DreamPhase, DreamTaskState, new_task_id
+from shoal.core.taskupdates import update_task
 from shoal.workers.agent.tool_args import (
     EditArgs,
     GlobArgs,

@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from shoal.core.errors import TaskError
-from shoal.core.tasks import (
-    LocalShellTaskState,
-    TaskStatus,
-    TaskType,
-    evolve,
-    new_task_id,
-    should_evict,
-)
+from shoal.core.tasks import LocalShellTaskState, TaskStatus, TaskType, new_task_id, should_evict
+from shoal.core.taskupdates import evolve
 from shoal.orchestrator.holds import HOLD_LEASE_S, Holds
 from shoal.orchestrator.registry import TaskRegistry
 

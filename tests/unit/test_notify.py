@@ -19,19 +19,17 @@ from shoal.core.notify import (
     task_notification_xml,
     xml_escape,
 )
+from shoal.core.taskrecords import ShellResult, TaskUsage, TeammateIdentity
 from shoal.core.tasks import (
     InProcessTeammateTaskState,
     LocalAgentTaskState,
     LocalShellTaskState,
     RemoteAgentTaskState,
-    ShellResult,
     TaskStatus,
     TaskType,
-    TaskUsage,
-    TeammateIdentity,
     new_task_id,
-    transition,
 )
+from shoal.core.taskupdates import transition
 
 
 def shell(**kw: Any) -> LocalShellTaskState:

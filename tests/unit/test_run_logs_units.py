@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.core.names import validate_name
-from shoal.orchestrator.batch.driver import default_run_team
+from shoal.orchestrator.batch.options import default_run_team
 from shoal.orchestrator.batch.results import MAX_STEM, ResultsDir, result_names, safe_stem
 from shoal.ui.run_output import FOLLOW_INTERVAL_S, Follower, failure_frame, iter_lines
 from shoal.ui.run_progress import estimate_eta, format_eta

@@ -13,14 +13,8 @@ import pytest
 
 from shoal.channel.protocol import AttachmentAck
 from shoal.core.errors import ShoalError, TaskError
-from shoal.core.tasks import (
-    AnyTaskState,
-    LocalAgentTaskState,
-    LocalShellTaskState,
-    TaskStatus,
-    evolve,
-    update_task,
-)
+from shoal.core.tasks import AnyTaskState, LocalAgentTaskState, LocalShellTaskState, TaskStatus
+from shoal.core.taskupdates import evolve, update_task
 from shoal.workers.agent.attachments import (
     ATTACHMENT_CAP_BYTES,
     ATTACHMENT_ROUND_BYTES,

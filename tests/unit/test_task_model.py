@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from shoal.core.errors import ShoalError, UsageError
+from shoal.core.taskrecords import (
+    AgentProgress,
+    DreamTurn,
+    ShellResult,
+    TeammateIdentity,
+    ToolActivity,
+)
 from shoal.core.tasks import (
     KILLED_DISPLAY_S,
     PANEL_GRACE_S,
     TASK_ID_PREFIXES,
     TEAMMATE_MESSAGES_UI_CAP,
     TRANSITIONS,
-    AgentProgress,
     AnyTaskState,
     DreamTaskState,
-    DreamTurn,
     IllegalTransition,
     InProcessTeammateTaskState,
     LocalAgentTaskState,
@@ -29,11 +34,8 @@ from shoal.core.tasks import (
     LocalWorkflowTaskState,
     MonitorMcpTaskState,
     RemoteAgentTaskState,
-    ShellResult,
     TaskStatus,
     TaskType,
-    TeammateIdentity,
-    ToolActivity,
     in_grace,
     is_background_task,
     is_panel_agent_task,
@@ -42,9 +44,8 @@ from shoal.core.tasks import (
     parse_task_state,
     should_evict,
     task_type_of_id,
-    transition,
-    update_task,
 )
+from shoal.core.taskupdates import transition, update_task
 from shoal.orchestrator.registry import TaskRegistry
 
 TERMINAL = {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.KILLED}

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from shoal.core.paths import Layout
-from shoal.core.tasks import TaskStatus, update_task
+from shoal.core.tasks import TaskStatus
+from shoal.core.taskupdates import update_task
 from shoal.ui.board import (
     FINISHED_SHOWN,
     Board,

@@ -12,20 +12,22 @@ import orjson
 
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import (
+from shoal.core.taskrecords import (
     AgentProgress,
-    DreamTaskState,
     DreamTurn,
+    ShellResult,
+    TeammateIdentity,
+    ToolActivity,
+)
+from shoal.core.tasks import (
+    DreamTaskState,
     InProcessTeammateTaskState,
     LocalAgentTaskState,
     LocalShellTaskState,
     LocalWorkflowTaskState,
     MonitorMcpTaskState,
     RemoteAgentTaskState,
-    ShellResult,
     TaskStatus,
-    TeammateIdentity,
-    ToolActivity,
 )
 from shoal.teams.session import Session, SessionState
 from shoal.teams.store import Teams

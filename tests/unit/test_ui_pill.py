@@ -11,12 +11,8 @@ import orjson
 import pytest
 
 from shoal.core.paths import Layout
-from shoal.core.tasks import (
-    InProcessTeammateTaskState,
-    LocalShellTaskState,
-    TaskStatus,
-    TeammateIdentity,
-)
+from shoal.core.taskrecords import TeammateIdentity
+from shoal.core.tasks import InProcessTeammateTaskState, LocalShellTaskState, TaskStatus
 from shoal.ui.pill import pill_for, pill_label, pill_tasks
 from shoal.ui.pill_fast import PillError, parse_pill_argv, pill_text, run, run_if_pill
 from tests.unit.test_ui_fixtures import SESSION, build_swarm

@@ -119,3 +119,37 @@ def test_without_a_status_file_the_events_say(layout: Layout) -> None:
     assert source.pending_plan("bob") == {"request_id": "req-1", "plan": "1. rewrite the parser"}
     with pytest.raises(NotFoundError, match=r"^carol has not asked for plan approval"):
         source.answer_plan("carol", True)
+
+
+def test_the_shared_task_list_is_read_and_shown_on_the_board(layout: Layout) -> None:
+    from shoal.teams.tasklist import TaskList
+    from shoal.ui.board import board_lines
+
+    build_swarm(layout)
+    tl = TaskList(Teams(layout), "demo")
+    build = tl.add("build", metadata={"run": "make"})
+    tl.add("test", blocked_by=[build.id], metadata={"failures": 2})
+    tl.update(build.id, status="in_progress", owner="alice")
+    source = FileSource(layout, "demo")
+    assert layout.tasklist_dir("demo") in source.watch_paths()  # a change redraws the board
+    snap = source.snapshot()
+    assert [(i.id, i.status, i.owner, i.open_blockers) for i in snap.items] == [
+        (1, "in_progress", "alice", ()),
+        (2, "pending", None, (1,)),
+    ]
+    lines = board_lines(snap, ages=False)
+    listing = lines[lines.index("TASK LIST") + 1 :]
+    assert listing[0].split() == ["▶", "1", "in_progress", "alice", "build"]
+    assert listing[1].endswith("test  (blocked by 1; failed 2x)")
+
+
+def test_a_corrupt_list_item_is_named_and_the_rest_shown(layout: Layout) -> None:
+    from shoal.teams.tasklist import TaskList
+
+    build_swarm(layout)
+    tl = TaskList(Teams(layout), "demo")
+    tl.add("build")
+    (layout.tasklist_dir("demo") / "2.json").write_text("{not json")
+    snap = FileSource(layout, "demo").snapshot()
+    assert [i.subject for i in snap.items] == ["build"]
+    assert any(e.startswith("task list item 2:") for e in snap.errors), snap.errors

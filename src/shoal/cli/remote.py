@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from shoal.cli.common import common_options, get_env, json_option, print_json
 from shoal.core.errors import UsageError
@@ -101,9 +95,9 @@ def submit(
     after `--` as a Ray job; prints the task's id."""
     from shoal.channel.client import call
     from shoal.core.secretenv import is_secret
-    from shoal.workers.remote.kind import check_model_key, pack_workdir
+    from shoal.workers.remote.packing import check_model_key, pack_workdir
     from shoal.workers.remote.ray_jobs import RayJobs, resolve_address
-    from shoal.workers.shell.kind import argv_for
+    from shoal.workers.shell.spec import argv_for
 
     env = get_env(click.get_current_context())
     team = env.team()
@@ -213,146 +207,7 @@ def status(as_json: bool) -> None:
 @click.option("--cwd", "rel", default=".", help="Where the agent starts, in the work tree.")
 @click.argument("prompt")
 def job(remote_type: str, model: str | None, rel: str, prompt: str) -> None:
-    """On a cluster node: run one agent with `shoal agent --foreground` under a private home,
-    in a private copy of the job's working directory (Ray's unpacked package is shared by the
-    jobs of the same content: an agent must not change it under another), stream its
-    transcript, its task list as it changes (the `todo` marker: the task's todo_list), then
-    print the markers its task's leader reads."""
-    from shoal.core.paths import Layout
-    from shoal.workers.remote.kind import QUESTION, preamble
+    """On a cluster node: run one remote agent job (see workers/remote/node_job.py)."""
+    from shoal.workers.remote.node_job import run_job
 
-    text = prompt
-    if pre := preamble(remote_type):
-        text = f"{pre}\n\n{prompt}"
-    # Ray stops a job with SIGTERM (SIGINT if so configured) to its processes, and KILLs them
-    # a few seconds later: the signal is raised as an exit here, and the private leader (in
-    # a session of its own, out of the stop's reach: it would outlive the job on the node) is
-    # brought down, and the temp dir removed, by a process of its own that the KILL spares.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    _marker("progress", "starting")
-    tmp = Path(tempfile.mkdtemp(prefix="shoal-job-"))
-    home, work = tmp / "home", tmp / "work"
-    where = work / rel
-    env = {**os.environ, "SHOAL_HOME": str(home), "SHOAL_TEAM": "job"}
-    shoal = [sys.executable, "-m", "shoal"]
-    finished = False
-    try:
-        home.mkdir()
-        shutil.copytree(Path.cwd(), work, symlinks=True)
-        up = subprocess.run(
-            [*shoal, "up", "--detach", "--quiet"], env=env, check=False, capture_output=True
-        )
-        if up.returncode != 0:  # (else its line is noise in the job's log)
-            sys.stderr.buffer.write(up.stdout + up.stderr)
-            sys.exit(up.returncode)
-        _marker("progress", "working")
-        # Nobody can answer a permission request on a cluster node (the job runs on a copy
-        # of the work tree): the agent asks for nothing.
-        argv = [*shoal, "agent", "--foreground", "--permission-mode", "bypassPermissions"]
-        argv += ["--model", model] if model else []
-        argv += ["--cwd", str(where)]
-        agent = subprocess.Popen([*argv, "--", text], env=env, cwd=where)
-        stop = threading.Event()
-        todo = threading.Thread(target=_report_todo, args=(Layout(home), stop), daemon=True)
-        todo.start()
-        try:
-            code = agent.wait()
-        except BaseException:  # (a stop: the agent goes first, as subprocess.run would)
-            agent.kill()
-            agent.wait()
-            raise
-        finally:
-            stop.set()
-            todo.join(timeout=5)
-        # The agent is done: a stop now must not cut the wrap-up short (`down` inherits this).
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        finished = True
-    finally:
-        if not finished:
-            subprocess.Popen(
-                [sys.executable, "-c", _CLEANER, str(tmp), *shoal, "down"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-    try:
-        subprocess.run([*shoal, "down"], env=env, check=False, capture_output=True)
-        # (read after `down`: its last state is written by then, however it was throttled)
-        result = _agent_result(Layout(home))
-        if code != 0:
-            sys.exit(code)
-        if remote_type == "ultraplan":
-            question = QUESTION.search(result)
-            if question:
-                _marker("question", question.group(1).strip())
-                _marker("phase", "needs_input")
-            else:
-                _marker("phase", "plan_ready")
-        if remote_type == "ultrareview":
-            # (in the job's private copy, gone with it: the review's text is the result)
-            (where / "review.md").write_text(result + "\n", encoding="utf-8")
-            _marker("progress", "done")
-            _marker("result-file", "review.md")
-        _marker("result", result)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# `python -c _CLEANER TMP CMD...`: run CMD (the private leader's `down`), then remove TMP.
-_CLEANER = (
-    "import shutil, subprocess, sys; subprocess.run(sys.argv[2:], capture_output=True); "
-    "shutil.rmtree(sys.argv[1], ignore_errors=True)"
-)
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _agent_result(layout: Any) -> str:
-    """The final text of the job's agent (its record, live or evicted to the history)."""
-    from shoal.cli.tasks import _tasks
-    from shoal.teams.session import current_session
-
-    session = current_session(layout, "job")
-    if session is None:
-        return ""
-    records = _tasks(session, include_history=True).values()
-    agents = [t for t in records if t.get("type") == "local_agent"]
-    agents.sort(key=lambda t: t.get("start_time") or 0)
-    return str(agents[-1].get("result") or "") if agents else ""
-
-
-TASK_LIST_POLL_S = 0.5
-
-
-def _report_todo(layout: Any, stop: threading.Event) -> None:
-    """Print the job's agent's task list (its TaskCreate/TaskUpdate list: the job team's)
-    as a `todo` marker each time it changes, and once more when `stop` is set."""
-    from shoal.core.errors import ShoalError
-    from shoal.teams.store import Teams
-    from shoal.teams.tasklist import TaskList
-
-    tasks = TaskList(Teams(layout), "job")
-    last: list[dict[str, str]] | None = None
-    while True:
-        stopped = stop.wait(TASK_LIST_POLL_S)
-        try:
-            items = [{"content": t.subject, "status": t.status.value} for t in tasks.list()]
-        except (ShoalError, OSError):
-            items = last or []
-        if items != (last or []):
-            last = items
-            sys.stdout.write(f"::shoal-todo:: {orjson.dumps(items).decode()}\n")
-            sys.stdout.flush()
-        if stopped:
-            return
-
-
-def _marker(name: str, value: str) -> None:
-    """One `::shoal-NAME:: "VALUE"` line (the value as a JSON string: one line whatever it
-    holds)."""
-    sys.stdout.write(f"::shoal-{name}:: {orjson.dumps(value).decode()}\n")
-    sys.stdout.flush()
+    run_job(remote_type, model, rel, prompt)

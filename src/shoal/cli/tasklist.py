@@ -80,6 +80,13 @@ def task() -> None:
 @click.option(
     "--from", "assigned_by", default=None, metavar="NAME", help="Who assigns it (default lead)."
 )
+@click.option(
+    "--run",
+    "run_command",
+    default=None,
+    metavar="CMD",
+    help="The shell command a scripted teammate runs when it claims the task (metadata.run).",
+)
 @click.option("--metadata", "metadata_json", default=None, metavar="JSON", help="Free-form data.")
 @json_option
 @common_options
@@ -90,10 +97,30 @@ def add(
     blocked_by: tuple[int, ...],
     owner: str | None,
     assigned_by: str | None,
+    run_command: str | None,
     metadata_json: str | None,
     as_json: bool,
 ) -> None:
-    """Add a task with SUBJECT; prints its id."""
+    """Add a task with SUBJECT; prints its id.
+
+    A teammate claims the first unblocked, unowned task. A scripted teammate (`shoal spawn
+    NAME`) does the work by running the task's command, given with `--run CMD` (kept as
+    `metadata.run`), in its working directory, and reports its output back; without one it
+    only reports the task done. An agent teammate reads SUBJECT and `--description` as its
+    instructions.
+
+    \b
+    Example:
+      shoal task add build --run 'make'
+      shoal task add test --run 'make test' --blocked-by 1
+    """
+    metadata = _metadata(metadata_json)
+    if run_command is not None:
+        if not run_command.strip():
+            raise UsageError("--run needs a command")
+        if metadata is not None and "run" in metadata:
+            raise UsageError('give the command once: --run or a "run" key in --metadata')
+        metadata = {**(metadata or {}), "run": run_command}
     tl = _tasklist()
     item = tl.add(
         subject,
@@ -102,7 +129,7 @@ def add(
         blocked_by=blocked_by,
         owner=owner,
         assigned_by=assigned_by,
-        metadata=_metadata(metadata_json),
+        metadata=metadata,
     )
     if as_json:
         print_json(item.model_dump(mode="json"))

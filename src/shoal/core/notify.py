@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from shoal.core.taskrecords import TaskUsage
 from shoal.core.tasks import (
     InProcessTeammateTaskState,
     LocalAgentTaskState,
@@ -12,7 +13,6 @@ from shoal.core.tasks import (
     TaskStateBase,
     TaskStatus,
     TaskType,
-    TaskUsage,
 )
 
 NOTIFICATION_OPEN_TAG: Final = "<task-notification>"

@@ -1,15 +1,28 @@
-"""The background-task model: types, ids, status transitions, frozen states and the registry."""
+"""The background-task model: the frozen state of each task type, parsed from its record.
+
+Types, ids and the status transition table are taskstatus.py's (re-exported here, the names
+every layer imports the model by); the nested records are in taskrecords.py, checked changes
+of a state in taskupdates.py.
+"""
 
 from __future__ import annotations
 
 import functools
 import time
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 
 from shoal.core.errors import ShoalError
+from shoal.core.taskrecords import (
+    AgentProgress,
+    DreamTurn,
+    Frozen,
+    ShellResult,
+    TaskUsage,
+    TeammateIdentity,
+)
 from shoal.core.taskstatus import (
     _TYPE_BY_PREFIX as _TYPE_BY_PREFIX,
 )
@@ -98,74 +111,6 @@ from shoal.core.taskstatus import (
     task_type_of_id as task_type_of_id,
 )
 
-# --------------------------------------------------------------------------- nested records
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-
-
-class ShellResult(_Frozen):
-    """How a shell task's process ended."""
-
-    code: int
-    interrupted: bool = False
-
-
-class ToolActivity(_Frozen):
-    """One tool call an agent made, for progress display; `at` is when it was made (epoch
-    seconds; None only in the records of shoal versions that did not say)."""
-
-    tool_name: str
-    description: str = ""
-    at: float | None = None
-
-
-class AgentProgress(_Frozen):
-    """Live progress of an agent; `recent_activities` keeps the last 5. `token_count` is
-    counted as the seed counts it: the latest request's input (cache reads and writes
-    included: each request carries the whole conversation) plus every request's output."""
-
-    tool_use_count: int = 0
-    token_count: int = 0
-    latest_input_tokens: int = 0
-    cumulative_output_tokens: int = 0
-    last_activity: ToolActivity | None = None
-    recent_activities: tuple[ToolActivity, ...] = ()
-    summary: str | None = None
-
-    @field_validator("recent_activities")
-    @classmethod
-    def _cap_activities(cls, value: tuple[ToolActivity, ...]) -> tuple[ToolActivity, ...]:
-        return value[-RECENT_ACTIVITIES_CAP:]
-
-
-class TaskUsage(_Frozen):
-    """What an agent task cost; sent in the `<usage>` element of its notification."""
-
-    total_tokens: int = 0
-    tool_uses: int = 0
-    duration_ms: int = 0
-
-
-class TeammateIdentity(_Frozen):
-    """Who an in-process teammate is within its team."""
-
-    agent_id: str
-    agent_name: str
-    team_name: str
-    color: str | None = None
-    plan_mode_required: bool = False
-    parent_session_id: str
-
-
-class DreamTurn(_Frozen):
-    """One turn of a memory-consolidation (dream) agent."""
-
-    text: str
-    tool_use_count: int = 0
-
-
 PermissionMode = Literal["default", "plan", "accept_edits", "bypass_permissions", "bubble"]
 RemoteTaskType = Literal[
     "remote-agent", "ultraplan", "ultrareview", "autofix-pr", "background-pr", "shell"
@@ -179,7 +124,7 @@ RETIRED_TEAMMATE_FIELDS: Final = frozenset({"pending_user_messages"})
 teammate waits in its maildir inbox (`shoal inbox NAME`), which is its queue."""
 
 
-class TaskStateBase(_Frozen):
+class TaskStateBase(Frozen):
     """Fields every task has; subclasses fix `type`. Plain data only: no live handles."""
 
     id: str
@@ -587,99 +532,6 @@ def _task_state_adapter() -> TypeAdapter[AnyTaskState]:
 def parse_task_state(data: JsonDict) -> AnyTaskState:
     """Validate a dict (e.g. from state.json) into the task state class its `type` names."""
     return _task_state_adapter().validate_python(data)
-
-
-# --------------------------------------------------------------------------- updates
-
-T = TypeVar("T", bound=TaskStateBase)
-
-_IMMUTABLE_FIELDS: Final = frozenset({"id", "type"})
-
-
-# A task's `result` as its record, state.json, events, notifications and `ps --json` carry it;
-# the whole text stays in the task's output file (`shoal logs ID`).
-RESULT_CAP_CHARS: Final = 100_000
-
-
-def capped_result(text: str, task_id: str) -> str:
-    """`text` cut to RESULT_CAP_CHARS characters, with a mark saying how much was left out
-    and where the whole of it is."""
-    if len(text) <= RESULT_CAP_CHARS:
-        return text
-    rest = len(text) - RESULT_CAP_CHARS
-    mark = f"[result cut: {rest:,} more characters in `shoal logs {task_id}`]"
-    return f"{text[:RESULT_CAP_CHARS]}\n{mark}"
-
-
-def _checked_changes(task: TaskStateBase, changes: dict[str, Any]) -> dict[str, Any] | None:
-    """The changes to apply (end_time filled in on a terminal move), or None for no change."""
-    fields = type(task).model_fields
-    for name in changes:
-        if name not in fields:
-            raise TypeError(f"{type(task).__name__} has no field {name!r}")
-        if name in _IMMUTABLE_FIELDS:
-            raise TypeError(f"task {task.id}: field {name!r} cannot change")
-    result = changes.get("result")
-    if isinstance(result, str) and len(result) > RESULT_CAP_CHARS:
-        changes = {**changes, "result": capped_result(result, task.id)}
-    if all(getattr(task, name) == value for name, value in changes.items()):
-        return None
-    if "phase" in changes and isinstance(task, DreamTaskState):
-        check_dream_phase(task.id, task.phase, DreamPhase(changes["phase"]))
-    if "status" in changes:
-        new_status = TaskStatus(changes["status"])
-        check_transition(task.id, task.status, new_status)
-        changes = {**changes, "status": new_status}
-        if new_status in TERMINAL_STATUSES and "end_time" not in changes and task.end_time is None:
-            changes["end_time"] = time.time()
-        if (
-            new_status in TERMINAL_STATUSES
-            and task.type in AGENT_TASK_TYPES
-            and "evict_after" not in changes
-            and getattr(task, "evict_after", None) is None
-        ):  # (the panel grace, written down: a resumed leader keeps the same deadline)
-            ended = changes.get("end_time", task.end_time) or time.time()
-            changes["evict_after"] = ended + PANEL_GRACE_S
-    return changes
-
-
-def update_task(task: T, **changes: Any) -> T:
-    """A copy of `task` with `changes`; the same object when nothing changes.
-
-    A status change must be allowed by TRANSITIONS (else IllegalTransition); moving to a terminal
-    status sets `end_time` to now unless given or already set.
-    """
-    checked = _checked_changes(task, changes)
-    if checked is None:
-        return task
-    # model_copy(update=...) skips validation; re-validate so no change can build an invalid
-    # record (nested model instances are reused as they are, so this stays cheap).
-    return type(task).model_validate({**dict(task), **checked})
-
-
-def evolve(task: T, **changes: Any) -> T:
-    """`update_task` for values the caller built itself (already typed and valid): the same
-    field and transition checks, without re-validating the whole record. The leader's hot path
-    (a task started, read, finished) uses it; anything from outside goes through
-    `update_task`."""
-    checked = _checked_changes(task, changes)
-    if checked is None:
-        return task
-    return task.model_copy(update=checked)
-
-
-def transition(task: T, new_status: TaskStatus | str, **changes: Any) -> T:
-    """Move `task` to `new_status` (with `changes`), or raise IllegalTransition.
-
-    Moving to the status the task already has is not an error: for a terminal task it returns
-    the same object (the first outcome reported wins, later duplicates are dropped); otherwise
-    it just applies `changes`.
-    """
-    status = TaskStatus(new_status)
-    if status == task.status:
-        return task if task.is_terminal else update_task(task, **changes)
-    check_transition(task.id, task.status, status)
-    return update_task(task, status=status, **changes)
 
 
 # --------------------------------------------------------------------------- predicates

@@ -264,7 +264,7 @@ class ControlServer:
         answer(self.target.start_agent(spec).model_dump(mode="json"), None)
 
     def _remote(self, request: RemoteRequest, answer: Answer) -> None:
-        from shoal.workers.remote.kind import RemoteSpec  # (leader side only)
+        from shoal.workers.remote.spec import RemoteSpec  # (leader side only)
 
         spec = _validated(RemoteSpec, request.spec, "remote")
         answer(self.target.start_remote(spec).model_dump(mode="json"), None)

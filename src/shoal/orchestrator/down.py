@@ -12,17 +12,13 @@ from shoal.channel.client import call
 from shoal.core.errors import ShoalError
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive, terminate
-from shoal.core.tasks import (
-    InProcessTeammateTaskState,
-    LocalShellTaskState,
-    TaskStatus,
-    transition,
-)
+from shoal.core.tasks import InProcessTeammateTaskState, LocalShellTaskState, TaskStatus
+from shoal.core.taskupdates import transition
 from shoal.orchestrator.liveness import leader_alive
 from shoal.teams.models import TeamFile
 from shoal.teams.session import Session, current_session
 from shoal.teams.store import Teams
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 from shoal.workers.teammate.commands import kill_left_commands
 
 ORPHAN_KILL_GRACE_S = 2.0

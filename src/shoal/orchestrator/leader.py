@@ -37,6 +37,7 @@ from shoal.core.tasks import STOPPED_ON_REQUEST, TaskStatus, TaskType
 from shoal.mailbox.inbox import Inbox
 from shoal.mailbox.schema import AnyMessage, ControlMessage
 from shoal.mailbox.store import Maildir
+from shoal.orchestrator.agent_requests import AgentRequests
 from shoal.orchestrator.control import ControlServer
 from shoal.orchestrator.holds import Holds
 from shoal.orchestrator.liveness import claim_lead, raise_fd_limit
@@ -58,7 +59,8 @@ from shoal.workers.dream.memory import DreamConfig, auto_dream_due, memory_dir
 from shoal.workers.kinds import Poll, TaskKind
 from shoal.workers.monitor.kind import MonitorKind
 from shoal.workers.remote.kind import RemoteKind
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell.kind import ShellKind
+from shoal.workers.shell.process import ShellProcess
 from shoal.workers.teammate.commands import settle_and_release
 from shoal.workers.teammate.swarm import Swarm
 
@@ -88,12 +90,12 @@ class Leader(LeaderRequests):
         super().__init__(layout, team, limits, on_event)
         self.jobs = jobs
         self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
-        self.queue = deque()  # pending tasks, in order, waiting for a job slot
-        self.shell = shell.ShellKind()
+        self.shell = ShellKind()
         self.swarm = Swarm(self)
         self.agents = AgentKind(layout.home, team, ControlPort(layout, team))
-        self.agents.resume_with = self.resume_agent
-        self.agents.on_spent = self.check_run_budget
+        self.agent_requests = AgentRequests(self)
+        self.agents.resume_with = self.agent_requests.resume_agent
+        self.agents.on_spent = self.agent_requests.check_run_budget
         self.attachments = AttachmentDesk()
         self.remote = RemoteKind()
         self.dreams = DreamKind(layout.home)
@@ -135,7 +137,8 @@ class Leader(LeaderRequests):
             with contextlib.suppress(ShoalError):
                 self.scheduler.restore(self.session.read_state().groups)
             if (self.session.dir / LEASES_FILE).exists():
-                self.lease_policy()  # (leases of ended holders released at its first step)
+                # (leases of ended holders are released at the policy's first step)
+                self.agent_requests.lease_policy()
             if (self.session.dir / PR_ACTIVITY_FILE).exists():
                 self._step("pr activity", self._resume_pr_activity)
         self.teams.update(
@@ -170,7 +173,13 @@ class Leader(LeaderRequests):
         return self._stopping
 
     @property
-    def procs(self) -> dict[str, shell.ShellProcess]:
+    def queue(self) -> deque[str]:
+        """The scheduler's queue of tasks waiting to start (read by policies that see the
+        leader only as a store)."""
+        return self.scheduler.queue
+
+    @property
+    def procs(self) -> dict[str, ShellProcess]:
         """Live shell processes by task id."""
         return self.shell.procs
 
@@ -467,9 +476,8 @@ class Leader(LeaderRequests):
         self._stopping = True
         self.reap()  # (what ended already keeps its own result)
         self.swarm.begin_shutdown()
-        for task_id in list(self.queue):
+        for task_id in self.scheduler.drop_queued():
             self.move_task(task_id, TaskStatus.KILLED, kill_reason="leader shut down")
-        self.queue.clear()
         for kind in (self.shell, self.agents, self.remote, self.monitors, self.dreams):
             for task_id in list(kind.live()):
                 task = self.registry.get(task_id)

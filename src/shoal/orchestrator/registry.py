@@ -18,9 +18,9 @@ from shoal.core.tasks import (
     RemoteAgentTaskState,
     TaskType,
     check_transition,
-    evolve,
     should_evict,
 )
+from shoal.core.taskupdates import evolve
 
 # UI state that survives re-registration on resume, where the task model has the field.
 RESUME_KEPT_FIELDS: Final = ("retain", "start_time", "messages", "disk_loaded", "pending_messages")

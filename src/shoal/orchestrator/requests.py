@@ -1,8 +1,9 @@
-"""Requests to the leader: start shell tasks, stop a task, spawn teammates, shut down.
+"""Requests to the leader: start tasks of each kind, stop a task, spawn teammates, shut down.
 
 They come from the control server, a policy, or another thread of this process: `call` runs
 a function on the loop's thread, and the public methods here hop there when called from
-elsewhere, so one thread owns the registry whoever asks.
+elsewhere, so one thread owns the registry whoever asks. What is asked of agent tasks is
+carried out by the leader's `AgentRequests` part (agent_requests.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -26,9 +26,8 @@ from shoal.channel.protocol import (
     TaskAttachmentsRequest,
     ViewRequest,
 )
-from shoal.core.errors import ShoalError, TaskError, UsageError
+from shoal.core.errors import TaskError, UsageError
 from shoal.core.tasks import (
-    MAIN_SESSION_AGENT_TYPE,
     STOPPED_ON_REQUEST,
     AnyTaskState,
     DreamTaskState,
@@ -36,30 +35,27 @@ from shoal.core.tasks import (
     LocalShellTaskState,
     MonitorMcpTaskState,
     RemoteAgentTaskState,
-    TaskStatus,
     TaskType,
     new_task_id,
     parse_task_state,
 )
-from shoal.mailbox.router import deliver_to, make_message
-from shoal.mailbox.store import Maildir
 from shoal.orchestrator import task_ops
+from shoal.orchestrator.agent_requests import AgentRequests
 from shoal.orchestrator.holds import Holds
 from shoal.orchestrator.scheduling import Scheduler
 from shoal.orchestrator.store import LeaderStore
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.attachments import AttachmentDesk
-from shoal.workers.agent.coordinator import mode as coordinator
-from shoal.workers.agent.coordinator.leases import LeasePolicy, Leases
-from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
-from shoal.workers.agent.permissions import narrowest
-from shoal.workers.agent.spec import AgentSpec, new_agent_task
-from shoal.workers.agent.team_tools import signed
+from shoal.workers.agent.kind import AgentKind
+from shoal.workers.agent.spec import AgentSpec
 from shoal.workers.dream.kind import DreamHost, DreamKind, DreamSpec, new_dream_task, release_lock
 from shoal.workers.kinds import TaskKind
 from shoal.workers.monitor.kind import MonitorKind, new_monitor_task
-from shoal.workers.remote.kind import RemoteKind, RemoteSpec, check_model_key, new_remote_task
-from shoal.workers.shell import kind as shell
+from shoal.workers.remote.kind import RemoteKind
+from shoal.workers.remote.packing import check_model_key
+from shoal.workers.remote.spec import RemoteSpec, new_remote_task
+from shoal.workers.shell.kind import ShellKind
+from shoal.workers.shell.spec import new_task as new_shell_task
 from shoal.workers.teammate.swarm import Swarm
 
 T = TypeVar("T")
@@ -69,7 +65,7 @@ class LeaderRequests(LeaderStore, ABC):
     """The requests a leader answers; the loop that carries them out is the subclass's."""
 
     jobs: int
-    shell: shell.ShellKind
+    shell: ShellKind
     swarm: Swarm
     scheduler: Scheduler
     agents: AgentKind
@@ -79,11 +75,11 @@ class LeaderRequests(LeaderStore, ABC):
     monitors: MonitorKind
     kinds: dict[TaskType, TaskKind]
     holds: Holds
-    queue: deque[str]
     _calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]]
     _loop_thread: threading.Thread | None
     _stop_requested: bool
     _closed: bool
+    agent_requests: AgentRequests
 
     @abstractmethod
     def start_pending(self) -> None:
@@ -136,7 +132,7 @@ class LeaderRequests(LeaderStore, ABC):
 
     def make_shell_task(self, command: list[str], **options: Any) -> LocalShellTaskState:
         """Build (and check) a new pending shell task; nothing is registered yet (`task_id`:
-        an id to reuse; `stdin`: a FIFO as its stdin; the rest: shell.new_task's)."""
+        an id to reuse; `stdin`: a FIFO as its stdin; the rest: new_shell_task's)."""
         reuse: str | None = options.pop("task_id", None)
         stdin: bool = options.pop("stdin", False)
         owner, agent_id = LEAD_NAME, None
@@ -156,7 +152,7 @@ class LeaderRequests(LeaderStore, ABC):
             owner = agent_id = name
         task_id = reuse or new_task_id(TaskType.LOCAL_BASH)
         fifo = str(self.session.tasks_dir / f"{task_id}.stdin") if stdin else None
-        return shell.new_task(
+        return new_shell_task(
             command,
             task_id=task_id,
             output_file=str(self.session.output_file(task_id)),
@@ -180,7 +176,7 @@ class LeaderRequests(LeaderStore, ABC):
         self.remote.remember_env(task.id, spec.env)
         self.layout.ensure(self.session.tasks_dir)
         self.register(task)
-        self.queue.append(task.id)
+        self.scheduler.enqueue(task.id)
         self.start_pending()
         self.persist(force=True)
         self.wake()
@@ -241,7 +237,7 @@ class LeaderRequests(LeaderStore, ABC):
         except BaseException:
             release_lock(task, None)
             raise
-        self.queue.append(task.id)
+        self.scheduler.enqueue(task.id)
         self.start_pending()
         self.persist(force=True)
         self.wake()
@@ -258,7 +254,7 @@ class LeaderRequests(LeaderStore, ABC):
 
     def start_workflow(self, spec_path: str) -> AnyTaskState:
         """Check a workflow's spec (SpecError, exit 2: nothing is registered), register its
-        `local_workflow` task and start it (its kind: orchestrator/workflow_kind.py). It holds
+        `local_workflow` task and start it (its kind: batch/workflow_kind.py). It holds
         no job slot, so it starts at once; its steps queue like any shell task."""
         if not self._owns():
             return self.call(lambda: self.start_workflow(spec_path)).result()
@@ -278,22 +274,13 @@ class LeaderRequests(LeaderStore, ABC):
         self.wake()
         return self.registry.get(task.id) or task
 
-    # -- agents ----------------------------------------------------------------------------
+    # -- agents (agent_requests.py) -------------------------------------------------------
 
     def start_agent(self, spec: AgentSpec) -> LocalAgentTaskState:
-        """Check and register a `local_agent` task and start it (see agent_tasks.py)."""
+        """Check and register a `local_agent` task and start it (workers/agent/spec.py)."""
         if not self._owns():
             return self.call(lambda: self.start_agent(spec)).result()
-        task = new_agent_task(self, spec)
-        self.layout.ensure(self.session.tasks_dir)
-        self.register(task)
-        self.queue.append(task.id)
-        self.start_pending()  # (a worker with a write set starts once it holds its lease)
-        self.persist(force=True)
-        self.wake()
-        current = self.registry.get(task.id)
-        assert isinstance(current, LocalAgentTaskState)
-        return current
+        return self.agent_requests.start_agent(spec)
 
     def send_to_agent(
         self,
@@ -302,133 +289,23 @@ class LeaderRequests(LeaderStore, ABC):
         sender: str | None = None,
         env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """A message for agent task `task_id`: queued when it runs, else it resumes it (a new
-        task continuing the conversation). Returns {"queued": id} or {"resumed": new id}.
-
-        `sender`: the agent task whose SendMessage sent it (None: the user). Its text then
-        carries that agent's id, a resume runs in the lower of the two agents' modes (a
-        plan-mode agent cannot wake a bypassPermissions one to act on its words), and one to a
-        running agent in a wider mode than the sender's is refused (it would act on it so).
-        `env`: the `--env` values of the resumed agent (over those this leader holds of
-        `task_id`)."""
+        """A message for agent task `task_id` (see AgentRequests.send_to_agent)."""
         if not self._owns():
             return self.call(lambda: self.send_to_agent(task_id, text, sender, env)).result()
-        task = self.find_agent(task_id)
-        if env and not task.is_terminal:
-            raise UsageError(
-                f"agent {task.id} is {task.status.value}: --env goes with resuming a finished "
-                "agent (a running one keeps the environment it started with)"
-            )
-        mode = None
-        if sender is not None:
-            mode = self.find_agent(sender).permission_mode
-            text = signed(sender, text)
-        if not task.is_terminal and task.status != TaskStatus.PENDING:
-            if mode is not None and narrowest(task.permission_mode, mode) != task.permission_mode:
-                raise TaskError(
-                    f"agent {task.id} runs in {task.permission_mode}, wider than the sender's "
-                    f"{mode}: it would act on the message with more than its sender may. "
-                    "Send it once that agent has finished (it then resumes in the narrower "
-                    "mode), or ask the lead"
-                )
-            self.agents.send(task, text, self, sender=sender)
-            return {"queued": task.id, "task_id": task.id}
-        if task.status == TaskStatus.PENDING:
-            raise TaskError(f"agent {task.id} has not started yet; send again once it runs")
-        resumed = self.resume_agent(task, [text], mode, env)
-        return {"resumed": resumed.id, "task_id": resumed.id, "resumed_from": task.id}
-
-    def resume_agent(
-        self,
-        task: LocalAgentTaskState,
-        texts: list[str],
-        mode: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> LocalAgentTaskState:
-        """A new task that continues `task`'s conversation with `texts` as the next message,
-        in `task`'s mode or the narrower `mode` (its sender's), with `task`'s --env values
-        (this leader's memory) under `env`."""
-        spec = AgentSpec(
-            prompt="\n\n".join(texts),
-            model=task.model,
-            agent_type=task.agent_type,
-            tools=list(task.tools) if task.tools is not None else None,
-            permission_mode=narrowest(task.permission_mode, mode),
-            cwd=task.cwd,
-            env=env or None,  # (over `task`'s own, which new_agent_task takes from it)
-            backend=task.backend,
-            limits=task.limits,
-            description=task.description,
-            subagent=task.subagent,
-            parent_agent=self._live_coordinator(task.worker_of) if task.worker_of else None,
-        )
-        return self.start_agent(spec.model_copy(update={"resume": task.id}))
-
-    def _live_coordinator(self, agent_id: str) -> str | None:
-        """The running task of coordinator `agent_id`, if any (a continued worker dies with
-        it, as it would have with the task that started it)."""
-        for task in self.registry.get_all_tasks():
-            if (
-                isinstance(task, LocalAgentTaskState)
-                and task.coordinator
-                and task.agent_id == agent_id
-                and not task.is_terminal
-            ):
-                return task.id
-        return None
-
-    def notify_owner(
-        self, task: AnyTaskState, xml: str, summary: str, *, status: str, msg_id: str | None
-    ) -> None:
-        """A task owned by a running agent (its background shell, say) tells that agent: the
-        notification is queued for its next tool round. Other owners as LeaderStore does."""
-        if isinstance(task, LocalAgentTaskState) and task.worker_of is not None:
-            # A coordinator's worker: into the coordinator's own maildir, whatever its state
-            # (a coordinator resumed later reads what came while it was down).
-            inbox = coordinator_inbox(self.session.dir, task.worker_of)
-            Maildir.create(inbox, self.layout.home)
-            message = make_message(
-                sender=LEAD_NAME,
-                to=task.worker_of,
-                text=xml,
-                summary=summary,
-                message_id=msg_id,
-            )
-            deliver_to(inbox, message, durable=True)
-            return
-        owner = self.registry.get(task.owner) if task.owner else None
-        if isinstance(owner, LocalAgentTaskState):
-            if isinstance(task, LocalShellTaskState) and task.completion_status_sent_in_attachment:
-                return  # (its end and last output reached the agent in an attachment)
-            if not owner.is_terminal and owner.status != TaskStatus.PENDING:
-                self.agents.send(owner, xml, self)
-            return
-        super().notify_owner(task, xml, summary, status=status, msg_id=msg_id)
+        return self.agent_requests.send_to_agent(task_id, text, sender, env)
 
     def task_attachments(self, request: TaskAttachmentsRequest) -> dict[str, Any]:
         """An agent's runner acks what reached its transcript and asks for the new output of
         its background tasks (workers/agent/attachments.py)."""
         if not self._owns():
             return self.call(lambda: self.task_attachments(request)).result()
-        return self.attachments.answer(
-            self,
-            self.registry.get_all_tasks(),
-            request.agent,
-            request.acks,
-            fetch=request.fetch,
-            idle=request.idle,
-        )
+        return self.agent_requests.task_attachments(request)
 
     def stop_turn(self, task_id: str) -> AnyTaskState:
         """Stop only the current turn of agent task `task_id` (it waits for a message)."""
         if not self._owns():
             return self.call(lambda: self.stop_turn(task_id)).result()
-        task = self.registry.get(task_id)
-        if not isinstance(task, LocalAgentTaskState):
-            what = "no running task" if task is None else f"task {task_id} is not an agent;"
-            raise TaskError(f"{what} {task_id}: --turn stops an agent's turn (see `shoal ps`)")
-        self.agents.abort_turn(task)
-        return task
+        return self.agent_requests.stop_turn(task_id)
 
     def answer_permission(
         self, request_id: str, approve: bool, reason: str | None = None
@@ -436,89 +313,18 @@ class LeaderRequests(LeaderStore, ABC):
         """Approve or reject permission request `request_id` (`{agent task id}.{n}`)."""
         if not self._owns():
             return self.call(lambda: self.answer_permission(request_id, approve, reason)).result()
-        task = self.find_agent(request_id.split(".", 1)[0])
-        waiting = (task.waiting_for or {}).get("request_id")
-        if waiting is not None and waiting != request_id:
-            raise TaskError(f"agent {task.id} waits on {waiting}, not on {request_id}")
-        self.agents.answer(task, request_id, approve, reason, self)
-        return {"request_id": request_id, "task_id": task.id, "approve": approve}
-
-    def lease_policy(self) -> LeasePolicy:
-        """The write-set leases of this session (a policy of the loop from the first use)."""
-        for policy in self.policies:
-            if isinstance(policy, LeasePolicy):
-                return policy
-        policy = LeasePolicy(Leases(self.session.dir))
-        policy.holders = {  # (a resumed leader's live holders: released when they end)
-            t.id
-            for t in self.registry.get_all_tasks()
-            if isinstance(t, LocalAgentTaskState) and t.lease is not None and not t.is_terminal
-        }
-        self.policies.append(policy)
-        return policy
+        return self.agent_requests.answer_permission(request_id, approve, reason)
 
     def admitted(self, task: AnyTaskState) -> bool:
-        """Whether `task` may start now: a worker with a write set only once it holds its
-        lease (else it waits, pending); one whose lease cannot be taken at all fails."""
-        if not isinstance(task, LocalAgentTaskState) or task.write_set is None:
-            return True
-        if task.lease is not None:
-            return True
-        try:
-            return self.lease_policy().admit(self, task)
-        except ShoalError as exc:
-            self.move_task(task.id, TaskStatus.FAILED, error=f"could not take its lease: {exc}")
-            return False
+        """Whether `task` may start now (a worker with a write set: once it holds its lease)."""
+        return self.agent_requests.admitted(task)
 
-    def check_run_budget(self, agent: LocalAgentTaskState) -> None:
-        """Stop every unfinished worker of `agent`'s coordinator run, `failed` with the limit
-        named, once the run's tokens or tool uses are all spent (by the coordinator and its
-        workers together: each worker's own limit is only what the run had left at its
-        start, so parallel workers could together spend more)."""
-        boss_id = agent.id if agent.coordinator else self._live_coordinator(agent.worker_of or "")
-        boss = self.registry.get(boss_id) if boss_id else None
-        if not isinstance(boss, LocalAgentTaskState) or not boss.budget or boss.is_terminal:
-            return
-        workers = self.workers_of(boss.agent_id)
-        why = coordinator.overspent(boss, workers)
-        if why is None:
-            return
-        stopped = [  # (one already ending is let be: what it did is done)
-            w.id
-            for w in workers
-            if not w.kill_reason
-            and (w.id in self.agents.runs or w.status is TaskStatus.PENDING)
-            and w.id in self.registry
-        ]
-        for worker_id in stopped:
-            self.stop(worker_id, reason=f"{OVER_BUDGET}{why}")
-        if stopped:
-            self.note(f"{why}: stopped worker(s) {', '.join(stopped)} of {boss.id}")
-
-    def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
-        """Every worker of coordinator `agent_id` in this session (live and evicted)."""
-        found: dict[str, LocalAgentTaskState] = {}
-        for raw in self.history().values():
-            if raw.get("worker_of") == agent_id:
-                task = parse_task_state(raw)
-                if isinstance(task, LocalAgentTaskState):
-                    found[task.id] = task
-        for task in self.registry.get_all_tasks():
-            if isinstance(task, LocalAgentTaskState) and task.worker_of == agent_id:
-                found[task.id] = task
-        return list(found.values())
-
-    def find_agent(self, task_id: str) -> LocalAgentTaskState:
-        """The agent task `task_id` (live, or from the session's history)."""
-        task = self.registry.get(task_id)
-        if task is None:
-            raw = self.history().get(task_id)
-            if raw is not None:
-                task = parse_task_state(raw)
-        if not isinstance(task, LocalAgentTaskState):
-            what = "no task" if task is None else f"task {task_id} is not an agent task;"
-            raise TaskError(f"{what} {task_id} in team {self.team!r} (see `shoal ps --all`)")
-        return task
+    def notify_owner(
+        self, task: AnyTaskState, xml: str, summary: str, *, status: str, msg_id: str | None
+    ) -> None:
+        """A task owned by an agent tells that agent; other owners as LeaderStore does."""
+        if not self.agent_requests.notify_owner(task, xml, summary, status=status, msg_id=msg_id):
+            super().notify_owner(task, xml, summary, status=status, msg_id=msg_id)
 
     def submit(self, tasks: list[LocalShellTaskState]) -> list[LocalShellTaskState]:
         """Register tasks and start them now (or as job slots free); one state write."""
@@ -530,7 +336,7 @@ class LeaderRequests(LeaderStore, ABC):
         for task in tasks:
             self.register(task)
             self.scheduler.track(task)
-            self.queue.append(task.id)
+            self.scheduler.enqueue(task.id)
         # On disk before any of them starts: a leader killed right after a spawn leaves a
         # task its successor finds (pending, with the pid its wrapper recorded) and adopts,
         # not a process nobody knows of. (What the start changed is written before a control
@@ -583,58 +389,12 @@ class LeaderRequests(LeaderStore, ABC):
                 pid_started_at=request.pid_started_at,
                 lease=request.lease_s,
             )
-            self._read_back(request.task_id)
+            self.agent_requests.read_back(request.task_id)
             return held
         if isinstance(request, ReleaseRequest):
             return self.holds.release(self, request.task_id, request.holder)
-        return self.background(request.task_id, request.background).model_dump(mode="json")
-
-    def background(self, task_id: str, background: bool) -> LocalAgentTaskState:
-        """Move main-session query `task_id` to the background (`is_backgrounded`: the pill
-        and the board count it, its end is told as it comes) or back to the foreground."""
-        task = self.registry.get(task_id)
-        if task is None and task_id in self.history():
-            raise TaskError(f"task {task_id} has ended and left the registry; it stays put")
-        if not isinstance(task, LocalAgentTaskState) or task.agent_type != MAIN_SESSION_AGENT_TYPE:
-            what = "no task" if task is None else f"task {task_id} is not a main-session query;"
-            raise TaskError(
-                f"{what} {task_id} to move (only `shoal chat`'s queries go to the background)"
-            )
-        self.set_task(task_id, is_backgrounded=background)
-        current = self.registry.get(task_id)
-        assert isinstance(current, LocalAgentTaskState)
-        return current
-
-    def _read_back(self, task_id: str) -> None:
-        """A view holds an agent whose record has no messages (it ran before they were kept,
-        or its runner died before telling any): they are read back from its transcript, off
-        the loop's thread, and the record says so (`disk_loaded`)."""
-        task = self.registry.get(task_id)
-        if (
-            not isinstance(task, LocalAgentTaskState)
-            or task.messages
-            or task.disk_loaded
-            or task.id in self.agents.runs  # (a running one's runner gathers them)
-            or not task.transcript
-        ):
-            return
-        path = Path(task.transcript)
-
-        def load() -> None:
-            from shoal.workers.agent.progress import conversation_messages
-            from shoal.workers.agent.transcript import Transcript
-
-            try:
-                messages = conversation_messages(Transcript.load(path).messages)
-            except (ShoalError, OSError, ValueError) as exc:
-                why = f"could not read {path} for a view: {exc}"
-                self.call(lambda: self.note(why))
-                return
-            if messages:
-                kept = tuple(messages)
-                self.call(lambda: self.set_task(task_id, messages=kept, disk_loaded=True))
-
-        threading.Thread(target=load, name="transcript-read", daemon=True).start()
+        moved = self.agent_requests.background(request.task_id, request.background)
+        return moved.model_dump(mode="json")
 
     def stop(
         self,
@@ -652,8 +412,7 @@ class LeaderRequests(LeaderStore, ABC):
             raise TaskError(f"task {task_id} already finished ({task.status.value})")
         if on_done is not None:
             self._waiters.setdefault(task_id, []).append(on_done)
-        if task_id in self.queue:  # (never started: its kind ends it at once)
-            self.queue.remove(task_id)
+        self.scheduler.dequeue(task_id)  # (one that never started: its kind ends it at once)
         self.kinds[task.type].kill(task, self, reason)
         self.persist(force=True)
         self._answer_waiters()

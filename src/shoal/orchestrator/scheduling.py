@@ -3,6 +3,8 @@ dependencies, delays, timeouts, retries and pausing (what pueue and GNU parallel
 
 `Scheduler` is a policy of the leader's loop (its `policy` step enforces timeouts and starts
 retries; `next_due` wakes the loop for delays and deadlines) and the body of the `start` step.
+It owns the queue of tasks waiting to start: requests and resume add to it through
+`enqueue`. (Pausing is a queue verb: task_ops.py.)
 A queue of plain tasks in the default group keeps the leader's first-in first-out fast path;
 the ordered pass (priority, then queue order) runs once any task or group needs it.
 
@@ -18,7 +20,6 @@ paused is not counted.
 from __future__ import annotations
 
 import itertools
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +38,7 @@ from shoal.core.tasks import (
     new_task_id,
     retry_due,
 )
+from shoal.orchestrator.batch.spec import format_duration
 from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import Snapshot
 from shoal.teams.session import GroupState, Session
@@ -45,10 +47,9 @@ from shoal.workers.shell.kind import ShellKind
 
 
 class SchedulerHost(TaskStore, Protocol):
-    """What the scheduler needs of the leader (its registry, queue, kinds and steps)."""
+    """What the scheduler needs of the leader (its registry, kinds and steps)."""
 
     jobs: int
-    queue: deque[str]
     registry: TaskRegistry
     shell: ShellKind
     kinds: dict[TaskType, TaskKind]
@@ -124,6 +125,7 @@ class Scheduler:
 
     def __init__(self, leader: SchedulerHost) -> None:
         self.leader = leader
+        self.queue: deque[str] = deque()  # pending tasks, in order, waiting to start
         self.groups: dict[str, Group] = {DEFAULT_GROUP: Group(DEFAULT_GROUP)}
         self.ordered = False  # the ordered pass is needed (sticky for the session)
         self._timed: set[str] = set()  # tasks with a timeout, until they end
@@ -131,6 +133,26 @@ class Scheduler:
         self._delayed: set[str] = set()  # pending tasks with a start time in the future
         self._explained: set[str] = set()  # fast path: queued tasks given their reason
         self._synced = False
+
+    # -- the queue --------------------------------------------------------------------------
+
+    def enqueue(self, task_id: str, *, first: bool = False) -> None:
+        """A pending task joins the queue: at its end (a retry, `first`: at its front)."""
+        if first:
+            self.queue.appendleft(task_id)
+        else:
+            self.queue.append(task_id)
+
+    def dequeue(self, task_id: str) -> None:
+        """Take a task that never started out of the queue (if it is there)."""
+        if task_id in self.queue:
+            self.queue.remove(task_id)
+
+    def drop_queued(self) -> list[str]:
+        """Empty the queue (the leader shuts down); the ids it held, in order."""
+        dropped = list(self.queue)
+        self.queue.clear()
+        return dropped
 
     # -- groups ---------------------------------------------------------------------------
 
@@ -180,12 +202,12 @@ class Scheduler:
         if name == DEFAULT_GROUP:
             raise TaskError("the default group cannot be removed")
         self.check_group(name)
-        running = self._members(name, TaskStatus.RUNNING)
+        running = self.members(name, TaskStatus.RUNNING)
         if running:
             raise TaskError(
                 f"group {name!r} has running tasks: {' '.join(running)}; stop them or wait"
             )
-        queued = self._members(name, TaskStatus.PENDING)
+        queued = self.members(name, TaskStatus.PENDING)
         if queued:
             raise TaskError(f"group {name!r} has queued tasks: {' '.join(queued)}; stop them first")
         del self.groups[name]
@@ -211,14 +233,14 @@ class Scheduler:
             "name": name,
             "parallel": self.group_limit(name),
             "paused": group.paused,
-            "running": self._members(name, TaskStatus.RUNNING),
-            "pending": self._members(name, TaskStatus.PENDING),
+            "running": self.members(name, TaskStatus.RUNNING),
+            "pending": self.members(name, TaskStatus.PENDING),
         }
 
     def list_groups(self) -> list[dict[str, Any]]:
         return [self.describe(name) for name in sorted(self.groups)]
 
-    def _members(self, name: str, status: TaskStatus) -> list[str]:
+    def members(self, name: str, status: TaskStatus) -> list[str]:
         return [
             t.id
             for t in self.leader.registry.get_all_tasks()
@@ -266,7 +288,7 @@ class Scheduler:
             return
         now = time.time()
         queued: list[tuple[int, AnyTaskState]] = []
-        for position, task_id in enumerate(leader.queue):
+        for position, task_id in enumerate(self.queue):
             task = leader.registry.get(task_id)
             if task is not None and task.status == TaskStatus.PENDING:
                 queued.append((position, task))
@@ -294,20 +316,20 @@ class Scheduler:
                 self._delayed.discard(task.id)
             current = leader.registry.get(task.id) or task
             leader.kinds[current.type].start(current, leader)
-        if done or len(queued) != len(leader.queue):
+        if done or len(queued) != len(self.queue):
             keep = {t.id for _, t in queued} - done
-            left = [i for i in leader.queue if i in keep]
-            leader.queue.clear()
-            leader.queue.extend(left)
+            left = [i for i in self.queue if i in keep]
+            self.queue.clear()
+            self.queue.extend(left)
 
     def _start_in_order(self) -> None:
         """The fast path: first in, first out, while the default group has room."""
         leader = self.leader
-        while leader.queue and not leader.stopping:
+        while self.queue and not leader.stopping:
             if leader.jobs > 0 and leader.slots_used() >= leader.jobs:
                 self._explain_full()
                 return
-            task = leader.registry.get(leader.queue.popleft())
+            task = leader.registry.get(self.queue.popleft())
             if task is not None and task.status == TaskStatus.PENDING and leader.admitted(task):
                 if isinstance(task, LocalShellTaskState) and task.pending_reason is not None:
                     leader.set_task(task.id, pending_reason=None)
@@ -322,7 +344,7 @@ class Scheduler:
         stops at the first task told already: a long queue costs nothing per ended task."""
         leader = self.leader
         reason = f"waiting for a slot: group {DEFAULT_GROUP} runs {leader.jobs} at a time"
-        for ids in (iter(leader.queue), reversed(leader.queue)):
+        for ids in (iter(self.queue), reversed(self.queue)):
             fresh = list(itertools.takewhile(lambda i: i not in self._explained, ids))
             for task_id in fresh:
                 self._explained.add(task_id)
@@ -429,7 +451,7 @@ class Scheduler:
                 self._retrying.discard(task_id)
                 if self._should_retry(task):
                     self._retry(task, wall)
-        if self._delayed and self.leader.queue:
+        if self._delayed and self.queue:
             self.start_pending()
 
     def _should_retry(self, task: LocalShellTaskState) -> bool:
@@ -494,7 +516,7 @@ class Scheduler:
             f"(attempt {retry.attempt} of {retry.attempt + task.retries - 1}){when}"
         )
         leader.register(retry)
-        leader.queue.appendleft(new_id)
+        self.enqueue(new_id, first=True)
         self.track(retry)
         leader.start_pending()
 
@@ -518,83 +540,6 @@ class Scheduler:
             ):
                 due.append(mono + max(0.0, task.timeout - ran_for(task, wall)))
         return min(due, default=None)
-
-    # -- pause and resume -------------------------------------------------------------------
-
-    def pause(self, task_ids: list[str], group: str | None) -> list[dict[str, Any]]:
-        """SIGSTOP running tasks' process groups; pending ones are held. With `group`: the
-        group starts nothing more and its running tasks are paused."""
-        if group is not None:
-            self.check_group(group).paused = True
-            self.ordered = True
-            self.leader.mark_dirty()
-            task_ids = self._members(group, TaskStatus.RUNNING)
-            tasks = [self._pausable(i) for i in task_ids]
-            tasks = [t for t in tasks if t.paused_at is None]
-        else:
-            tasks = [self._pausable(i) for i in task_ids]
-            for task in tasks:
-                if task.paused_at is not None:
-                    raise TaskError(f"task {task.id} is paused already (`shoal resume {task.id}`)")
-        now = time.time()
-        for task in tasks:
-            if task.status == TaskStatus.RUNNING:
-                self.leader.shell.signal_group(task.id, signal.SIGSTOP)
-            self.leader.set_task(task.id, paused_at=now)
-            self.ordered = True
-        self.leader.persist(force=True)
-        return [self._summary(t.id) for t in tasks]
-
-    def resume(self, task_ids: list[str], group: str | None) -> list[dict[str, Any]]:
-        """SIGCONT paused tasks (their paused time is added to `total_paused_ms`); with
-        `group`: the group starts tasks again and its paused tasks continue."""
-        if group is not None:
-            self.check_group(group).paused = False
-            self.leader.mark_dirty()
-            candidates = [
-                t
-                for t in self.leader.registry.get_all_tasks()
-                if isinstance(t, LocalShellTaskState)
-                and t.group == group
-                and not t.is_terminal
-                and t.paused_at is not None
-            ]
-        else:
-            candidates = [self._pausable(i) for i in task_ids]
-            for task in candidates:
-                if task.paused_at is None:
-                    raise TaskError(f"task {task.id} is not paused")
-        now = time.time()
-        for task in candidates:
-            if task.status == TaskStatus.RUNNING:
-                self.leader.shell.signal_group(task.id, signal.SIGCONT)
-            self.leader.set_task(task.id, paused_at=None, total_paused_ms=paused_ms(task, now))
-        self.leader.start_pending()
-        self.leader.persist(force=True)
-        return [self._summary(t.id) for t in candidates]
-
-    def _pausable(self, task_id: str) -> LocalShellTaskState:
-        task = self.leader.registry.get(task_id)
-        if task is None:
-            raise NotFoundError(f"task {task_id} already finished (`shoal ps --all`)")
-        if not isinstance(task, LocalShellTaskState):
-            raise TaskError(f"task {task_id} is a {task.type.value} task; only shell tasks pause")
-        if task.is_terminal:
-            raise TaskError(f"task {task_id} already finished ({task.status.value})")
-        return task
-
-    def _summary(self, task_id: str) -> dict[str, Any]:
-        task = self.leader.registry.get(task_id)
-        assert task is not None
-        return task.model_dump(mode="json")
-
-
-def format_duration(seconds: float) -> str:
-    """A short duration as batch specs write them (5s, 1m30s); imported when first used,
-    as the batch package imports the leader."""
-    from shoal.orchestrator.batch.spec import format_duration as fmt
-
-    return fmt(seconds)
 
 
 def _priority(task: AnyTaskState) -> int:

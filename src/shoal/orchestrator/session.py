@@ -11,7 +11,6 @@ again, even where state.json (written at most every 0.2 s) lags behind it.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -99,6 +98,12 @@ class _Tasks(Protocol):
     def get_all_tasks(self) -> list[AnyTaskState]: ...
 
 
+class StartQueue(Protocol):
+    """The scheduler's queue of tasks waiting to start (scheduling.py)."""
+
+    def enqueue(self, task_id: str, *, first: bool = False) -> None: ...
+
+
 class SessionHost(TaskStore, Protocol):
     """What resuming and notifying need of the leader."""
 
@@ -107,7 +112,9 @@ class SessionHost(TaskStore, Protocol):
     created_at: float
     snapshot: Snapshot
     kinds: dict[TaskType, TaskKind]
-    queue: deque[str]
+
+    @property
+    def scheduler(self) -> StartQueue: ...
 
     def new_session(self, session_id: str | None = None) -> Session: ...
 
@@ -153,7 +160,7 @@ def resume(host: SessionHost, session_id: str | None) -> bool:
                 error = lost_env_error(task.id, lost)
                 host.move_task(task.id, TaskStatus.FAILED, error=error)
                 continue
-            host.queue.append(task.id)
+            host.scheduler.enqueue(task.id)
     for task_id in notified:  # (a no-op for tasks state.json already has as notified)
         host.mark_notified(task_id)
     return True

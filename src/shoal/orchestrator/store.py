@@ -15,11 +15,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shoal.core.config import Limits
-from shoal.core.errors import NoSpaceError, ShoalError
+from shoal.core.errors import NoSpaceError, ShoalError, TaskError
 from shoal.core.events import Event, Note
 from shoal.core.paths import Layout
 from shoal.core.procs import current_identity
-from shoal.core.tasks import AnyTaskState, TaskStatus, evolve, should_evict
+from shoal.core.tasks import (
+    AnyTaskState,
+    LocalAgentTaskState,
+    TaskStatus,
+    parse_task_state,
+    should_evict,
+)
+from shoal.core.taskupdates import evolve
 from shoal.mailbox.router import notify_owner
 from shoal.orchestrator.registry import TaskRegistry
 from shoal.orchestrator.session import Snapshot
@@ -168,6 +175,31 @@ class LeaderStore:
         if self.history_reader is None or self.history_reader.session is not self.session:
             self.history_reader = HistoryReader(self.session)
         return self.history_reader.read()
+
+    def workers_of(self, agent_id: str) -> list[LocalAgentTaskState]:
+        """Every worker of coordinator `agent_id` in this session (live and evicted)."""
+        found: dict[str, LocalAgentTaskState] = {}
+        for raw in self.history().values():
+            if raw.get("worker_of") == agent_id:
+                task = parse_task_state(raw)
+                if isinstance(task, LocalAgentTaskState):
+                    found[task.id] = task
+        for task in self.registry.get_all_tasks():
+            if isinstance(task, LocalAgentTaskState) and task.worker_of == agent_id:
+                found[task.id] = task
+        return list(found.values())
+
+    def find_agent(self, task_id: str) -> LocalAgentTaskState:
+        """The agent task `task_id` (live, or from the session's history)."""
+        task = self.registry.get(task_id)
+        if task is None:
+            raw = self.history().get(task_id)
+            if raw is not None:
+                task = parse_task_state(raw)
+        if not isinstance(task, LocalAgentTaskState):
+            what = "no task" if task is None else f"task {task_id} is not an agent task;"
+            raise TaskError(f"{what} {task_id} in team {self.team!r} (see `shoal ps --all`)")
+        return task
 
     def forget_history(self) -> None:
         """The history file was emptied (`shoal clean`): read it afresh next time."""

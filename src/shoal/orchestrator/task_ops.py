@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from typing import Any, Protocol
 
@@ -35,8 +36,8 @@ from shoal.core.tasks import (
     in_grace,
     parse_task_state,
 )
-from shoal.orchestrator.scheduling import DEFAULT_GROUP, Scheduler, SchedulerHost
-from shoal.workers.shell import kind as shell
+from shoal.orchestrator.scheduling import DEFAULT_GROUP, Scheduler, SchedulerHost, paused_ms
+from shoal.workers.shell import process as shell
 
 
 class Leader(SchedulerHost, Protocol):
@@ -123,13 +124,84 @@ def handle(leader: Leader, request: QueueRequest) -> Any:
             raise UsageError(f"{request.op} takes task ids or --group G")
         if request.group is not None:
             scheduler.check_group(request.group)
-        act = scheduler.pause if request.op == "pause" else scheduler.resume
-        return act(list(dict.fromkeys(ids)), request.group)
+        act = pause if request.op == "pause" else resume
+        return act(leader, list(dict.fromkeys(ids)), request.group)
     if isinstance(request, RestartRequest):
         return restart(leader, request.task_id, in_place=request.in_place)
     if isinstance(request, CleanRequest):
         return clean(leader, request.force)
     return send_input(leader, request)
+
+
+def pause(leader: Leader, task_ids: list[str], group: str | None) -> list[dict[str, Any]]:
+    """SIGSTOP running tasks' process groups; pending ones are held. With `group`: the
+    group starts nothing more and its running tasks are paused."""
+    if group is not None:
+        leader.scheduler.check_group(group).paused = True
+        leader.scheduler.ordered = True
+        leader.mark_dirty()
+        task_ids = leader.scheduler.members(group, TaskStatus.RUNNING)
+        tasks = [_pausable(leader, i) for i in task_ids]
+        tasks = [t for t in tasks if t.paused_at is None]
+    else:
+        tasks = [_pausable(leader, i) for i in task_ids]
+        for task in tasks:
+            if task.paused_at is not None:
+                raise TaskError(f"task {task.id} is paused already (`shoal resume {task.id}`)")
+    now = time.time()
+    for task in tasks:
+        if task.status == TaskStatus.RUNNING:
+            leader.shell.signal_group(task.id, signal.SIGSTOP)
+        leader.set_task(task.id, paused_at=now)
+        leader.scheduler.ordered = True
+    leader.persist(force=True)
+    return [_summary(leader, t.id) for t in tasks]
+
+
+def resume(leader: Leader, task_ids: list[str], group: str | None) -> list[dict[str, Any]]:
+    """SIGCONT paused tasks (their paused time is added to `total_paused_ms`); with
+    `group`: the group starts tasks again and its paused tasks continue."""
+    if group is not None:
+        leader.scheduler.check_group(group).paused = False
+        leader.mark_dirty()
+        candidates = [
+            t
+            for t in leader.registry.get_all_tasks()
+            if isinstance(t, LocalShellTaskState)
+            and t.group == group
+            and not t.is_terminal
+            and t.paused_at is not None
+        ]
+    else:
+        candidates = [_pausable(leader, i) for i in task_ids]
+        for task in candidates:
+            if task.paused_at is None:
+                raise TaskError(f"task {task.id} is not paused")
+    now = time.time()
+    for task in candidates:
+        if task.status == TaskStatus.RUNNING:
+            leader.shell.signal_group(task.id, signal.SIGCONT)
+        leader.set_task(task.id, paused_at=None, total_paused_ms=paused_ms(task, now))
+    leader.start_pending()
+    leader.persist(force=True)
+    return [_summary(leader, t.id) for t in candidates]
+
+
+def _pausable(leader: Leader, task_id: str) -> LocalShellTaskState:
+    task = leader.registry.get(task_id)
+    if task is None:
+        raise NotFoundError(f"task {task_id} already finished (`shoal ps --all`)")
+    if not isinstance(task, LocalShellTaskState):
+        raise TaskError(f"task {task_id} is a {task.type.value} task; only shell tasks pause")
+    if task.is_terminal:
+        raise TaskError(f"task {task_id} already finished ({task.status.value})")
+    return task
+
+
+def _summary(leader: Leader, task_id: str) -> dict[str, Any]:
+    task = leader.registry.get(task_id)
+    assert task is not None
+    return task.model_dump(mode="json")
 
 
 def _live_id(leader: Leader, given: str) -> str:

@@ -27,9 +27,16 @@ from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 from textual.worker import get_current_worker
 
 from shoal.core.errors import ShoalError
-from shoal.ui.board import MemberLine, TaskLine, member_line, task_lines
+from shoal.ui.board import (
+    MemberLine,
+    TaskLine,
+    list_item_line,
+    list_item_subject,
+    member_line,
+    task_lines,
+)
 from shoal.ui.details import member_detail, task_detail
-from shoal.ui.source import Snapshot, SwarmSource, TaskRow
+from shoal.ui.source import ListRow, Snapshot, SwarmSource, TaskRow
 from shoal.ui.steps import nest_steps
 from shoal.ui.watch import FALLBACK_TICK_S, ChangeSignal
 
@@ -99,6 +106,7 @@ class Overview(SwarmScreen):
         super().__init__()
         self._tasks: TableRows[TaskLine] | None = None
         self._members: TableRows[MemberLine] | None = None
+        self._items: TableRows[ListRow] | None = None
         self._task_cache: dict[str, tuple[TaskRow, TaskLine]] = {}
 
     def compose(self) -> ComposeResult:
@@ -108,6 +116,8 @@ class Overview(SwarmScreen):
         yield DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
         yield Label("Members", classes="section")
         yield DataTable(id="members", cursor_type="row", zebra_stripes=True)
+        yield Label("Task list", classes="section")
+        yield DataTable(id="items", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -117,6 +127,9 @@ class Overview(SwarmScreen):
         members.add_columns("", "MEMBER", "STATE", "ACTIVITY", "")
         self._tasks = TableRows(tasks, _task_cells)
         self._members = TableRows(members, _member_cells)
+        items = self.query_one("#items", DataTable)
+        items.add_columns("", "ID", "STATUS", "OWNER", "SUBJECT")
+        self._items = TableRows(items, _item_cells)
         tasks.focus()
         self.update_snapshot(_swarm(self).snapshot)
 
@@ -139,6 +152,8 @@ class Overview(SwarmScreen):
         lines = task_lines(snapshot, time.time(), rows, cache=self._task_cache)
         self._tasks.show([(t.id, t) for t in lines])
         self._members.show([(m.name, m) for m in map(member_line, snapshot.members)])
+        if self._items is not None:
+            self._items.show([(str(i.id), i) for i in snapshot.items])
 
     def selection(self) -> Selection | None:
         focused = self.focused
@@ -187,6 +202,12 @@ def _member_cells(m: MemberLine) -> tuple[Any, ...]:
         m.activity,
         m.detail,
     )
+
+
+def _item_cells(item: ListRow) -> tuple[Any, ...]:
+    icon, style, _ = list_item_line(item)
+    status, owner = item.status, item.owner or "-"
+    return (Text(icon, style=style), str(item.id), status, owner, list_item_subject(item))
 
 
 def _cell_width(cell: Any) -> int:

@@ -29,7 +29,7 @@ from shoal.core.events import (
     TaskTerminated,
     parse_event,
 )
-from shoal.ui.source import MemberRow, Snapshot, SwarmSource, TaskRow
+from shoal.ui.source import ListRow, MemberRow, Snapshot, SwarmSource, TaskRow
 from shoal.ui.status import (
     agent_notes,
     describe_teammate_activity,
@@ -51,6 +51,8 @@ COALESCE_S = 0.1
 """After a wake-up, wait this long so a burst of writes makes one redraw."""
 
 FINISHED_SHOWN = 10
+LIST_SHOWN = 12  # items of the shared task list on the board (open ones first)
+LIST_ICONS = {"pending": ("·", "dim"), "in_progress": ("▶", "yellow"), "completed": ("✓", "green")}
 """The board lists this many finished tasks, the latest by end time (`shoal ps --all`: all)."""
 
 
@@ -208,6 +210,34 @@ def _nested(rows: Iterable[TaskRow]) -> list[TaskRow]:
     return [row for row, _ in nest_steps(rows, lambda r: r.record)]
 
 
+def list_item_subject(item: ListRow) -> str:
+    """An item's subject, with what holds it back: its open blockers, its failed turns."""
+    notes = []
+    if item.open_blockers:
+        notes.append("blocked by " + ", ".join(map(str, item.open_blockers)))
+    if item.failures:
+        notes.append(f"failed {item.failures}x")
+    return item.subject + (f"  ({'; '.join(notes)})" if notes else "")
+
+
+def list_item_line(item: ListRow) -> tuple[str, str, str]:
+    """An item of the shared task list: its icon, the icon's style and its words."""
+    icon, style = LIST_ICONS.get(item.status, ("?", "red"))
+    owner = item.owner or "-"
+    return icon, style, f"{item.id:>3}  {item.status:<11}  {owner:<10}  {list_item_subject(item)}"
+
+
+def board_items(snapshot: Snapshot, shown: int = LIST_SHOWN) -> tuple[list[ListRow], int]:
+    """The list items the board shows (open ones, then the latest completed) and how many
+    it leaves out."""
+    open_items = [i for i in snapshot.items if i.status != "completed"]
+    done = [i for i in snapshot.items if i.status == "completed"]
+    keep = open_items[:shown]
+    keep += done[-max(0, shown - len(keep)) :] if len(keep) < shown else []
+    keep.sort(key=lambda i: i.id)
+    return keep, len(snapshot.items) - len(keep)
+
+
 def left_out_line(count: int) -> str:
     """The line that says how many earlier finished tasks the board leaves out."""
     noun = "task" if count == 1 else "tasks"
@@ -292,6 +322,17 @@ def render_board(snapshot: Snapshot, *, now: float | None = None, events: int = 
     parts.append(tasks if snapshot.tasks else Text("no tasks", style="dim"))
     if left_out:
         parts.append(Text(left_out_line(left_out), style="dim"))
+    items, items_left_out = board_items(snapshot)
+    if items:
+        listing = Text("TASK LIST", style="dim")
+        for item in items:
+            icon, style, words = list_item_line(item)
+            listing.append("\n")
+            listing.append(icon, style=style)
+            listing.append(" " + words)
+        if items_left_out:
+            listing.append(f"\n{items_left_out} more: shoal task list", style="dim")
+        parts.append(listing)
 
     if events:
         lines = [ev for e in snapshot.events if (ev := event_line(e))][-events:]
@@ -336,6 +377,12 @@ def board_lines(
             lines.append(f"  {left_out_line(left_out)}")
     else:
         lines.append("no tasks")
+    items, items_left_out = board_items(snapshot)
+    if items:
+        lines.append("TASK LIST")
+        lines.extend(f"  {icon} {words}".rstrip() for icon, _, words in map(list_item_line, items))
+        if items_left_out:
+            lines.append(f"  {items_left_out} more: shoal task list")
     if events:
         lines.extend([ev for e in snapshot.events if (ev := event_line(e))][-events:])
     lines.extend(f"error: {e}" for e in snapshot.errors)

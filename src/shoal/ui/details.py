@@ -15,8 +15,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from shoal.core.taskrecords import AgentProgress
 from shoal.core.tasks import (
-    AgentProgress,
     DreamTaskState,
     InProcessTeammateTaskState,
     LocalAgentTaskState,

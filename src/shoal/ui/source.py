@@ -27,6 +27,8 @@ from shoal.mailbox.store import Maildir
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.session import HistoryReader, Session
 from shoal.teams.store import Teams
+from shoal.teams.taskitems import TaskSnapshot, failures_of
+from shoal.teams.tasklist import TaskList
 from shoal.ui.pill import pill_for
 from shoal.ui.status import (
     TeammateFacts,
@@ -40,6 +42,34 @@ JsonDict = dict[str, Any]
 EVENTS_TAIL_BYTES = 256 * 1024
 RECENT_EVENTS = 50
 FINISHED_STATUSES = frozenset(s.value for s in TERMINAL_STATUSES)
+
+
+@dataclass(frozen=True)
+class ListRow:
+    """One item of the team's shared task list, as the views show it."""
+
+    id: int
+    subject: str
+    status: str
+    owner: str | None = None
+    open_blockers: tuple[int, ...] = ()
+    failures: int = 0
+
+
+def list_rows(snap: TaskSnapshot) -> tuple[list[ListRow], list[str]]:
+    """Rows of a task-list snapshot, and one error line per corrupt item."""
+    rows = [
+        ListRow(
+            id=item.id,
+            subject=item.subject,
+            status=item.status.value,
+            owner=item.owner,
+            open_blockers=tuple(snap.open_blockers(item)),
+            failures=failures_of(item),
+        )
+        for item in snap.sorted()
+    ]
+    return rows, [f"task list item {i}: {err}" for i, err in sorted(snap.errors.items())]
 
 
 @dataclass(frozen=True)
@@ -139,6 +169,7 @@ class Snapshot:
     members: tuple[MemberRow, ...] = ()
     events: tuple[JsonDict, ...] = ()
     errors: tuple[str, ...] = ()
+    items: tuple[ListRow, ...] = ()  # the team's shared task list
 
     @property
     def pill(self) -> str:
@@ -340,6 +371,8 @@ class FileSource:
         of the team file alone (a member joining) shows on the next fallback tick.
         """
         paths = [self.layout.status_dir(self.team)]
+        if self.layout.tasklist_dir(self.team).is_dir():
+            paths.append(self.layout.tasklist_dir(self.team))
         try:
             session_dir = self._session_dir()
         except ShoalError:
@@ -435,6 +468,12 @@ class FileSource:
                 )
             )
         members.sort(key=lambda r: (r.started_at, r.name))
+        items: list[ListRow] = []
+        try:
+            items, item_errors = list_rows(TaskList(self.teams, self.team).snapshot())
+            errors.extend(item_errors)
+        except ShoalError as exc:
+            errors.append(f"task list: {exc}")
         return Snapshot(
             team=self.team,
             taken_at=now,
@@ -444,6 +483,7 @@ class FileSource:
             members=tuple(members),
             events=events[-RECENT_EVENTS:],
             errors=tuple(errors),
+            items=tuple(items),
         )
 
     def _waiting_plan(

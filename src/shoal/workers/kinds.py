@@ -1,9 +1,9 @@
 """The interface between the leader's loop and the kinds of task it runs.
 
-A task kind (shell, teammate, and the agent, remote, dream, workflow and monitor kinds to
-come) implements `TaskKind`; it changes task state only through the `TaskStore` the leader
-hands it, never by importing the leader. The loop calls `poll` from its named steps and never
-branches on a task's type.
+Each task kind (shell, teammate, agent, remote, dream, monitor, and the workflow kind of
+orchestrator/batch/) implements `TaskKind`; it changes task state only through the
+`TaskStore` the leader hands it, never by importing the leader. The loop calls `poll` from
+its named steps and never branches on a task's type.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shoal.core.config import Limits
-from shoal.core.events import Event
+from shoal.core.events import Event, task_terminated
 from shoal.core.tasks import AnyTaskState, LocalAgentTaskState, TaskStatus, TaskType
 
 
@@ -127,3 +127,12 @@ class TaskKind(Protocol):
     def running(self) -> int:
         """How many tasks of this kind hold a job slot."""
         ...
+
+
+def end_unannounced(store: TaskStore, task_id: str) -> None:
+    """A stop the user asked for is not news: the ended task counts as notified (no
+    notification goes out), and its end is an event still."""
+    store.mark_notified(task_id)
+    final = store.get(task_id)
+    if final is not None:
+        store.emit(task_terminated(final))

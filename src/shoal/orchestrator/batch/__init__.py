@@ -1,6 +1,7 @@
-"""Batch runs (`shoal run SPEC`): the spec (`spec`, `parse`), the scheduler (`engine`) and the
-run state it moves (`state`), the reports (`report`), agent tasks on teammates (`agents`), and
-`run_batch` (`driver`)."""
+"""Batch runs (`shoal run SPEC`): the spec (`spec`, `parse`), the scheduler (`engine`), the
+run state it moves (`state`) and its verdict (`verdict`), the reports (`report`), the engine's
+shell on a leader (`leader_shell`), agent tasks on teammates (`agents`), a run's options
+(`options`), and `run_batch` (`driver`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ if TYPE_CHECKING:
     from shoal.orchestrator.batch.driver import (
         AgentDispatcherFactory,
         BatchPolicy,
-        RunOptions,
-        RunOutcome,
         agent_dispatcher_factory,
-        resolve_backend,
         run_batch,
     )
     from shoal.orchestrator.batch.engine import AGENTS_UNAVAILABLE, BatchRun, check_agents
+    from shoal.orchestrator.batch.options import RunOptions, RunOutcome, resolve_backend
     from shoal.orchestrator.batch.state import (
         FINAL_STATUSES,
         RUN_TRANSITIONS,
@@ -51,8 +50,8 @@ _WHERE: Final = {
     "IllegalRunMove": "shoal.orchestrator.batch.state",
     "RUN_TRANSITIONS": "shoal.orchestrator.batch.state",
     "Refused": "shoal.orchestrator.batch.state",
-    "RunOptions": "shoal.orchestrator.batch.driver",
-    "RunOutcome": "shoal.orchestrator.batch.driver",
+    "RunOptions": "shoal.orchestrator.batch.options",
+    "RunOutcome": "shoal.orchestrator.batch.options",
     "RunStatus": "shoal.orchestrator.batch.state",
     "ShellExecutor": "shoal.orchestrator.batch.state",
     "ShellRequest": "shoal.orchestrator.batch.state",
@@ -62,7 +61,7 @@ _WHERE: Final = {
     "agent_dispatcher_factory": "shoal.orchestrator.batch.driver",
     "check_agents": "shoal.orchestrator.batch.engine",
     "check_run_move": "shoal.orchestrator.batch.state",
-    "resolve_backend": "shoal.orchestrator.batch.driver",
+    "resolve_backend": "shoal.orchestrator.batch.options",
     "run_batch": "shoal.orchestrator.batch.driver",
 }
 

@@ -4,7 +4,8 @@ An attempt becomes an entry of the team's shared task list, assigned to its memb
 `auto_claim: false` (only this assignment gives it out; the run's engine decides retries).
 The member runs it as a turn and reports to the lead with a `task_notification` naming the
 list task; that report is the attempt's `Finished`. Stopping an attempt aborts the member's
-current turn.
+current turn. A workflow's members (`WorkflowAgents`) join the team's long-lived leader
+without holding up its loop, and are stopped at the workflow's end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal.core.errors import ShoalError
-from shoal.core.events import MessageReceived
+from shoal.core.events import MessageReceived, TaskTerminated
 from shoal.mailbox.router import send
 from shoal.orchestrator.batch.spec import MemberSpec, TaskSpec
 from shoal.orchestrator.batch.state import Finished, Poster, Started
@@ -24,6 +25,7 @@ from shoal.orchestrator.leader import Leader
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.tasklist import TaskList
 from shoal.workers.teammate.brains import exit_code_of
+from shoal.workers.teammate.members import StopCause
 
 READY_TIMEOUT_S = 120.0
 
@@ -148,3 +150,110 @@ def _exit_code(status: object, data: Mapping[str, Any], result: str) -> int | No
     if isinstance(code, int) and not isinstance(code, bool):
         return code
     return exit_code_of(result)
+
+
+class WorkflowAgents(TeammateDispatcher):
+    """A workflow's members as the team's teammates. `begin` asks the leader to spawn them
+    and returns at once (the loop runs on; `ready` or `error` is set when they are up or
+    could not start); a member still running from before a leader's restart is taken back
+    as it is. A member that ends while it holds an attempt fails that attempt; `end` stops
+    the members the workflow started."""
+
+    def __init__(self, leader: Leader, post: Poster, workflow_id: str) -> None:
+        super().__init__(leader, post)
+        self.workflow_id = workflow_id
+        self.ready = False
+        self.error: str | None = None
+        self.names: list[str] = []
+
+    def begin(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None:
+        swarm = self.leader.swarm
+        self.names = [m.name for m in members]
+        fresh = []
+        for m in members:
+            holder = self._holder(m.name)
+            if holder is None:
+                fresh.append(m)
+            elif holder != self.workflow_id:
+                self.error = (
+                    f"teammate {m.name!r} is already running in team {self.leader.team!r}"
+                    f" ({'for workflow ' + holder if holder else 'not for this workflow'});"
+                    " rename the [[member]] or stop that teammate"
+                )
+                self.names = []
+                return
+        if not fresh:
+            self._up()
+            return
+        batch = spawn_args(fresh, backend, cwd)
+
+        def reply(result: Any, error: ShoalError | None) -> None:
+            if error is not None:
+                self.error = str(error)
+            else:
+                self._up()
+            self.leader.wake()
+
+        try:
+            self.leader.spawn(batch, reply)
+        except ShoalError as exc:
+            self.error = str(exc)
+            self.names = []
+            return
+        for m in fresh:
+            run = swarm.members.get(m.name)
+            if run is not None:
+                self.leader.set_task(run.task_id, workflow_id=self.workflow_id)
+
+    def _holder(self, name: str) -> str | None:
+        """None when no teammate `name` runs; else the workflow it runs for ("" for none)."""
+        run = self.leader.swarm.members.get(name)
+        if run is None or run.ending is not None or not run.backend.is_alive(run.handle):
+            return None
+        task = self.leader.get(run.task_id)
+        return str(getattr(task, "workflow_id", None) or "")
+
+    def _up(self) -> None:
+        self.ready = True
+        self._members = list(self.names)
+
+    def on_event(self, event: Any) -> None:
+        """Messages may end attempts; a member's end fails the attempt it held."""
+        if isinstance(event, MessageReceived):
+            self.on_message(event)
+            return
+        if not isinstance(event, TaskTerminated):
+            return
+        swarm = self.leader.swarm
+        name = next((n for n, r in swarm.members.items() if r.task_id == event.task_id), None)
+        if name is None:
+            task = self.leader.get(event.task_id)
+            identity = getattr(task, "identity", None)
+            name = getattr(identity, "agent_name", None)
+        for handle, (item, member, started) in list(self._attempts.items()):
+            if member != name:
+                continue
+            self._attempts.pop(handle, None)
+            self._by_item.pop(item, None)
+            self.post(
+                Finished(
+                    handle,
+                    "failed",
+                    started_at=started,
+                    ended_at=time.time(),
+                    error=f"member {member} ended ({event.status}) during the step",
+                )
+            )
+
+    def stop_all(self, reason: str) -> None:
+        """Abort every attempt in flight (each member reports it killed)."""
+        for handle in list(self._attempts):
+            self.stop(handle, reason)
+
+    def end(self) -> None:
+        """Stop the workflow's members (not news: the workflow's end tells it)."""
+        for name in self.names:
+            with contextlib.suppress(ShoalError):
+                self.leader.swarm.stop(
+                    name, StopCause.ON_REQUEST, f"workflow {self.workflow_id} ended"
+                )

@@ -10,22 +10,16 @@ a signal sets a flag and wakes the leader, and `shoal down` stops the run the wa
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final, Protocol
 
 from shoal.core.errors import (
-    ConflictError,
     ShoalError,
-    TaskError,
     UsageError,
 )
 from shoal.core.events import (
@@ -33,22 +27,24 @@ from shoal.core.events import (
     MessageReceived,
     RunEvent,
     RunResult,
-    TaskStalled,
-    TaskStarted,
-    TaskTerminated,
 )
 from shoal.core.ids import new_ulid
-from shoal.core.names import MAX_NAME_LENGTH, validate_name
+from shoal.core.names import validate_name
 from shoal.core.paths import Layout
-from shoal.core.tasks import LocalShellTaskState, RemoteAgentTaskState, TaskStatus
+from shoal.core.tasks import LocalShellTaskState, TaskStatus
 from shoal.orchestrator.batch.agents import TeammateDispatcher
-from shoal.orchestrator.batch.ci import Row, summary_rows
+from shoal.orchestrator.batch.ci import summary_rows
 from shoal.orchestrator.batch.engine import BatchRun, check_agents
 from shoal.orchestrator.batch.exitcodes import INFRASTRUCTURE, OK
-from shoal.orchestrator.batch.junit import FileStamp, check_written, failed_cases, stamp
-from shoal.orchestrator.batch.ray_backend import RayShellMixin, RayTarget, prepare
+from shoal.orchestrator.batch.leader_shell import LeaderShell, RayShell, Unattached
+from shoal.orchestrator.batch.options import (
+    RunOptions,
+    RunOutcome,
+    default_run_team,
+    resolve_backend,
+)
+from shoal.orchestrator.batch.ray_backend import RayTarget, prepare
 from shoal.orchestrator.batch.recovery import (
-    ENV_RUN,
     ended_attempts,
     succeeded_attempts,
     with_recovered,
@@ -63,24 +59,25 @@ from shoal.orchestrator.batch.report import (
     write_junit,
 )
 from shoal.orchestrator.batch.results import ResultsDir
-from shoal.orchestrator.batch.retention import configured_keep, prune_sessions
-from shoal.orchestrator.batch.spec import RAY_BACKEND, HaltPolicy, Spec
+from shoal.orchestrator.batch.retention import (
+    configured_keep,
+    make_run_team,
+    prune_sessions,
+    remove_run_team,
+)
+from shoal.orchestrator.batch.spec import RAY_BACKEND, Spec
 from shoal.orchestrator.batch.state import (
     AgentDispatcher,
     Attempt,
     ExecEvent,
     Finished,
     Poster,
-    Refused,
     RunStatus,
-    ShellRequest,
-    Stalled,
     Started,
     TaskRun,
 )
 from shoal.orchestrator.cleanup import CleanupRegistry
 from shoal.orchestrator.leader import Leader
-from shoal.teams.store import Teams
 
 # The run record (what --resume reads) is rewritten at most this often while the run goes on
 # (and a verdict is journaled at once: RecordSaver).
@@ -99,174 +96,6 @@ def agent_dispatcher_factory() -> AgentDispatcherFactory | None:
 
 class _OnMessage(Protocol):
     def on_message(self, event: MessageReceived) -> None: ...
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Command-line choices of one run; None means "as the spec says"."""
-
-    team: str | None = None
-    jobs: int | None = None
-    backend: str | None = None
-    halt: HaltPolicy | None = None
-    junit: Path | None = None
-    report: Path | None = None
-    joblog: Path | None = None
-    resume: bool = False
-    forward_leader_events: bool = False
-    keep_team: bool = False
-    """Keep the run's own team (`run-{stem}`) at the end; a team named by --team or
-    `[run] team` is always kept."""
-    results: Path | None = None
-    """Copy every task's output into this directory as it ends."""
-    ray: str | None = None
-    """`--backend ray`: the cluster's address (else $SHOAL_RAY_ADDRESS)."""
-    ray_insecure: bool = False
-    """`--insecure`: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine."""
-    keep_sessions: int | None = None
-    """`--keep-sessions N`: at the end, remove the team's oldest finished sessions past N
-    (None: `[run] keep_sessions` of config.toml for a team of the run's own, else keep all)."""
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a run ended: the exit code, the final report and where the run record is."""
-
-    exit_code: int
-    report: dict[str, Any]
-    record_path: Path
-    summary: tuple[Row, ...] = ()
-    """The end-of-run table: a row per task, with its tests' counts."""
-
-
-def default_run_team(spec_path: Path) -> str:
-    """The team a run works in when none is named: `run-{stem}` (`CI Build.toml` ->
-    `run-ci-build`), a valid team name whatever the file is called."""
-    stem = re.sub(r"[^a-z0-9_-]+", "-", spec_path.stem.lower()).strip("-_")
-    return f"run-{stem}"[:MAX_NAME_LENGTH].rstrip("-_") if stem else "run"
-
-
-def resolve_backend(option: str | None, setting: str) -> tuple[str, str]:
-    """(backend, why) for the run's members: `--backend`, else `[run] backend`, with `auto`
-    resolved here so the run says which one it is (never a silent choice)."""
-    from shoal.teams.backends.base import detect
-
-    name = option or setting
-    if name == "auto":
-        return detect()
-    return name, "chosen with --backend" if option else "set by [run] backend in the spec"
-
-
-class LeaderShell:
-    """The engine's ShellExecutor: attempts are shell tasks of the run's leader, and the
-    leader's events about them become `Started`/`Finished`/`Stalled` (all on the loop's
-    thread; nothing here waits)."""
-
-    def __init__(self, leader: Leader, post: Poster, run_id: str = "") -> None:
-        self.leader = leader
-        self.post = post
-        self.run_id = run_id
-        self.known: set[str] = set()
-        self.junit: dict[str, tuple[str, FileStamp | None]] = {}
-        """Handle -> (the JUnit report it must write, that file's stamp before it started)."""
-        self.task_options: dict[str, Any] = {}
-        """Extra fields of every task it makes (a workflow's steps name it: `workflow_id`)."""
-
-    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
-        """Build and submit the shell tasks in one go (one state write)."""
-        out: list[str | Refused] = []
-        tasks: list[LocalShellTaskState] = []
-        for req in requests:
-            try:
-                env = {**req.env, ENV_RUN: self.run_id} if self.run_id else req.env
-                task = self.leader.make_shell_task(
-                    req.command,
-                    description=req.description,
-                    cwd=req.cwd,
-                    env=env,
-                    **self.task_options,
-                )
-            except TaskError as exc:
-                out.append(Refused(str(exc)))
-                continue
-            self.known.add(task.id)
-            if req.junit is not None:
-                self.junit[task.id] = (req.junit, stamp(req.junit))
-            tasks.append(task)
-            out.append(task.id)
-        if tasks:
-            self.leader.submit(tasks)
-        return out
-
-    def stop(self, handle: str, reason: str) -> None:
-        """Begin stopping a task (TERM to its group; the leader's reap sends KILL later)."""
-        with contextlib.suppress(ShoalError):  # it finished meanwhile
-            self.leader.stop(handle, reason=reason)
-
-    def cancel(self, handle: str, reason: str) -> bool:
-        """Kill a task still waiting for a job slot; False once it has started."""
-        task = self.leader.get(handle)
-        if task is None or task.status != TaskStatus.PENDING:
-            return False
-        self.leader.stop(handle, reason=reason)
-        return True
-
-    def on_event(self, event: Event) -> None:
-        if isinstance(event, TaskStarted) and event.task_id in self.known:
-            self.post(Started(event.task_id, event.ts or time.time()))
-        elif isinstance(event, TaskTerminated) and event.task_id in self.known:
-            self.known.discard(event.task_id)
-            self.post(self._finished(event))
-        elif isinstance(event, TaskStalled) and event.task_id in self.known:
-            self.post(Stalled(event.task_id, event.prompt))
-
-    def _finished(self, event: TaskTerminated) -> Finished:
-        # (read now: the task is still in the registry, it is evicted after its end is told)
-        state = self.leader.get(event.task_id)
-        if not isinstance(state, LocalShellTaskState):
-            return Finished(event.task_id, event.status, error="lost")
-        ran = state.pid is not None
-        status, error = state.status.value, state.error or state.kill_reason
-        junit, before = self.junit.pop(event.task_id, (None, None))
-        junit_error = None
-        if junit is not None and ran:
-            # (a report left from before this attempt is not its report, whatever its end)
-            junit_error = check_written(junit, before)
-        if junit_error is not None and state.status == TaskStatus.COMPLETED:
-            # A task that says it succeeded without a usable report did not: the run's
-            # verdict must not be green on tests nobody saw.
-            status, error = TaskStatus.FAILED.value, junit_error
-        failures: tuple[dict[str, str], ...] = ()
-        if junit is not None and junit_error is None and status != TaskStatus.COMPLETED.value:
-            # (kept now: a retry overwrites the report, and a test that failed before it
-            # passed is a flaky test the merged report must show)
-            failures = tuple(failed_cases(junit))
-        return Finished(
-            event.task_id,
-            status,
-            exit_code=state.result.code if state.result is not None else None,
-            started_at=state.start_time if ran else None,
-            ended_at=state.end_time,
-            output_file=state.output_file,
-            error=error,
-            ran=ran,
-            junit_error=junit_error,
-            junit_failures=failures,
-        )
-
-
-class RayShell(RayShellMixin, LeaderShell):
-    """The engine's ShellExecutor for `--backend ray`: attempts are remote shell tasks."""
-
-    def __init__(self, leader: Leader, post: Poster, run_id: str, target: RayTarget) -> None:
-        LeaderShell.__init__(self, leader, post, run_id)
-        self.target = target
-
-    def _finished(self, event: TaskTerminated) -> Finished:
-        state = self.leader.get(event.task_id)
-        if not isinstance(state, RemoteAgentTaskState):
-            return Finished(event.task_id, event.status, error="lost")
-        return self.remote_finished(event, state)
 
 
 class BatchPolicy:
@@ -342,7 +171,7 @@ class BatchPolicy:
         task's end brings soon: one pass per end, not two."""
         if self.driver.signal is not None:
             return 0.0
-        if self.events and len(self.leader.queue) < max(1, self.driver.jobs):
+        if self.events and len(self.leader.scheduler.queue) < max(1, self.driver.jobs):
             return 0.0
         return self.driver.batch.next_deadline()
 
@@ -430,7 +259,7 @@ class _Driver:
         self.policy: BatchPolicy | None = None
         self.batch = BatchRun(
             spec,
-            shell=_Unattached(),
+            shell=Unattached(),
             jobs=self.jobs,
             halt=self.halt,
             carried=self.carried,
@@ -551,7 +380,7 @@ class _Driver:
                 previous_handlers[sig] = signal.signal(sig, self._on_signal)
         cleanup = CleanupRegistry()
         try:
-            self._make_team()
+            make_run_team(self.layout, self.team, f"shoal run {self.spec.path.name}")
             leader = Leader(self.layout, self.team, jobs=self.jobs)
             if self.leader_setup is not None:
                 self.leader_setup(leader)
@@ -596,37 +425,14 @@ class _Driver:
                     signal.signal(signum, handler)
         return self._finish()
 
-    def _make_team(self) -> None:
-        """Create the run's team if it is not there yet. A run of the same spec that created
-        it a moment earlier is no error here: the claim of its lead refuses the second."""
-        teams = Teams(self.layout)
-        if not teams.exists(self.team):
-            with contextlib.suppress(ConflictError):
-                teams.create(self.team, f"shoal run {self.spec.path.name}")
-
     def _remove_team(self) -> None:
-        """Delete the run's own team once its leader stepped down, so that no team is left
-        behind for later commands to trip on. Kept: a team named by the user, one asked for
-        with --keep-team, one whose leader never started here (another run holds it), and
-        one whose members have worktrees (their work would go with it)."""
+        """Delete the run's own team once its leader stepped down (retention.py says when
+        it is kept); a team named by the user, or asked for with --keep-team, stays."""
         if self.leader is None or not self.own_team or self.options.keep_team:
             return
-        teams = Teams(self.layout)
-        try:
-            held = [
-                f"{m.name}: {m.worktree_path}"
-                for m in teams.read(self.team).members
-                if m.worktree_path and os.path.exists(m.worktree_path)
-            ]
-            if held:
-                self._note_after(
-                    f"team {self.team} kept: its members' worktrees hold their work "
-                    f"({'; '.join(held)}); `shoal team delete {self.team}` removes them"
-                )
-                return
-            teams.delete(self.team)
-        except (ShoalError, OSError) as exc:
-            self._note_after(f"team {self.team} kept: {exc}")
+        kept = remove_run_team(self.layout, self.team)
+        if kept is not None:
+            self._note_after(kept)
             return
         self.team_kept = False
 
@@ -779,16 +585,3 @@ class _Driver:
         for task in report["tasks"]:
             if task["id"] not in self.results.copied and task.get("resumed"):
                 self._copy_result(task["id"], task.get("output_file"))
-
-
-class _Unattached:
-    """The shell executor before the leader exists (the engine submits nothing then)."""
-
-    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
-        return [Refused("the run has no leader yet") for _ in requests]
-
-    def stop(self, handle: str, reason: str) -> None:
-        return None
-
-    def cancel(self, handle: str, reason: str) -> bool:
-        return False

@@ -6,7 +6,8 @@ apply the halt policy, submit what is ready — plus `feed()` for what the execu
 `ShellExecutor` (the leader, in production; a stand-in in unit tests) and an
 `AgentDispatcher` (teammates, for `prompt` tasks), and takes its clock injected. The leader's
 `policy` step drives it (see `driver.py`): it has no thread or loop of its own.
-The run state it moves, and those interfaces, are in `state.py`.
+The run state it moves, and those interfaces, are in `state.py`; the verdict it reaches
+(counts, exit code) in `verdict.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any, Final
 from shoal.core.errors import ShoalError
 from shoal.core.events import RunEvent
 from shoal.core.tasks import TaskStatus
-from shoal.orchestrator.batch.exitcodes import INTERRUPTED, OK, TASKS_FAILED, TIMED_OUT
+from shoal.orchestrator.batch import verdict
+from shoal.orchestrator.batch.exitcodes import INTERRUPTED, OK
 from shoal.orchestrator.batch.report import REPORT_VERSION
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec, SpecError, SpecIssue
 from shoal.orchestrator.batch.state import (
@@ -534,21 +536,7 @@ class BatchRun:
 
     def counts(self) -> dict[str, int]:
         """Tasks by verdict (plus `total`, and `resumed`: carried from a previous run)."""
-        out = {s.value: 0 for s in RunStatus}
-        for run in self.tasks.values():
-            out[run.status.value] += 1
-        return {
-            "total": len(self.tasks),
-            "succeeded": out["succeeded"],
-            "failed": out["failed"],
-            "timed_out": out["timed_out"],
-            "killed": out["killed"],
-            "skipped": out["skipped"],
-            "pending": out["pending"] + out["queued"],
-            "running": out["running"],
-            "resumed": sum(1 for r in self.tasks.values() if r.carried is not None),
-            "flaky": sum(1 for r in self.tasks.values() if r.flaky),
-        }
+        return verdict.counts(self.tasks.values())
 
     @property
     def running(self) -> int:
@@ -556,39 +544,13 @@ class BatchRun:
         return sum(1 for _, a in self._live.values() if a.status == RunStatus.RUNNING)
 
     def exit_code(self) -> int:
-        """As exitcodes.EXIT_CODES says: 130 interrupted; 0 when every task succeeded (or a
-        success halt ended the run with no failure); 124 when what did not succeed timed
-        out (or was skipped because of a timeout); else 1."""
-        if self.interrupted:
-            return INTERRUPTED
-        # (an `always` task that was skipped does not make a green run red)
-        if all(
-            r.succeeded or (r.spec.always and r.status == RunStatus.SKIPPED)
-            for r in self.tasks.values()
-        ):
-            return OK
-        if self.halted and self.halt.on == "success" and self.failures == 0:
-            return OK
-        if self._only_timeouts():
-            return TIMED_OUT
-        return TASKS_FAILED
-
-    def _only_timeouts(self) -> bool:
-        """True when some task timed out and every other one that did not succeed is a
-        dependent skipped because of that (directly or through another skip)."""
-        timed_out = {r.spec.id for r in self.tasks.values() if r.status == RunStatus.TIMED_OUT}
-        if not timed_out:
-            return False
-        blamed = set(timed_out)
-        for run in (self.tasks[t.id] for t in self.spec.topological()):
-            if run.status in (RunStatus.SUCCEEDED, RunStatus.TIMED_OUT):
-                continue
-            if run.status != RunStatus.SKIPPED or run.carried is not None:
-                return False
-            if not any(d in blamed for d in run.spec.after):
-                return False  # (skipped by a halt or an interrupt, not by a timeout)
-            blamed.add(run.spec.id)
-        return True
+        """As exitcodes.EXIT_CODES says (verdict.py picks it)."""
+        return verdict.exit_code(
+            self.spec,
+            self.tasks,
+            interrupted=bool(self.interrupted),
+            halted_on_success=bool(self.halted) and self.halt.on == "success" and not self.failures,
+        )
 
     def status(self) -> str:
         """running, succeeded, failed or interrupted."""

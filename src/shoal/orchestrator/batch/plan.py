@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from shoal.core.names import validate_name
 from shoal.core.paths import Layout
-from shoal.orchestrator.batch.driver import default_run_team
+from shoal.orchestrator.batch.options import default_run_team
 from shoal.orchestrator.batch.report import RunRecords, plan_resume
 from shoal.orchestrator.batch.spec import HaltPolicy, Spec, TaskSpec, format_duration
 

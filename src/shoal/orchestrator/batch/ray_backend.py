@@ -26,9 +26,10 @@ from shoal.core.tasks import RemoteAgentTaskState, TaskStatus
 from shoal.orchestrator.batch.recovery import ENV_RUN
 from shoal.orchestrator.batch.spec import Spec
 from shoal.orchestrator.batch.state import Finished, Refused, ShellRequest
-from shoal.workers.remote.kind import RemoteSpec, pack_workdir
+from shoal.workers.remote.packing import pack_workdir
 from shoal.workers.remote.ray_jobs import RayJobs, resolve_address
-from shoal.workers.shell.kind import argv_for
+from shoal.workers.remote.spec import RemoteSpec
+from shoal.workers.shell.spec import argv_for
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""Session retention for batch runs (`shoal run --keep-sessions N`, or `[run] keep_sessions`
-in SHOAL_HOME/config.toml): a CI machine that runs a spec every few minutes would otherwise
-keep one session directory per run forever.
+"""What a batch run leaves behind: its own team (made at its start, removed at its end) and
+its sessions (`shoal run --keep-sessions N`, or `[run] keep_sessions` in
+SHOAL_HOME/config.toml): a CI machine that runs a spec every few minutes would otherwise keep
+one team's worth of session directories per run forever.
 
 Only finished sessions of the run's team go: their leader is gone and every task in them has
 ended. A session that a run record of the team still points into (its own, or the output
@@ -18,10 +19,11 @@ from typing import Any, Final
 import orjson
 
 from shoal.core.config import config_file
-from shoal.core.errors import UsageError
+from shoal.core.errors import ConflictError, ShoalError, UsageError
 from shoal.core.jsonio import read_bytes_nofollow
 from shoal.core.paths import Layout
 from shoal.core.procs import is_alive
+from shoal.teams.store import Teams
 
 CONFIG_TABLE: Final = "run"
 CONFIG_KEY: Final = "keep_sessions"
@@ -126,3 +128,34 @@ def _team_sessions(root: Path, team: str, names: set[str]) -> set[str]:
         if state is not None and state.get("team") == team:
             out.add(name)
     return out
+
+
+def make_run_team(layout: Layout, team: str, description: str) -> None:
+    """Create a run's team if it is not there yet. A run of the same spec that created it a
+    moment earlier is no error here: the claim of its lead refuses the second."""
+    teams = Teams(layout)
+    if not teams.exists(team):
+        with contextlib.suppress(ConflictError):
+            teams.create(team, description)
+
+
+def remove_run_team(layout: Layout, team: str) -> str | None:
+    """Delete a run's own team, so that no team is left behind for later commands to trip
+    on; None once it is gone, else why it is kept (its members have worktrees: their work
+    would go with it; or it could not be deleted)."""
+    teams = Teams(layout)
+    try:
+        held = [
+            f"{m.name}: {m.worktree_path}"
+            for m in teams.read(team).members
+            if m.worktree_path and os.path.exists(m.worktree_path)
+        ]
+        if held:
+            return (
+                f"team {team} kept: its members' worktrees hold their work "
+                f"({'; '.join(held)}); `shoal team delete {team}` removes them"
+            )
+        teams.delete(team)
+    except (ShoalError, OSError) as exc:
+        return f"team {team} kept: {exc}"
+    return None

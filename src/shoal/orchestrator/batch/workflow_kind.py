@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -28,9 +28,7 @@ from typing import Any, Final
 from shoal.core.errors import EXIT_OK, ShoalError
 from shoal.core.events import (
     Event,
-    MessageReceived,
     RunEvent,
-    TaskTerminated,
     task_started,
     task_terminated,
 )
@@ -44,9 +42,10 @@ from shoal.core.tasks import (
     TaskStatus,
     TaskType,
 )
-from shoal.orchestrator.batch.agents import TeammateDispatcher, spawn_args
-from shoal.orchestrator.batch.driver import LeaderShell, resolve_backend
+from shoal.orchestrator.batch.agents import WorkflowAgents
 from shoal.orchestrator.batch.engine import ENV_TASK, BatchRun
+from shoal.orchestrator.batch.leader_shell import WorkflowShell
+from shoal.orchestrator.batch.options import resolve_backend
 from shoal.orchestrator.batch.recovery import succeeded_attempts, with_recovered
 from shoal.orchestrator.batch.report import (
     RecordSaver,
@@ -55,164 +54,18 @@ from shoal.orchestrator.batch.report import (
     plan_resume,
     write_json,
 )
-from shoal.orchestrator.batch.spec import MemberSpec, Spec
+from shoal.orchestrator.batch.spec import Spec
 from shoal.orchestrator.batch.state import (
     ExecEvent,
     Finished,
-    Poster,
-    Refused,
-    ShellRequest,
-    Started,
 )
 from shoal.orchestrator.batch.workflow import load_spec
 from shoal.orchestrator.leader import Leader
 from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.teammate.members import StopCause
 
 # The run record is rewritten at most this often while a workflow runs (at once on an end).
 RECORD_INTERVAL_S: Final = 1.0
 LEADER_STOPPED: Final = "leader shut down"
-
-
-class WorkflowShell(LeaderShell):
-    """The engine's executor for one workflow: its attempts are the leader's shell tasks,
-    marked as the workflow's steps. After a resume, a request for a step whose task of the
-    earlier leader still runs gets that task back instead of a new one."""
-
-    def __init__(self, leader: Leader, post: Callable[[ExecEvent], None], run_id: str) -> None:
-        super().__init__(leader, post, run_id)
-        self.leftovers: dict[str, LocalShellTaskState] = {}
-        """Spec task id -> its live task of the earlier leader (resume only)."""
-        self.handles: list[str] = []
-        """Every task it started or took back, in order."""
-        self.taken_back: set[str] = set()
-        """The tasks of the earlier leader it took back while they ran (resume only)."""
-
-    def submit(self, requests: Sequence[ShellRequest]) -> list[str | Refused]:
-        out: list[str | Refused | None] = [None] * len(requests)
-        fresh: list[int] = []
-        for index, req in enumerate(requests):
-            left = self.leftovers.pop(req.env.get(ENV_TASK, ""), None)
-            if left is None:
-                fresh.append(index)
-                continue
-            self.known.add(left.id)
-            out[index] = left.id
-            if left.status == TaskStatus.RUNNING:
-                self.taken_back.add(left.id)
-                self.post(Started(left.id, left.start_time))
-        made = super().submit([requests[i] for i in fresh]) if fresh else []
-        for index, handle in zip(fresh, made, strict=True):
-            out[index] = handle
-        self.handles += [h for h in out if isinstance(h, str)]
-        return [h if h is not None else Refused("lost") for h in out]
-
-
-class WorkflowAgents(TeammateDispatcher):
-    """A workflow's members as the team's teammates. `begin` asks the leader to spawn them
-    and returns at once (the loop runs on; `ready` or `error` is set when they are up or
-    could not start); a member still running from before a leader's restart is taken back
-    as it is. A member that ends while it holds an attempt fails that attempt; `end` stops
-    the members the workflow started."""
-
-    def __init__(self, leader: Leader, post: Poster, workflow_id: str) -> None:
-        super().__init__(leader, post)
-        self.workflow_id = workflow_id
-        self.ready = False
-        self.error: str | None = None
-        self.names: list[str] = []
-
-    def begin(self, members: Sequence[MemberSpec], backend: str, cwd: str) -> None:
-        swarm = self.leader.swarm
-        self.names = [m.name for m in members]
-        fresh = []
-        for m in members:
-            holder = self._holder(m.name)
-            if holder is None:
-                fresh.append(m)
-            elif holder != self.workflow_id:
-                self.error = (
-                    f"teammate {m.name!r} is already running in team {self.leader.team!r}"
-                    f" ({'for workflow ' + holder if holder else 'not for this workflow'});"
-                    " rename the [[member]] or stop that teammate"
-                )
-                self.names = []
-                return
-        if not fresh:
-            self._up()
-            return
-        batch = spawn_args(fresh, backend, cwd)
-
-        def reply(result: Any, error: ShoalError | None) -> None:
-            if error is not None:
-                self.error = str(error)
-            else:
-                self._up()
-            self.leader.wake()
-
-        try:
-            self.leader.spawn(batch, reply)
-        except ShoalError as exc:
-            self.error = str(exc)
-            self.names = []
-            return
-        for m in fresh:
-            run = swarm.members.get(m.name)
-            if run is not None:
-                self.leader.set_task(run.task_id, workflow_id=self.workflow_id)
-
-    def _holder(self, name: str) -> str | None:
-        """None when no teammate `name` runs; else the workflow it runs for ("" for none)."""
-        run = self.leader.swarm.members.get(name)
-        if run is None or run.ending is not None or not run.backend.is_alive(run.handle):
-            return None
-        task = self.leader.get(run.task_id)
-        return str(getattr(task, "workflow_id", None) or "")
-
-    def _up(self) -> None:
-        self.ready = True
-        self._members = list(self.names)
-
-    def on_event(self, event: Any) -> None:
-        """Messages may end attempts; a member's end fails the attempt it held."""
-        if isinstance(event, MessageReceived):
-            self.on_message(event)
-            return
-        if not isinstance(event, TaskTerminated):
-            return
-        swarm = self.leader.swarm
-        name = next((n for n, r in swarm.members.items() if r.task_id == event.task_id), None)
-        if name is None:
-            task = self.leader.get(event.task_id)
-            identity = getattr(task, "identity", None)
-            name = getattr(identity, "agent_name", None)
-        for handle, (item, member, started) in list(self._attempts.items()):
-            if member != name:
-                continue
-            self._attempts.pop(handle, None)
-            self._by_item.pop(item, None)
-            self.post(
-                Finished(
-                    handle,
-                    "failed",
-                    started_at=started,
-                    ended_at=time.time(),
-                    error=f"member {member} ended ({event.status}) during the step",
-                )
-            )
-
-    def stop_all(self, reason: str) -> None:
-        """Abort every attempt in flight (each member reports it killed)."""
-        for handle in list(self._attempts):
-            self.stop(handle, reason)
-
-    def end(self) -> None:
-        """Stop the workflow's members (not news: the workflow's end tells it)."""
-        for name in self.names:
-            with contextlib.suppress(ShoalError):
-                self.leader.swarm.stop(
-                    name, StopCause.ON_REQUEST, f"workflow {self.workflow_id} ended"
-                )
 
 
 @dataclass

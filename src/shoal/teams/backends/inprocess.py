@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from shoal.core.errors import ShoalError
+from shoal.core.loopthread import LoopThread
 from shoal.teams.backends.base import Handle, SpawnSpec
 
 # Who "I" am inside an in-process teammate's coroutine (agent id), None outside one.
@@ -36,8 +37,7 @@ class InProcessBackend:
         # One instance per swarm: its factory builds that swarm's teammates (a second leader
         # in the same process has its own instance, loop and factory).
         self.factory: Factory | None = factory
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = LoopThread("shoal-inprocess")
         self._futures: dict[str, Future[int]] = {}
         self._lock = threading.Lock()
 
@@ -46,23 +46,6 @@ class InProcessBackend:
             return False, "in-process teammates run inside a leader (`shoal up`)"
         return True, "runs inside the leader's process"
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=serve, name="shoal-inprocess", daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
-
     @staticmethod
     def key(team: str, name: str) -> str:
         return f"inproc:{team}/{name}"
@@ -70,7 +53,7 @@ class InProcessBackend:
     def spawn(self, spec: SpawnSpec) -> Handle:
         if self.factory is None:
             raise ShoalError("the in-process backend has no teammate factory (start a leader)")
-        loop = self._ensure_loop()
+        loop = self._loop.loop()
         key = self.key(spec.team, spec.name)
         factory = self.factory
 

@@ -12,12 +12,13 @@ them, and a resume continues the conversation from the transcript.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Final, Literal, Self
+from typing import Any, ClassVar, Final, Literal, Protocol, Self
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shoal.core.errors import CorruptFileError, NotFoundError
+from shoal.core.filestamp import Stamp, settled, stamp_of
 from shoal.core.jsonio import atomic_write
 
 # A process runner's exit code when it could not write its outcome because the disk is full
@@ -147,6 +148,23 @@ class AgentStatus(BaseModel):
             return cls.model_validate(_read(path, "agent status"))
         except (NotFoundError, CorruptFileError, ValidationError):
             return None
+
+
+class StatusWatch(Protocol):
+    """A kind's hold on a runner's status file: where it is, and its stamp when last read."""
+
+    status_file: Path
+    status_seen: Stamp | None
+
+
+def read_changed(watch: StatusWatch) -> AgentStatus | None:
+    """The runner's status, read only when its file changed since `watch` last read it (see
+    core/filestamp.py); None when it did not, or when it holds no status yet."""
+    stamp = stamp_of(watch.status_file)
+    if stamp is None or stamp == watch.status_seen:
+        return None
+    watch.status_seen = settled(stamp)
+    return AgentStatus.load(watch.status_file)
 
 
 def _read(path: Path, what: str) -> Any:

@@ -15,9 +15,8 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,22 +24,21 @@ from typing import Any, Final
 
 from shoal.core.config import worker_stall_s
 from shoal.core.errors import NoSpaceError, ShoalError
-from shoal.core.events import TaskProgress, task_started, task_terminated
+from shoal.core.events import TaskProgress, task_started
 from shoal.core.faults import pause_point
-from shoal.core.filestamp import Stamp, settled, stamp_of
+from shoal.core.filestamp import Stamp
+from shoal.core.loopthread import LoopThread
 from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
-from shoal.core.procs import Termination, find_by_argument, is_alive, process_start_time
+from shoal.core.procs import find_by_argument, is_alive, process_start_time
 from shoal.core.secretenv import lost_env_error
+from shoal.core.taskrecords import AgentProgress, TaskUsage, ToolActivity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
-    AgentProgress,
     AnyTaskState,
     LocalAgentTaskState,
     TaskStatus,
     TaskType,
-    TaskUsage,
-    ToolActivity,
     missing_env,
 )
 from shoal.mailbox.router import deliver_to, make_message
@@ -55,12 +53,14 @@ from shoal.workers.agent.job import (
     JobLimits,
     JobOutcome,
     job_paths,
+    read_changed,
 )
 from shoal.workers.agent.runner import TURN_SIGNAL, run_job
 from shoal.workers.agent.status_writer import StatusWriter
 from shoal.workers.agent.team_tools import LeaderPort
-from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell.kind import ShellProcess, spawn_logged
+from shoal.workers.kinds import TaskStore, end_unannounced
+from shoal.workers.process_kind import ProcessKind, spawn_logged
+from shoal.workers.shell.process import ShellProcess
 
 AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
 # The process entry of a runner (in the orchestrator: it gives the runner its leader port).
@@ -89,7 +89,6 @@ class _Live:
     proc: ShellProcess | None = None  # process and tmux backends
     future: Future[Any] | None = None  # in-process
     feed: Feed | None = None  # in-process
-    ending: Termination | None = None
     status_seen: Stamp | None = None
     # The `waiting` of the status file last read: the record follows the file's changes only,
     # so a file read again (its stamp not yet settled) never undoes an answer the lead gave.
@@ -109,31 +108,7 @@ class _Live:
     drained: int = 0
 
 
-class _InProcessHost:
-    """One event loop on a daemon thread that runs every in-process agent of a leader."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                threading.Thread(target=serve, name="shoal-agents", daemon=True).start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
-
-
-class AgentKind:
+class AgentKind(ProcessKind[_Live]):
     """The `local_agent` task kind (see the module docstring)."""
 
     types = frozenset({TaskType.LOCAL_AGENT})
@@ -143,8 +118,8 @@ class AgentKind:
         self.team = team
         self.leader = leader  # what an in-process runner reaches its leader through
         self.runs: dict[str, _Live] = {}
-        self._exited: set[str] = set()
-        self._host = _InProcessHost()
+        super().__init__(self.runs)
+        self._host = LoopThread("shoal-agents")  # (the in-process runners' loop)
         self._tmux: Any = None
         self.stall_s = worker_stall_s(home)
         # Set by the leader: resume a finished agent with messages that came too late.
@@ -183,29 +158,19 @@ class AgentKind:
             store.emit(task_started(store.get(task.id) or task))
             return
         pause_point("spawned")
-        self.runs[task.id] = live
-        store.move_task(task.id, TaskStatus.RUNNING, **changes)
-        if live.proc is not None:
-            store.watch_pid(task.id, live.proc.pid)
-        store.emit(task_started(store.get(task.id) or task))
+        self._running(task, live, store, **changes)
 
-    def poll(
-        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
-    ) -> None:
-        ids = list(self.runs) if only is None else [i for i in only if i in self.runs]
-        if what is Poll.REAP:
-            for task_id in ids:
-                self._reap(task_id, store)
-        elif what is Poll.OUTPUT:
-            for task_id in ids:
-                live = self.runs.get(task_id)
-                if live is not None:
-                    self._read_status(live, store)
-        elif what is Poll.STALLS:
-            for task_id in ids:
-                live = self.runs.get(task_id)
-                if live is not None and not live.stall_told and not live.busy:
-                    self._check_stall(live, store, time.monotonic())
+    def _poll_output(self, ids: list[str], store: TaskStore, now: float) -> None:
+        for task_id in ids:
+            live = self.runs.get(task_id)
+            if live is not None:
+                self._read_status(live, store)
+
+    def _poll_stalls(self, ids: list[str], store: TaskStore, now: float) -> None:
+        for task_id in ids:
+            live = self.runs.get(task_id)
+            if live is not None and not live.stall_told and not live.busy:
+                self._check_stall(live, store, time.monotonic())
 
     def _check_stall(self, live: _Live, store: TaskStore, now: float) -> None:
         """A coordinator's worker silent (no model response, no tool activity) for stall_s
@@ -241,11 +206,8 @@ class AgentKind:
         if live.future is not None:
             live.future.cancel()
             return  # its done callback wakes the loop; REAP settles it
-        if live.proc is not None and live.ending is None:
-            live.ending = Termination(
-                live.proc.pid, live.proc.started_at, grace=store.limits.kill_grace, group=True
-            )
-            if not live.ending.begin():
+        if live.proc is not None and task.id not in self.killing:
+            if not self._begin_kill(task.id, live.proc, store):
                 live.proc.poll()
             store.wake()
 
@@ -314,32 +276,11 @@ class AgentKind:
             return {}
         return {"result": task.result, "usage": task.usage}
 
-    def live(self) -> Iterable[str]:
-        return list(self.runs)
+    def _process(self, run: _Live) -> ShellProcess | None:
+        return run.proc
 
-    def signalled(self) -> Iterable[str]:
-        exited, self._exited = self._exited, set()
-        now = time.monotonic()
-        due = {
-            i for i, v in self.runs.items() if v.ending is not None and v.ending.next_due() <= now
-        }
-        done = {i for i, v in self.runs.items() if v.future is not None and v.future.done()}
-        return [i for i in self.runs if i in exited or i in due or i in done]
-
-    def on_exit(self, key: str) -> bool:
-        if key in self.runs:
-            self._exited.add(key)
-            return True
-        return False
-
-    def next_due(self) -> float | None:
-        return min(
-            (v.ending.next_due() for v in self.runs.values() if v.ending is not None),
-            default=None,
-        )
-
-    def running(self) -> int:
-        return len(self.runs)
+    def _has_news(self, run: _Live) -> bool:
+        return run.future is not None and run.future.done()  # (an in-process run ended)
 
     def send(
         self, task: LocalAgentTaskState, text: str, store: TaskStore, *, sender: str | None = None
@@ -410,11 +351,7 @@ class AgentKind:
         for live in list(self.runs.values()):
             if live.future is not None:
                 live.future.cancel()
-            elif live.proc is not None:
-                from shoal.core.procs import terminate
-
-                terminate(live.proc.pid, live.proc.started_at, grace=grace, group=True)
-                live.proc.poll()
+        super().kill_all_now(grace)
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -471,11 +408,10 @@ class AgentKind:
     def _start_process(
         self, live: _Live, job_file: Path, task: LocalAgentTaskState, store: TaskStore
     ) -> dict[str, Any]:
-        pid = spawn_logged(
+        live.proc = spawn_logged(
             self._argv(job_file), self._environ(store, task), job_file.with_suffix(".log")
         )
-        live.proc = ShellProcess(pid, process_start_time(pid), child=True)
-        return {"pid": pid, "pid_started_at": live.proc.started_at}
+        return {"pid": live.proc.pid, "pid_started_at": live.proc.started_at}
 
     def _start_tmux(
         self,
@@ -532,26 +468,16 @@ class AgentKind:
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def _reap(self, task_id: str, store: TaskStore) -> None:
-        live = self.runs[task_id]
-        if live.future is not None:
-            if live.future.done():
-                self._settle(live, store)
-            return
-        assert live.proc is not None
-        alive = live.proc.poll()
-        if live.ending is not None:
-            if live.ending.advance(alive=alive):
-                self._settle(live, store)
-        elif not alive:
-            self._settle(live, store)
+    def _is_done(self, task_id: str, run: _Live) -> bool:
+        if run.future is not None:
+            return run.future.done()  # (an in-process run)
+        return super()._is_done(task_id, run)
+
+    def _settle_run(self, task_id: str, run: _Live, store: TaskStore) -> None:
+        self._settle(run, store)
 
     def _read_status(self, live: _Live, store: TaskStore) -> AgentStatus | None:
-        stamp = stamp_of(live.status_file)
-        if stamp is None or stamp == live.status_seen:
-            return None
-        live.status_seen = settled(stamp)
-        status = AgentStatus.load(live.status_file)
+        status = read_changed(live)
         if status is None:
             return None
         live.last_activity = time.monotonic()
@@ -606,9 +532,7 @@ class AgentKind:
 
     def _settle(self, live: _Live, store: TaskStore, *, unattended: bool = False) -> None:
         """Give an ended agent its final state from its status file."""
-        self.runs.pop(live.task_id, None)
-        self._exited.discard(live.task_id)
-        store.unwatch_pid(live.task_id)
+        self._forget(live.task_id, store)
         if live.handle is not None and self._tmux is not None:
             with contextlib.suppress(ShoalError, OSError):
                 self._tmux.kill(live.handle)
@@ -726,10 +650,7 @@ class AgentKind:
         if late:
             store.note(f"agent {task.id} was stopped; {len(late)} message(s) to it were dropped")
         if task.kill_reason in (None, STOPPED_ON_REQUEST) and task.worker_of is None:
-            store.mark_notified(task.id)
-            final = store.get(task.id)
-            if final is not None:
-                store.emit(task_terminated(final))
+            end_unannounced(store, task.id)
 
 
 def _env_values(task: LocalAgentTaskState) -> dict[str, str]:

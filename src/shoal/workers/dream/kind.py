@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,26 +22,24 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.core.errors import ShoalError
-from shoal.core.events import TaskProgress, task_started, task_terminated
-from shoal.core.filestamp import Stamp, settled, stamp_of
+from shoal.core.events import TaskProgress, task_started
+from shoal.core.filestamp import Stamp
 from shoal.core.procs import (
-    Termination,
     current_identity,
     find_by_stdout,
     is_alive,
-    process_start_time,
 )
+from shoal.core.taskrecords import DreamTurn
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     DreamPhase,
     DreamTaskState,
-    DreamTurn,
     TaskStatus,
     TaskType,
     new_task_id,
 )
-from shoal.workers.agent.job import AgentStatus, JobOutcome
+from shoal.workers.agent.job import AgentStatus, JobOutcome, read_changed
 from shoal.workers.agent.models import (
     DEFAULT_SPEC,
     ModelSpec,
@@ -58,8 +56,9 @@ from shoal.workers.dream.memory import (
     sessions_since,
 )
 from shoal.workers.dream.runner import DreamJob
-from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell.kind import ShellProcess, spawn_logged
+from shoal.workers.kinds import TaskStore, end_unannounced
+from shoal.workers.process_kind import ProcessKind, spawn_logged
+from shoal.workers.shell.process import ShellProcess
 
 RUNNER_MODULE: Final = "shoal.workers.dream.runner"
 # sessions/{s}/dreams/{id}.job.json, .status.json, .log, .transcript.jsonl
@@ -189,12 +188,11 @@ class _Run:
     task_id: str
     status_file: Path
     proc: ShellProcess
-    ending: Termination | None = None
     status_seen: Stamp | None = None
     last_event: float = 0.0
 
 
-class DreamKind:
+class DreamKind(ProcessKind[_Run]):
     """The `dream` task kind (see the module docstring)."""
 
     types = frozenset({TaskType.DREAM})
@@ -202,7 +200,7 @@ class DreamKind:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.runs: dict[str, _Run] = {}
-        self._exited: set[str] = set()
+        super().__init__(self.runs)
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -224,24 +222,15 @@ class DreamKind:
             release_lock(task, None)
             store.emit(task_started(store.get(task.id) or task))
             return
-        self.runs[task.id] = _Run(task.id, status_file, proc)
         with contextlib.suppress(ShoalError, OSError):
             ConsolidationLock(Path(job.memory_dir)).started(task.id, proc.pid, proc.started_at)
-        store.move_task(task.id, TaskStatus.RUNNING, pid=proc.pid, pid_started_at=proc.started_at)
-        store.watch_pid(task.id, proc.pid)
-        store.emit(task_started(store.get(task.id) or task))
+        run = _Run(task.id, status_file, proc)
+        self._running(task, run, store, pid=proc.pid, pid_started_at=proc.started_at)
 
-    def poll(
-        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
-    ) -> None:
-        ids = list(self.runs) if only is None else [i for i in only if i in self.runs]
+    def _poll_output(self, ids: list[str], store: TaskStore, now: float) -> None:
         for task_id in ids:
             run = self.runs.get(task_id)
-            if run is None:
-                continue
-            if what is Poll.REAP:
-                self._reap(run, store)
-            elif what is Poll.OUTPUT:
+            if run is not None:
                 self._read_status(run, store)
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
@@ -254,11 +243,8 @@ class DreamKind:
             store.move_task(task.id, TaskStatus.KILLED, error=reason)
             release_lock(task, None)
             return
-        if run.ending is None:
-            run.ending = Termination(
-                run.proc.pid, run.proc.started_at, grace=store.limits.kill_grace, group=True
-            )
-            if not run.ending.begin():
+        if task.id not in self.killing:
+            if not self._begin_kill(task.id, run.proc, store):
                 run.proc.poll()
             store.wake()
 
@@ -291,39 +277,8 @@ class DreamKind:
             return {}
         return {"result": task.result}
 
-    def live(self) -> Iterable[str]:
-        return list(self.runs)
-
-    def signalled(self) -> Iterable[str]:
-        exited, self._exited = self._exited, set()
-        now = time.monotonic()
-        due = {
-            i for i, r in self.runs.items() if r.ending is not None and r.ending.next_due() <= now
-        }
-        return [i for i in self.runs if i in exited or i in due]
-
-    def on_exit(self, key: str) -> bool:
-        if key in self.runs:
-            self._exited.add(key)
-            return True
-        return False
-
-    def next_due(self) -> float | None:
-        return min(
-            (r.ending.next_due() for r in self.runs.values() if r.ending is not None),
-            default=None,
-        )
-
-    def running(self) -> int:
-        return len(self.runs)
-
-    def kill_all_now(self, grace: float) -> None:
-        """Stop every runner, waiting (for cleanup at exit, when no loop runs)."""
-        from shoal.core.procs import terminate
-
-        for run in list(self.runs.values()):
-            terminate(run.proc.pid, run.proc.started_at, grace=grace, group=True)
-            run.proc.poll()
+    def _process(self, run: _Run) -> ShellProcess:
+        return run.proc
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -349,25 +304,15 @@ class DreamKind:
 
     def _spawn(self, job_file: Path, log: Path, store: TaskStore) -> ShellProcess:
         argv = [sys.executable, "-m", RUNNER_MODULE, str(job_file)]
-        pid = spawn_logged(argv, dict(store.environ), log)
-        return ShellProcess(pid, process_start_time(pid), child=True)
+        return spawn_logged(argv, dict(store.environ), log)
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def _reap(self, run: _Run, store: TaskStore) -> None:
-        alive = run.proc.poll()
-        if run.ending is not None:
-            if run.ending.advance(alive=alive):
-                self._settle(run, store)
-        elif not alive:
-            self._settle(run, store)
+    def _settle_run(self, task_id: str, run: _Run, store: TaskStore) -> None:
+        self._settle(run, store)
 
     def _read_status(self, run: _Run, store: TaskStore) -> AgentStatus | None:
-        stamp = stamp_of(run.status_file)
-        if stamp is None or stamp == run.status_seen:
-            return None
-        run.status_seen = settled(stamp)
-        status = AgentStatus.load(run.status_file)
+        status = read_changed(run)
         task = store.get(run.task_id)
         if status is None or not isinstance(task, DreamTaskState) or task.is_terminal:
             return status
@@ -402,9 +347,7 @@ class DreamKind:
 
     def _settle(self, run: _Run, store: TaskStore, *, unattended: bool = False) -> None:
         """Give an ended dream its final state from its status file, and settle the lock."""
-        self.runs.pop(run.task_id, None)
-        self._exited.discard(run.task_id)
-        store.unwatch_pid(run.task_id)
+        self._forget(run.task_id, store)
         run.status_seen = None
         status = self._read_status(run, store)
         task = store.get(run.task_id)
@@ -415,10 +358,7 @@ class DreamKind:
             store.move_task(task.id, TaskStatus.KILLED, error=task.kill_reason or "killed")
             release_lock(task, None)
             if task.kill_reason in (None, STOPPED_ON_REQUEST):  # (not news: no notification)
-                store.mark_notified(task.id)
-                final = store.get(task.id)
-                if final is not None:
-                    store.emit(task_terminated(final))
+                end_unannounced(store, task.id)
             return
         if outcome is not None and outcome.status == "completed":
             assert status is not None

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -34,8 +34,8 @@ from typing import Any, Final
 import orjson
 
 from shoal.core.errors import UsageError
-from shoal.core.events import task_started, task_terminated
-from shoal.core.procs import Termination, find_by_stdout, is_alive, process_start_time
+from shoal.core.events import task_started
+from shoal.core.procs import find_by_stdout, is_alive
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
@@ -44,8 +44,9 @@ from shoal.core.tasks import (
     TaskType,
     new_task_id,
 )
-from shoal.workers.kinds import Poll, TaskStore
-from shoal.workers.shell.kind import spawn_logged
+from shoal.workers.kinds import TaskStore, end_unannounced
+from shoal.workers.process_kind import ProcessKind, spawn_logged
+from shoal.workers.shell.process import ShellProcess
 
 PING_EVERY_S: Final = 2.0
 PING_TIMEOUT_S: Final = 10.0
@@ -309,23 +310,22 @@ def new_monitor_task(
 
 @dataclass
 class _Live:
+    """What the kind holds in memory about one running monitor."""
+
     task_id: str
-    pid: int
-    started_at: float | None
-    child: bool
-    size: int = 0
-    code: int | None = None
-    ending: Termination | None = None
+    proc: ShellProcess
+    size: int = 0  # bytes of its output read (whole lines)
+    code: int | None = None  # its exit code, once reaped (-N after signal N)
 
 
-class MonitorKind:
+class MonitorKind(ProcessKind[_Live]):
     """The TaskKind of `monitor_mcp` tasks: one monitor process each."""
 
     types = frozenset({TaskType.MONITOR_MCP})
 
     def __init__(self) -> None:
         self.procs: dict[str, _Live] = {}
-        self._signalled: set[str] = set()
+        super().__init__(self.procs)
 
     def start(self, task: AnyTaskState, store: TaskStore) -> None:
         assert isinstance(task, MonitorMcpTaskState)
@@ -347,37 +347,26 @@ class MonitorKind:
             store.emit(task_started(store.get(task.id) or task))
             return
         try:
-            pid = spawn_logged(argv, dict(store.environ), task.output_file)
+            proc = spawn_logged(argv, dict(store.environ), task.output_file)
         except OSError as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the monitor: {exc}")
             store.emit(task_started(store.get(task.id) or task))
             return
-        started = process_start_time(pid)
-        self.procs[task.id] = _Live(task.id, pid, started, child=True)
-        store.move_task(task.id, TaskStatus.RUNNING, pid=pid, pid_started_at=started)
-        store.watch_pid(task.id, pid)
-        store.emit(task_started(store.get(task.id) or task))
+        self._running(
+            task, _Live(task.id, proc), store, pid=proc.pid, pid_started_at=proc.started_at
+        )
 
-    def poll(
-        self, store: TaskStore, now: float, what: Poll, only: Iterable[str] | None = None
-    ) -> None:
-        ids = list(self.procs if only is None else only)
-        if what is Poll.OUTPUT:
-            for task_id in ids:
-                self._read(task_id, store)
-            return
-        if what is not Poll.REAP:
-            return  # (never asked about stalls: a monitor is quiet by nature)
+    def _is_done(self, task_id: str, run: _Live) -> bool:
+        return self._done_with(task_id, alive=not self._gone(run))
+
+    def _settle_run(self, task_id: str, run: _Live, store: TaskStore) -> None:
+        self._settle(run, store)
+
+    def _poll_output(self, ids: list[str], store: TaskStore, now: float) -> None:
         for task_id in ids:
-            live = self.procs.get(task_id)
-            if live is None:
-                continue
-            gone = self._gone(live)
-            if not gone and live.ending is not None:
-                gone = live.ending.advance(now)
-            if gone:
-                self._settle(live, store)
-        self._signalled.clear()
+            self._read(task_id, store)
+
+    # (never asked about stalls: a monitor is quiet by nature)
 
     def kill(self, task: AnyTaskState, store: TaskStore, reason: str) -> None:
         live = self.procs.get(task.id)
@@ -386,12 +375,9 @@ class MonitorKind:
             self._quietly(task.id, store, reason)
             return
         store.set_task(task.id, kill_reason=reason)
-        if live.ending is None:
-            live.ending = Termination(
-                live.pid, live.started_at, grace=store.limits.kill_grace, group=True
-            )
-            live.ending.begin()
-        self._signalled.add(task.id)
+        if task.id not in self.killing:
+            self._begin_kill(task.id, live.proc, store)
+        self._news.add(task.id)  # (looked at in the next quick pass: it may be gone already)
 
     def adopt(self, task: AnyTaskState, store: TaskStore) -> None:
         """A monitor a crashed leader left running is taken back; one that ended meanwhile
@@ -411,9 +397,8 @@ class MonitorKind:
             store.set_task(task.id, pid=found[0], pid_started_at=found[1])
             task = store.get(task.id) or task
             assert isinstance(task, MonitorMcpTaskState) and task.pid is not None
-        live = _Live(
-            task.id, task.pid, task.pid_started_at, child=False, size=_size(Path(task.output_file))
-        )
+        proc = ShellProcess(task.pid, task.pid_started_at, child=False)
+        live = _Live(task.id, proc, size=_size(Path(task.output_file)))
         self.procs[task.id] = live
         if is_alive(task.pid, task.pid_started_at):
             store.watch_pid(task.id, task.pid)
@@ -423,21 +408,8 @@ class MonitorKind:
     def notification(self, task: AnyTaskState) -> dict[str, Any]:
         return {}
 
-    def live(self) -> Iterable[str]:
-        return list(self.procs)
-
-    def signalled(self) -> Iterable[str]:
-        return list(self._signalled)
-
-    def on_exit(self, key: str) -> bool:
-        if key in self.procs:
-            self._signalled.add(key)
-            return True
-        return False
-
-    def next_due(self) -> float | None:
-        due = [lv.ending.deadline for lv in self.procs.values() if lv.ending is not None]
-        return min(due) if due else None
+    def _process(self, run: _Live) -> ShellProcess:
+        return run.proc
 
     def running(self) -> int:
         return 0  # (a monitor holds no job slot: it waits on a server, not on a CPU)
@@ -445,16 +417,19 @@ class MonitorKind:
     # -- helpers ---------------------------------------------------------------------------
 
     def _gone(self, live: _Live) -> bool:
-        if live.child:
+        """Whether the monitor's process has ended (reaping it, with its exit code, when it
+        is our child)."""
+        proc = live.proc
+        if proc.child:
             try:
-                pid, status = os.waitpid(live.pid, os.WNOHANG)
+                pid, status = os.waitpid(proc.pid, os.WNOHANG)
             except ChildProcessError:
                 return True
             if pid == 0:
                 return False
             live.code = os.waitstatus_to_exitcode(status)
             return True
-        return not is_alive(live.pid, live.started_at)
+        return not is_alive(proc.pid, proc.started_at)
 
     def _read(self, task_id: str, store: TaskStore) -> None:
         live = self.procs.get(task_id)
@@ -494,8 +469,7 @@ class MonitorKind:
             )
 
     def _settle(self, live: _Live, store: TaskStore) -> None:
-        self.procs.pop(live.task_id, None)
-        store.unwatch_pid(live.task_id)
+        self._forget(live.task_id, store)
         self._read_rest(live, store)
         task = store.get(live.task_id)
         if not isinstance(task, MonitorMcpTaskState) or task.is_terminal:
@@ -529,10 +503,7 @@ class MonitorKind:
     def _quietly(self, task_id: str, store: TaskStore, reason: str) -> None:
         """A stop the user asked for is not news (no notification), as for shells."""
         if reason == STOPPED_ON_REQUEST:
-            store.mark_notified(task_id)
-            final = store.get(task_id)
-            if final is not None:
-                store.emit(task_terminated(final))
+            end_unannounced(store, task_id)
 
 
 def _size(path: Path) -> int:

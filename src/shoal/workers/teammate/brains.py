@@ -29,7 +29,7 @@ from shoal.core.errors import ShoalError, UsageError
 from shoal.core.paths import FILE_MODE
 from shoal.core.procs import process_start_time
 from shoal.core.sandbox import Policy, prepare
-from shoal.workers.shell import kind as shell_tasks
+from shoal.workers.shell import output_cap, process
 from shoal.workers.teammate.commands import RESULT_TAIL_BYTES as RESULT_TAIL_BYTES
 from shoal.workers.teammate.commands import CommandRecord, side_file, tail_since
 from shoal.workers.teammate.commands import command_failed as command_failed
@@ -195,7 +195,7 @@ class OutputWatch:
     def __init__(self, path: Path, cap: int, size: int) -> None:
         self.path = path
         self.cap = cap
-        self.slack = shell_tasks.cap_slack(cap)
+        self.slack = output_cap.cap_slack(cap)
         self.size = size
         self.seen = time.monotonic()
         self.rate = 0.0  # bytes/s over the last interval
@@ -205,9 +205,9 @@ class OutputWatch:
         """Seconds until the next look (the first one at once: a command may write flat out
         from its first instant)."""
         if not self.looked:
-            return shell_tasks.CAP_CHECK_FLOOR_S
+            return output_cap.CAP_CHECK_FLOOR_S
         rate = max(self.rate, CAP_ASSUMED_BURST)
-        return max(shell_tasks.CAP_CHECK_FLOOR_S, min(CAP_CHECK_MAX_S, self.slack / (2 * rate)))
+        return max(output_cap.CAP_CHECK_FLOOR_S, min(CAP_CHECK_MAX_S, self.slack / (2 * rate)))
 
     def over(self) -> int | None:
         """Look now: the file's size if it is past the cap, else None (and the rate updated)."""
@@ -226,7 +226,7 @@ class OutputWatch:
         """Look now: whether the file reached the file size limit its command ran under
         (its writes were refused there: the kernel stopped it before a look did)."""
         self.over()
-        return self.size >= shell_tasks.output_limit(self.cap)
+        return self.size >= output_cap.output_limit(self.cap)
 
     def reason(self, size: int, *, by_limit: bool = False) -> str:
         how = "stopped by the file size limit" if by_limit else "killed"
@@ -266,16 +266,16 @@ async def run_command(
                 f"{cap} bytes; the command was not run"
             )
         exit_file = side_file(ctx.output_file, secrets.token_hex(6))
-        wrapped = shell_tasks.wrapped_argv(
+        wrapped = process.wrapped_argv(
             ["-c", argv[0]] if shell else argv,
             exit_file,
             ctx.cwd,
             gated=True,
-            file_limit=shell_tasks.output_limit(cap) if cap is not None else None,
+            file_limit=output_cap.output_limit(cap) if cap is not None else None,
         )
         try:
             if ctx.sandbox is not None:  # (the wrapper writes its side files: made here, empty)
-                side = (os.fspath(exit_file), os.fspath(shell_tasks.pid_file_for(exit_file)))
+                side = (os.fspath(exit_file), os.fspath(process.pid_file_for(exit_file)))
                 for path in side:
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                                      FILE_MODE))  # fmt: skip

@@ -29,7 +29,7 @@ from shoal.core.procs import is_alive
 from shoal.teams.store import Teams
 from shoal.teams.taskitems import TaskItem
 from shoal.teams.tasklist import TaskList
-from shoal.workers.shell import kind as shell
+from shoal.workers.shell import process as shell
 
 # The key of a status file that lists the teammate's commands.
 STATUS_KEY = "commands"

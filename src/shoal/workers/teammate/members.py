@@ -21,13 +21,12 @@ from shoal.core.filestamp import SETTLE_NS, Stamp, settled, stamp_of
 from shoal.core.machine import IllegalMove, Machine, describe
 from shoal.core.paths import Layout
 from shoal.core.procs import Termination
+from shoal.core.taskrecords import AgentProgress, ToolActivity
 from shoal.core.tasks import (
     RECENT_ACTIVITIES_CAP,
     TEAMMATE_MESSAGES_UI_CAP,
-    AgentProgress,
     AnyTaskState,
     TaskStatus,
-    ToolActivity,
 )
 from shoal.teams.backends.base import Backend, Handle
 from shoal.teams.store import Teams

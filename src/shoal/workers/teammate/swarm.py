@@ -23,13 +23,13 @@ from shoal.core.errors import ShoalError, UsageError
 from shoal.core.events import TeammateReady, TeammateSpawned
 from shoal.core.output import create_output_file, tail
 from shoal.core.procs import is_alive
+from shoal.core.taskrecords import TeammateIdentity
 from shoal.core.tasks import (
     STOPPED_ON_REQUEST,
     AnyTaskState,
     InProcessTeammateTaskState,
     TaskStatus,
     TaskType,
-    TeammateIdentity,
 )
 from shoal.mailbox.router import send
 from shoal.mailbox.schema import AnyMessage

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from shoal.core.errors import ShoalError
 from shoal.core.notify import task_notification_xml
-from shoal.core.tasks import TaskUsage
+from shoal.core.taskrecords import TaskUsage
 from shoal.mailbox.router import deliver_to, send, task_notification_message
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import Teams
