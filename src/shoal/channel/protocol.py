@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shoal.core.cmdsize import command_problem, environ_bytes, spec_problem
 from shoal.core.errors import EXIT_FAILED, EXIT_OK, ShoalError, TaskError, UsageError
+from shoal.core.validation import first_error
 
 # -- requests and replies, one model per operation ---------------------------------------------
 
@@ -372,9 +373,8 @@ def parse_request(op: str, args: dict[str, Any]) -> ControlRequest:
     try:
         return _requests().validate_python({**args, "op": op})
     except ValidationError as exc:
-        first = exc.errors()[0]  # (its location starts with the union's tag: dropped)
-        where = ".".join(str(p) for p in first["loc"][1:]) or op
-        raise TaskError(f"bad {op!r} request: {where}: {first['msg']}") from None
+        # (its location starts with the union's tag: dropped)
+        raise TaskError(f"bad {op!r} request: {first_error(exc, op, drop=1)}") from None
 
 
 class ControlReply(BaseModel):

@@ -22,6 +22,7 @@ from shoal.core.errors import (
     is_no_space,
 )
 from shoal.core.paths import FILE_MODE
+from shoal.core.validation import first_error
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -170,11 +171,7 @@ def read_model(path: Path, model: type[M], what: str = "file") -> M:
     except orjson.JSONDecodeError as exc:
         raise CorruptFileError(path, f"not valid JSON ({exc})") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(root)"
-        raise CorruptFileError(
-            path, f"invalid {what}: {loc}: {first['msg']} ({exc.error_count()} error(s))"
-        ) from None
+        raise CorruptFileError(path, f"invalid {what}: {first_error(exc, count=True)}") from None
 
 
 class LockTimeoutError(ShoalError):

@@ -9,6 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shoal.core.errors import UsageError
+from shoal.core.validation import first_error
 from shoal.mailbox.store import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 
 KINDS = (
@@ -235,12 +236,10 @@ def _validate(obj: Any) -> AnyMessage:
 
 
 def _first_error(exc: ValidationError, obj: Any) -> str:
-    first = exc.errors()[0]
-    loc = [str(p) for p in first["loc"]]
+    """The first error of a message, its location under its kind as the discriminated union
+    reports it (a kind's own class validated it)."""
     kind = obj.get("kind") if isinstance(obj, dict) else None
-    if kind in _BY_KIND and loc[:1] != [kind]:
-        loc.insert(0, kind)  # as the discriminated union reports it
-    return f"{'.'.join(loc) or '(root)'}: {first['msg']}"
+    return first_error(exc, within=kind if kind in _BY_KIND else None)
 
 
 def decode(raw: bytes) -> AnyMessage:

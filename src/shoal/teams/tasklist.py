@@ -40,6 +40,7 @@ from shoal.core.jsonio import (
 )
 from shoal.core.names import validate_name
 from shoal.core.paths import check_path, unsafe_reason
+from shoal.core.validation import first_error
 from shoal.mailbox.router import send
 from shoal.teams.models import LEAD_NAME
 from shoal.teams.store import MemberState, Teams
@@ -150,10 +151,8 @@ class TaskList:
         except orjson.JSONDecodeError as exc:
             raise CorruptFileError(path, f"not valid JSON ({exc})") from None
         except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"]) or "(root)"
             raise CorruptFileError(
-                path, f"invalid task item: {loc}: {first['msg']} ({exc.error_count()} error(s))"
+                path, f"invalid task item: {first_error(exc, count=True)}"
             ) from None
         if item.id != task_id:
             raise CorruptFileError(path, f"holds id {item.id}, not the {task_id} of its name")

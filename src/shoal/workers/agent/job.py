@@ -1,6 +1,7 @@
 """What the leader and an agent's runner share on disk: the job it runs and the status it
 reports (`sessions/{s}/agents/{task_id}.job.json` and `.status.json`), plus the agent's
-maildir inbox of pending messages (`sessions/{s}/agents/{task_id}.inbox/`).
+maildir inbox of pending messages (`sessions/{s}/agents/{task_id}.inbox/`). A dream's runner
+shares the same: its job is a `RunnerJob` too, its status an `AgentStatus`.
 
 The leader writes the job once, before the runner starts; the runner writes its status (the
 progress at each round, then the outcome) with an atomic replace, and is its only writer. A
@@ -11,7 +12,7 @@ them, and a resume continues the conversation from the transcript.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Any, ClassVar, Final, Literal, Protocol, Self
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -42,19 +43,41 @@ class JobLimits(BaseModel):
     model_idle_s: float | None = Field(None, gt=0)
 
 
-class AgentJob(BaseModel):
-    """Everything a runner needs to run one `local_agent` task."""
+class RunnerJob(BaseModel):
+    """What every runner job says (an agent's, a dream's): its task, the model and its
+    prompt, its working directory (where a relative `scripted:FILE` is found), the files it
+    writes, its caps."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    what: ClassVar[str] = "runner job"  # (as errors name the file)
 
     v: Literal[1] = 1
     task_id: str
-    agent_id: str
-    team: str
     home: str
-    session_id: str
     prompt: str
     model: str
+    cwd: str
+    output_file: str
+    transcript: str
+    status_file: str
+    limits: JobLimits = Field(default_factory=JobLimits)
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        return cls.model_validate(_read(path, cls.what))
+
+
+class AgentJob(RunnerJob):
+    """Everything a runner needs to run one `local_agent` task."""
+
+    what: ClassVar[str] = "agent job"
+
+    agent_id: str
+    team: str
+    session_id: str
     agent_type: str = "general-purpose"
     instructions: str = ""
     tools: tuple[str, ...] | None = None
@@ -62,16 +85,11 @@ class AgentJob(BaseModel):
     fork: bool = False  # Agent without subagent_type forks it
     subagent: bool = False  # started by an Agent tool: no Agent tool of its own
     permission_mode: str = "default"
-    limits: JobLimits = JobLimits()
-    cwd: str
     env: dict[str, str] = Field(default_factory=dict)
     """Variables of its commands' environment that may be written (the leader writes none)."""
     env_values: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
     """`--env` values: never saved; an in-process runner has them here, a process runner in
     the environment it was spawned with."""
-    output_file: str
-    transcript: str
-    status_file: str
     inbox: str | None = None
     mcp_servers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()  # said once at the top of its output (files left out)
@@ -83,13 +101,6 @@ class AgentJob(BaseModel):
     write_set: tuple[str, ...] | None = None
     scratchpad: str | None = None  # a coordinator's, and its workers': writable by all
     allow_network: bool = False  # a worker's commands may use TCP (its sandbox lets them)
-
-    def save(self, path: Path) -> None:
-        atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
-
-    @classmethod
-    def load(cls, path: Path) -> AgentJob:
-        return cls.model_validate(_read(path, "agent job"))
 
 
 class JobOutcome(BaseModel):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shoal.core.errors import UsageError
 from shoal.core.sandbox import Policy, wrapper_argv
 from shoal.core.trust import ProjectView
+from shoal.core.validation import first_error
 
 if TYPE_CHECKING:
     from pydantic_ai import Tool
@@ -81,9 +82,8 @@ def parse_config(data: bytes, path: Path) -> dict[str, McpServer]:
         try:
             found[name] = McpServer.model_validate(spec)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "server"
-            raise UsageError(f"MCP config {path}: {name}.{where}: {first['msg']}") from None
+            where = first_error(exc, "server")
+            raise UsageError(f"MCP config {path}: {name}.{where}") from None
     return found
 
 

@@ -40,6 +40,7 @@ from shoal.workers.agent.coordinator.turns import (
 from shoal.workers.agent.feed import Feed, notification_task
 from shoal.workers.agent.filters import filter_tools
 from shoal.workers.agent.job import AgentJob, JobOutcome
+from shoal.workers.agent.job_process import KILLED_ERROR, job_outcome
 from shoal.workers.agent.loop import AgentLoop, Limits
 from shoal.workers.agent.mcp_tools import McpServer, open_servers
 from shoal.workers.agent.models import ModelSpec, build_model
@@ -52,7 +53,6 @@ from shoal.workers.agent.tool_calls import make_tools
 from shoal.workers.agent.tools import Workspace
 from shoal.workers.agent.transcript import IN_FLIGHT_NOTE, Transcript
 
-KILLED_ERROR: Final = "stopped"
 TURN_SIGNAL: Final = signal.SIGUSR1  # stops a runner process's turn in progress
 ALL_TOOL_NAMES: Final = tuple(
     name for name, _m, _t in (*TOOL_SPECS, *TEAM_TOOL_SPECS, *PLAN_TOOL_SPECS)
@@ -308,15 +308,7 @@ async def run_job(
         for shell_id in list(workspace.background_watch):  # (ended or not: what it did)
             await asyncio.to_thread(workspace.background_ended, shell_id, "")
         status.progress(loop.progress, force=True)
-        return JobOutcome(
-            status="completed" if outcome.status == "completed" else "failed",
-            result=outcome.result,
-            error=outcome.error,
-            total_tokens=outcome.total_tokens,
-            tool_uses=outcome.tool_uses,
-            turns=outcome.turns,
-            duration_ms=outcome.duration_ms,
-        )
+        return job_outcome(outcome)
     except asyncio.CancelledError:
         if loop is not None:
             loop.output.write(f"\n[{KILLED_ERROR}]\n")

@@ -10,6 +10,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shoal.core.validation import error_text
+
 BASH_MAX_TIMEOUT_MS: Final = 600_000
 # The tools that touch the disk: each call runs on a thread, off the agent's event loop.
 FILE_TOOLS: Final = frozenset({"Read", "Write", "Edit", "Glob", "Grep"})
@@ -93,7 +95,5 @@ def parse_args(model: type[ToolArgs], args: dict[str, Any]) -> ToolArgs:
     try:
         return model.model_validate(args)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(error_text(e, "arguments") for e in exc.errors())
         raise ValueError(f"bad arguments: {problems}") from None

@@ -13,22 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final, Literal
-
-import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, ClassVar, Final
 
 from shoal.core.config import model_idle_s, tool_retries
 from shoal.core.errors import ShoalError
-from shoal.core.jsonio import atomic_write
 from shoal.core.tasks import DREAM_TURNS_CAP, DreamPhase
-from shoal.workers.agent.job import AgentStatus, JobLimits, JobOutcome
+from shoal.workers.agent.job import AgentStatus, JobOutcome, RunnerJob
+from shoal.workers.agent.job_process import (
+    KILLED_ERROR,
+    exit_code,
+    job_outcome,
+    main_of,
+    until_signalled,
+)
 from shoal.workers.agent.loop import AgentLoop, Limits
 from shoal.workers.agent.models import ModelSpec, build_model
 from shoal.workers.agent.progress import Output, Progress
@@ -38,36 +40,18 @@ from shoal.workers.dream.workspace import DREAM_TOOLS, DreamWorkspace
 
 STATUS_INTERVAL_S: Final = 0.25
 TURN_TEXT_CHARS: Final = 500
-KILLED_ERROR: Final = "stopped"
 
 
-class DreamJob(BaseModel):
-    """Everything a dream's runner needs (written by the leader before it starts)."""
+class DreamJob(RunnerJob):
+    """Everything a dream's runner needs (written by the leader before it starts); its `cwd`
+    is where a relative `scripted:FILE` is found (the requester's directory)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    what: ClassVar[str] = "dream job"
 
-    v: Literal[1] = 1
-    task_id: str
-    home: str
-    prompt: str
     instructions: str
-    model: str
     memory_dir: str
     sessions: tuple[str, ...] = ()
     """The session directories under review (read-only)."""
-    cwd: str
-    """Where a relative `scripted:FILE` is found (the requester's directory)."""
-    output_file: str
-    transcript: str
-    status_file: str
-    limits: JobLimits = Field(default_factory=JobLimits)
-
-    def save(self, path: Path) -> None:
-        atomic_write(path, orjson.dumps(self.model_dump(mode="json")))
-
-    @classmethod
-    def load(cls, path: Path) -> DreamJob:
-        return cls.model_validate(orjson.loads(path.read_bytes()))
 
 
 def turns_of(history: list[Any]) -> list[dict[str, Any]]:
@@ -151,16 +135,7 @@ async def run_dream(job: DreamJob, env: Mapping[str, str], status: DreamStatus) 
         # (a write is told at once: the record says `updating` from the first one)
         status.workspace.on_write = lambda _rel: status.progress(force=True)
         status.progress(force=True)
-        outcome = await loop.run(job.prompt)
-        return JobOutcome(
-            status="completed" if outcome.status == "completed" else "failed",
-            result=outcome.result,
-            error=outcome.error,
-            total_tokens=outcome.total_tokens,
-            tool_uses=outcome.tool_uses,
-            turns=outcome.turns,
-            duration_ms=outcome.duration_ms,
-        )
+        return job_outcome(await loop.run(job.prompt))
     except asyncio.CancelledError:
         output.write(f"\n[{KILLED_ERROR}]\n")
         return JobOutcome(
@@ -183,31 +158,14 @@ async def _main_async(job: DreamJob) -> int:
         readable=tuple(Path(p) for p in job.sessions),
     )
     status = DreamStatus(Path(job.status_file), workspace)
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, task.cancel)
-    try:
-        outcome = await run_dream(job, os.environ, status)
-    except asyncio.CancelledError:  # (a signal before the run began)
-        outcome = JobOutcome(status="killed", error=KILLED_ERROR)
+    outcome = await until_signalled(lambda: run_dream(job, os.environ, status))
     status.done(outcome)
-    return 0 if outcome.status == "completed" else 1
+    return exit_code(outcome)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the dream job file given as the one argument."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m shoal.workers.dream.runner JOB_FILE", file=sys.stderr)
-        return 2
-    try:
-        job = DreamJob.load(Path(args[0]))
-    except (OSError, ValueError) as exc:
-        print(f"shoal: error: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(_main_async(job))
+    return main_of("shoal.workers.dream.runner", DreamJob.load, _main_async, argv)
 
 
 if __name__ == "__main__":
