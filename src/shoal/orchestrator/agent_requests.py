@@ -32,7 +32,8 @@ from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.attachments import AttachmentDesk
 from shoal.workers.agent.coordinator import mode as coordinator
 from shoal.workers.agent.coordinator.leases import LeasePolicy, Leases
-from shoal.workers.agent.kind import OVER_BUDGET, AgentKind, coordinator_inbox
+from shoal.workers.agent.kind import OVER_BUDGET, AgentKind
+from shoal.workers.agent.launch import coordinator_inbox
 from shoal.workers.agent.permissions import narrowest
 from shoal.workers.agent.spec import AgentHost, AgentSpec, new_agent_task
 from shoal.workers.agent.team_tools import signed

@@ -1,2 +1,3 @@
-"""Task kinds, one folder each (shell, agent, teammate, remote, dream, monitor), and the
-interface the leader runs them through (kinds)."""
+"""Task kinds, one folder each (shell, agent, teammate, remote, dream, monitor), the
+interface the leader runs them through (kinds), and the base the process kinds share
+(process_kind)."""

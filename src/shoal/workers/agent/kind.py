@@ -1,36 +1,28 @@
-"""`local_agent` tasks for the leader's loop: start a runner on a backend, read its progress,
-settle it from its status file, kill it without waiting, resume it with late messages.
+"""`local_agent` tasks for the leader's loop: start a runner on a backend (launch.py), read
+its progress, settle it from its status file, kill it without waiting, resume it with late
+messages.
 
-Backends: `process` (a runner process in a session of its own, logged beside its job),
-`tmux` (the same runner in a pane of the team's window, printing the live readable
-transcript), `in-process` (runners as coroutines on one event loop inside the leader: cheap
-enough for hundreds). The runner writes only its status file, output file and transcript; the
-registry is changed here, on the loop's thread.
+The runner writes only its status file, output file and transcript; the registry is changed
+here, on the loop's thread.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from shoal.core.config import worker_stall_s
-from shoal.core.errors import NoSpaceError, ShoalError
+from shoal.core.errors import ShoalError
 from shoal.core.events import TaskProgress, task_started
 from shoal.core.faults import pause_point
-from shoal.core.filestamp import Stamp
-from shoal.core.loopthread import LoopThread
 from shoal.core.notify import task_notification_xml
 from shoal.core.output import tail
-from shoal.core.procs import find_by_argument, is_alive, process_start_time
+from shoal.core.procs import find_by_argument, is_alive
 from shoal.core.secretenv import lost_env_error
 from shoal.core.taskrecords import AgentProgress, TaskUsage, ToolActivity
 from shoal.core.tasks import (
@@ -43,84 +35,41 @@ from shoal.core.tasks import (
 )
 from shoal.mailbox.router import deliver_to, make_message
 from shoal.teams.models import LEAD_NAME
-from shoal.workers.agent.feed import Feed
 from shoal.workers.agent.job import (
-    AGENTS_DIR,
     EXIT_NO_SPACE,
     NO_SPACE_REASON,
-    AgentJob,
     AgentStatus,
-    JobLimits,
-    JobOutcome,
     job_paths,
     read_changed,
 )
-from shoal.workers.agent.runner import TURN_SIGNAL, run_job
-from shoal.workers.agent.status_writer import StatusWriter
+from shoal.workers.agent.launch import (
+    AgentRun,
+    AgentStartError,
+    Launcher,
+    session_dir_of,
+)
+from shoal.workers.agent.runner import TURN_SIGNAL
 from shoal.workers.agent.team_tools import LeaderPort
 from shoal.workers.kinds import TaskStore, end_unannounced
-from shoal.workers.process_kind import ProcessKind, spawn_logged
+from shoal.workers.process_kind import ProcessKind
 from shoal.workers.shell.process import ShellProcess
 
-AGENT_BACKENDS: Final = ("process", "tmux", "in-process")
-# The process entry of a runner (in the orchestrator: it gives the runner its leader port).
-RUNNER_MODULE: Final = "shoal.workers.agent.entry"
 # task_progress events of one agent are emitted at most this often.
 PROGRESS_EVENT_INTERVAL_S: Final = 1.0
-# What a tmux pane's runner gets of the leader's environment (with the task's own variables).
-PANE_ENV: Final = ("SHOAL_", "ANTHROPIC_", "OPENAI_", "PATH", "HOME", "LANG", "LC_")
 # Messages a running agent has been sent but not yet drained, kept in its record.
 PENDING_CAP: Final = 50
 OVER_BUDGET: Final = "over budget: "  # (a stop reason so marked ends the agent `failed`)
-SCRATCHPAD: Final = "scratchpad"  # sessions/{s}/scratchpad/: coordinator mode's shared files
 
 
-class AgentStartError(ShoalError):
-    """An agent's runner could not be started (or asked something it cannot do)."""
-
-
-@dataclass
-class _Live:
-    """What the kind holds in memory about one running agent."""
-
-    task_id: str
-    status_file: Path
-    inbox: Path
-    proc: ShellProcess | None = None  # process and tmux backends
-    future: Future[Any] | None = None  # in-process
-    feed: Feed | None = None  # in-process
-    status_seen: Stamp | None = None
-    # The `waiting` of the status file last read: the record follows the file's changes only,
-    # so a file read again (its stamp not yet settled) never undoes an answer the lead gave.
-    status_waiting: Any = None
-    last_event: float = 0.0
-    last_activity: float = field(default_factory=time.monotonic)  # a status written, or none
-    busy: bool = False  # running a command, or waiting for a permission answer
-    stall_told: bool = False
-    handle: Any = None  # the tmux pane's backend handle
-    done: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-    # An in-process run whose outcome the full disk kept out of its status file.
-    unsaved: JobOutcome | None = None
-    # Messages sent to it (its record's pending_messages, before the cap) and, of them, how
-    # many its runner says reached the conversation: the difference is what still waits.
-    sent: int = 0
-    drained: int = 0
-
-
-class AgentKind(ProcessKind[_Live]):
+class AgentKind(ProcessKind[AgentRun]):
     """The `local_agent` task kind (see the module docstring)."""
 
     types = frozenset({TaskType.LOCAL_AGENT})
 
     def __init__(self, home: Path, team: str, leader: LeaderPort) -> None:
-        self.home = home
-        self.team = team
-        self.leader = leader  # what an in-process runner reaches its leader through
-        self.runs: dict[str, _Live] = {}
+        self.launcher = Launcher(home, team, leader)
+        self.runs: dict[str, AgentRun] = {}
         super().__init__(self.runs)
-        self._host = LoopThread("shoal-agents")  # (the in-process runners' loop)
-        self._tmux: Any = None
         self.stall_s = worker_stall_s(home)
         # Set by the leader: resume a finished agent with messages that came too late.
         self.resume_with: Callable[[LocalAgentTaskState, list[str]], Any] | None = None
@@ -132,7 +81,7 @@ class AgentKind(ProcessKind[_Live]):
     def start(self, task: AnyTaskState, store: TaskStore) -> None:
         assert isinstance(task, LocalAgentTaskState)
         job_file, status_file, inbox = job_paths(session_dir_of(task), task.id)
-        live = _Live(task.id, status_file, inbox)
+        live = AgentRun(task.id, status_file, inbox)
         lost = missing_env(task)
         if lost:  # (never run without them: its commands would see them unset)
             why = lost_env_error(task.id, lost, "shoal agent")
@@ -140,19 +89,13 @@ class AgentKind(ProcessKind[_Live]):
             store.emit(task_started(store.get(task.id) or task))
             return
         try:
-            job = self._job(task, status_file, inbox)
+            job = self.launcher.job(task, status_file, inbox)
             job_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             job.save(job_file)
             if not store.write_ahead(task.id):
                 store.emit(task_started(store.get(task.id) or task))
                 return
-            if task.backend == "in-process":
-                self._start_in_process(live, job, store)
-                changes: dict[str, Any] = {"pid": os.getpid()}
-            elif task.backend == "tmux":
-                changes = self._start_tmux(live, job, job_file, task, store)
-            else:
-                changes = self._start_process(live, job_file, task, store)
+            changes = self.launcher.start(live, job, job_file, task, store)
         except (ShoalError, OSError) as exc:
             store.move_task(task.id, TaskStatus.FAILED, error=f"could not start the agent: {exc}")
             store.emit(task_started(store.get(task.id) or task))
@@ -172,7 +115,7 @@ class AgentKind(ProcessKind[_Live]):
             if live is not None and not live.stall_told and not live.busy:
                 self._check_stall(live, store, time.monotonic())
 
-    def _check_stall(self, live: _Live, store: TaskStore, now: float) -> None:
+    def _check_stall(self, live: AgentRun, store: TaskStore, now: float) -> None:
         """A coordinator's worker silent (no model response, no tool activity) for stall_s
         tells its coordinator once that it appears stalled."""
         if now - live.last_activity < self.stall_s:
@@ -217,7 +160,7 @@ class AgentKind(ProcessKind[_Live]):
         from which `shoal agent --resume` continues)."""
         assert isinstance(task, LocalAgentTaskState)
         job_file, status_file, inbox = job_paths(session_dir_of(task), task.id)
-        live = _Live(task.id, status_file, inbox)
+        live = AgentRun(task.id, status_file, inbox)
         if task.status == TaskStatus.RUNNING and task.pid is None:
             found = self._find_runner(task, job_file, status_file, store)
             if found is None:
@@ -240,7 +183,7 @@ class AgentKind(ProcessKind[_Live]):
         self._settle(live, store, unattended=True)
 
     @staticmethod
-    def _count_from(live: _Live, task: LocalAgentTaskState) -> None:
+    def _count_from(live: AgentRun, task: LocalAgentTaskState) -> None:
         """What an adopted runner drained so far, and so what its record's pending messages
         are of (one drained after the last leader's last look stays listed until it ends)."""
         status = AgentStatus.load(live.status_file)
@@ -276,10 +219,10 @@ class AgentKind(ProcessKind[_Live]):
             return {}
         return {"result": task.result, "usage": task.usage}
 
-    def _process(self, run: _Live) -> ShellProcess | None:
+    def _process(self, run: AgentRun) -> ShellProcess | None:
         return run.proc
 
-    def _has_news(self, run: _Live) -> bool:
+    def _has_news(self, run: AgentRun) -> bool:
         return run.future is not None and run.future.done()  # (an in-process run ended)
 
     def send(
@@ -353,130 +296,17 @@ class AgentKind(ProcessKind[_Live]):
                 live.future.cancel()
         super().kill_all_now(grace)
 
-    # -- starting ----------------------------------------------------------------------------
-
-    def _job(self, task: LocalAgentTaskState, status_file: Path, inbox: Path) -> AgentJob:
-        return AgentJob(
-            task_id=task.id,
-            agent_id=task.agent_id,
-            team=self.team,
-            home=str(self.home),
-            session_id=session_dir_of(task).name,
-            prompt=task.prompt,
-            model=task.model or "scripted:",
-            agent_type=task.agent_type,
-            instructions=task.instructions or "",
-            tools=task.tools,
-            custom=task.custom,
-            fork=task.fork,
-            subagent=task.subagent,
-            mcp_servers=dict(task.mcp_servers or {}),
-            notes=(task.project_note,) if task.project_note else (),
-            permission_mode=task.permission_mode,
-            limits=JobLimits(
-                **{k: v for k, v in (task.limits or {}).items() if k in JobLimits.model_fields}
-            ),
-            cwd=task.cwd or os.getcwd(),
-            env_values=_env_values(task),
-            output_file=task.output_file,
-            transcript=task.transcript or str(transcript_path(session_dir_of(task), task.agent_id)),
-            status_file=str(status_file),
-            inbox=None if task.backend == "in-process" else str(inbox),
-            resume=task.resumed_from is not None or task.forked_from is not None,
-            echo=task.backend == "tmux",
-            coordinator=task.coordinator,
-            coordinator_inbox=str(coordinator_inbox(session_dir_of(task), task.agent_id))
-            if task.coordinator
-            else None,
-            worker=task.worker_of is not None,
-            write_set=task.write_set,
-            allow_network=task.allow_network,
-            scratchpad=str(session_dir_of(task) / SCRATCHPAD)
-            if task.coordinator or task.worker_of is not None
-            else None,
-        )
-
-    def _argv(self, job_file: Path) -> list[str]:
-        return [sys.executable, "-m", RUNNER_MODULE, str(job_file)]
-
-    def _environ(self, store: TaskStore, task: LocalAgentTaskState) -> dict[bytes, bytes]:
-        env = dict(store.environ)
-        for key, value in _env_values(task).items():
-            env[os.fsencode(key)] = os.fsencode(value)
-        return env
-
-    def _start_process(
-        self, live: _Live, job_file: Path, task: LocalAgentTaskState, store: TaskStore
-    ) -> dict[str, Any]:
-        live.proc = spawn_logged(
-            self._argv(job_file), self._environ(store, task), job_file.with_suffix(".log")
-        )
-        return {"pid": live.proc.pid, "pid_started_at": live.proc.started_at}
-
-    def _start_tmux(
-        self,
-        live: _Live,
-        job: AgentJob,
-        job_file: Path,
-        task: LocalAgentTaskState,
-        store: TaskStore,
-    ) -> dict[str, Any]:
-        from shoal.teams.backends.base import SpawnSpec
-        from shoal.teams.backends.tmux import TmuxBackend
-
-        if self._tmux is None:
-            self._tmux = TmuxBackend()
-        ok, why = self._tmux.available()
-        if not ok:
-            raise AgentStartError(f"the tmux backend cannot run here: {why}")
-        env = {os.fsdecode(k): os.fsdecode(v) for k, v in store.environ.items()}
-        handle = self._tmux.spawn(
-            SpawnSpec(
-                team=self.team,
-                name=task.id,
-                argv=self._argv(job_file),
-                cwd=job.cwd,
-                home=self.home,
-                env={k: v for k, v in env.items() if k.startswith(PANE_ENV)},
-                secret_env=_env_values(task),  # (never on tmux's command line)
-            )
-        )
-        live.handle = handle
-        live.proc = ShellProcess(handle.pid, process_start_time(handle.pid), child=False)
-        return {
-            "pid": handle.pid,
-            "pid_started_at": live.proc.started_at,
-            "pane_id": handle.pane_id,
-        }
-
-    def _start_in_process(self, live: _Live, job: AgentJob, store: TaskStore) -> None:
-        env = {os.fsdecode(k): os.fsdecode(v) for k, v in store.environ.items()}
-        env.update(job.env_values)
-        feed = Feed()
-        status = StatusWriter(Path(job.status_file), None)
-        live.feed = feed
-
-        async def main() -> None:
-            outcome = await run_job(job, env, feed, status, self.leader)
-            try:
-                status.done(outcome, list(feed.late))
-            except NoSpaceError:  # (settled from memory, and the cause said)
-                live.unsaved = outcome
-
-        live.future = asyncio.run_coroutine_threadsafe(main(), self._host.loop())
-        live.future.add_done_callback(lambda _f: store.wake())
-
     # -- the steps ---------------------------------------------------------------------------
 
-    def _is_done(self, task_id: str, run: _Live) -> bool:
+    def _is_done(self, task_id: str, run: AgentRun) -> bool:
         if run.future is not None:
             return run.future.done()  # (an in-process run)
         return super()._is_done(task_id, run)
 
-    def _settle_run(self, task_id: str, run: _Live, store: TaskStore) -> None:
+    def _settle_run(self, task_id: str, run: AgentRun, store: TaskStore) -> None:
         self._settle(run, store)
 
-    def _read_status(self, live: _Live, store: TaskStore) -> AgentStatus | None:
+    def _read_status(self, live: AgentRun, store: TaskStore) -> AgentStatus | None:
         status = read_changed(live)
         if status is None:
             return None
@@ -514,7 +344,7 @@ class AgentKind(ProcessKind[_Live]):
 
     @staticmethod
     def _conversation(
-        live: _Live, status: AgentStatus, task: LocalAgentTaskState, store: TaskStore
+        live: AgentRun, status: AgentStatus, task: LocalAgentTaskState, store: TaskStore
     ) -> None:
         """The record's pending messages less those the runner drained (one by one, as it
         takes them), and its messages for views as the runner gathered them."""
@@ -530,12 +360,10 @@ class AgentKind(ProcessKind[_Live]):
         if changes:
             store.set_task(live.task_id, **changes)
 
-    def _settle(self, live: _Live, store: TaskStore, *, unattended: bool = False) -> None:
+    def _settle(self, live: AgentRun, store: TaskStore, *, unattended: bool = False) -> None:
         """Give an ended agent its final state from its status file."""
         self._forget(live.task_id, store)
-        if live.handle is not None and self._tmux is not None:
-            with contextlib.suppress(ShoalError, OSError):
-                self._tmux.kill(live.handle)
+        self.launcher.close(live)
         live.status_seen = None
         self._read_status(live, store)
         status = AgentStatus.load(live.status_file)
@@ -653,28 +481,7 @@ class AgentKind(ProcessKind[_Live]):
             end_unannounced(store, task.id)
 
 
-def _env_values(task: LocalAgentTaskState) -> dict[str, str]:
-    """The agent's `--env` values, for its runner's environment, never for its job file (a
-    record of an older shoal kept them in `env`: they are passed on the same way)."""
-    return {**(task.env or {}), **(task.env_values or {})}
-
-
-def session_dir_of(task: AnyTaskState) -> Path:
-    """The session directory a task's files live in (its output file is in tasks/)."""
-    return Path(task.output_file).parent.parent
-
-
-def coordinator_inbox(session_dir: Path, agent_id: str) -> Path:
-    """Where the workers of coordinator `agent_id` deliver their notifications."""
-    return session_dir / AGENTS_DIR / f"{agent_id}.coordinator.inbox"
-
-
-def transcript_path(session_dir: Path, agent_id: str) -> Path:
-    """Where agent `agent_id`'s transcript (sidechain) is kept."""
-    return session_dir / "transcripts" / f"{agent_id}.jsonl"
-
-
-def _asked_tool(live: _Live, task: LocalAgentTaskState) -> str | None:
+def _asked_tool(live: AgentRun, task: LocalAgentTaskState) -> str | None:
     """The tool of the permission request a running agent waits on (from its record, else
     from its status file, written before the request was sent)."""
     waiting = task.waiting_for

@@ -16,7 +16,7 @@ from shoal.mailbox.router import deliver_to, make_message
 from shoal.mailbox.store import Maildir
 from shoal.teams.models import LEAD_NAME
 from shoal.workers.agent.github import DEFAULT_API, check_api_url
-from shoal.workers.agent.kind import coordinator_inbox
+from shoal.workers.agent.launch import coordinator_inbox
 from shoal.workers.agent.pr_activity import (
     PrActivity,
     PrEvent,

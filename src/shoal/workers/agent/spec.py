@@ -29,7 +29,7 @@ from shoal.teams.models import LEAD_NAME
 from shoal.teams.session import Session
 from shoal.workers.agent.coordinator import mode as coordinator
 from shoal.workers.agent.definitions import catalog_of, load_catalog
-from shoal.workers.agent.kind import AGENT_BACKENDS, transcript_path
+from shoal.workers.agent.launch import AGENT_BACKENDS, transcript_path
 from shoal.workers.agent.mcp_tools import McpServer, find_config
 from shoal.workers.agent.models import check_model, choose_model
 from shoal.workers.agent.permissions import BUBBLE, MODES, check_mode, narrowest

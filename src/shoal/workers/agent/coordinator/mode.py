@@ -20,7 +20,7 @@ from shoal.core.errors import UsageError
 from shoal.core.paths import Layout
 from shoal.core.tasks import LocalAgentTaskState
 from shoal.workers.agent.filters import ASYNC_AGENT_ALLOWED_TOOLS
-from shoal.workers.agent.kind import SCRATCHPAD
+from shoal.workers.agent.launch import SCRATCHPAD
 from shoal.workers.agent.permissions import narrowest
 
 PROMPT_FILE: Final = "coordinator_prompt.md"
