@@ -135,8 +135,9 @@ class RayHead:
         if self.proc.poll() is not None:
             return True  # (it died: the caller sees that below)
         try:
-            with urllib.request.urlopen(f"{self.address}/api/version", timeout=2) as r:
-                return bool(r.status == 200)
+            # (its dashboard answers some seconds before it lists its own node)
+            with urllib.request.urlopen(f"{self.address}/api/v0/nodes", timeout=5) as r:
+                return bool(r.status == 200) and b'"state": "ALIVE"' in r.read()
         except OSError:
             return False
 

@@ -7,7 +7,10 @@ repository of its own in tmp_path (the run packs and uploads it), and the run is
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import orjson
 import pytest
 
 from tests.conftest import Cli
+from tests.polling import wait_until
 from tests.ray_cluster import RayHead
 
 pytestmark = [pytest.mark.ray_head, pytest.mark.xdist_group("ray")]
@@ -165,3 +169,71 @@ def test_bad_inputs_start_nothing(ray_head: RayHead, cli: Cli, tmp_path: Path) -
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     teams = cli("team", "list", "--json")
     assert teams.returncode == 0 and orjson.loads(teams.stdout) == [], teams.stdout
+
+
+def _load(address: str) -> dict[str, Any]:
+    """The cluster's resource usage and pending demand (the dashboard's cluster status)."""
+    with urllib.request.urlopen(f"{address}/api/cluster_status", timeout=10) as response:
+        report: dict[str, Any] = orjson.loads(response.read())["data"]["clusterStatus"]
+    return dict(report["loadMetricsReport"])
+
+
+def test_resources_reach_ray_and_a_task_no_node_can_hold_starts_nothing(
+    ray_head: RayHead, cli: Cli, tmp_path: Path
+) -> None:
+    """A spec with a task asking for a GPU and one asking for a resource no node has is
+    refused (exit 2) before anything starts, naming both tasks and the cluster's resources,
+    and leaves no team; a task's num_cpus and custom resources (the node's own
+    `node:127.0.0.1`), else the `[run]` default, are what its Ray job's entrypoint holds on
+    the node (the cluster's usage shows them, and a task that would not fit beside waits)."""
+    bad = _repo(
+        tmp_path / "bad",
+        '[[task]]\nid = "gpu"\nrun = "true"\nnum_gpus = 1\n\n'
+        '[[task]]\nid = "tpu"\nrun = "true"\nresources = { tpu = 2 }\n',
+    )
+    out = cli("run", str(bad), "--backend", "ray", "--ray", ray_head.address)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert 'task "gpu" asks for GPU=1: resource GPU, which no node' in out.stderr, out.stderr
+    assert 'task "tpu" asks for tpu=2: resource tpu' in out.stderr, out.stderr
+    assert f"the cluster at {ray_head.address} has 127.0.0.1: CPU=4;" in out.stderr + ";"
+    assert "nothing was started" in out.stderr
+    teams = cli("team", "list", "--json")
+    assert teams.returncode == 0 and orjson.loads(teams.stdout) == [], teams.stdout
+
+    # A gated task holding 3 of the head's 4 CPUs ([run]'s default) and half of its
+    # `node:127.0.0.1`, beside one asking for 2 CPUs: while the first runs, the cluster
+    # counts what it holds, and the second waits for CPUs (Ray's demand, not --jobs).
+    gate = tmp_path / "gate"
+    spec = _repo(
+        tmp_path / "ok",
+        "[run]\njobs = 2\nnum_cpus = 3\n\n"
+        f'[[task]]\nid = "held"\nrun = "touch {tmp_path}/held.on; '
+        f'while [ ! -e {gate} ]; do sleep 0.05; done"\n'
+        'resources = { "node:127.0.0.1" = 0.5 }\n\n'
+        '[[task]]\nid = "second"\nrun = "echo second"\nnum_cpus = 2\n',
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "run", str(spec), "--backend", "ray",
+         "--ray", ray_head.address],
+        env={**os.environ, "SHOAL_HOME": str(cli.home)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: (tmp_path / "held.on").exists(), timeout=120, what="held to run")
+
+        def holding() -> bool:
+            load = _load(ray_head.address)
+            return (
+                load["usage"].get("CPU", [0])[0] >= 3
+                and load["usage"].get("node:127.0.0.1", [0])[0] >= 0.5
+                and [{"CPU": 2.0}, 1] in load["resourceDemand"]
+            )
+
+        load = lambda: f"the cluster's load: {_load(ray_head.address)}"  # noqa: E731
+        wait_until(holding, timeout=60, what=load)
+        gate.touch()
+        assert run.wait(timeout=120) == 0, run.stdout.read() if run.stdout else ""
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()

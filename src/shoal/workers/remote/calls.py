@@ -41,6 +41,8 @@ class Job:
     num_cpus: float | None
     output: Path
     submitted: bool
+    num_gpus: float | None = None
+    resources: dict[str, float] = field(default_factory=dict)
     submit_tried: bool = False
     retried_submit: bool = False  # a submit failed before (a timeout: it may have got through)
     offset: int = 0  # characters of the job's log (as the API gives it) read and written
@@ -114,6 +116,8 @@ class CallChains:
                         runtime_env=job.runtime_env,
                         metadata={"shoal_task": job.task_id},
                         num_cpus=job.num_cpus,
+                        num_gpus=job.num_gpus,
+                        resources=job.resources,
                     )
                 except JobExists:
                     # An earlier try that failed to answer (a timeout) may have got through:

@@ -4,7 +4,8 @@ The API is small, so shoal talks to it directly instead of importing the heavy `
 `GET /api/version` (the address answers), `PUT /api/packages/gcs/{name}` (the packed working
 directory), `POST /api/jobs/` (submit, with `submission_id` = the shoal task id),
 `GET /api/jobs/{id}`, `GET /api/jobs/{id}/logs` (the whole log: callers keep their own offset),
-`POST /api/jobs/{id}/stop` and `DELETE /api/jobs/{id}`. Every failure is a `RayError` whose
+`POST /api/jobs/{id}/stop`, `DELETE /api/jobs/{id}`, and the state API's `GET /api/v0/nodes`
+(the cluster's nodes, each with its resources). Every failure is a `RayError` whose
 text names the address and what was asked, never a traceback from the dashboard.
 """
 
@@ -100,6 +101,25 @@ class JobInfo:
         )
 
 
+@dataclass(frozen=True)
+class NodeInfo:
+    """One live node of the cluster, as the state API lists it: its name (Ray's node name, its
+    address unless it was given one), its address and the resources it has in all."""
+
+    name: str
+    address: str
+    resources: Mapping[str, float]
+
+    def schedulable(self) -> dict[str, float]:
+        """The resources a job may ask for (CPU, GPU and custom ones; not memory, the object
+        store, nor the `node:*` markers Ray adds to every node)."""
+        return {
+            k: v
+            for k, v in self.resources.items()
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")
+        }
+
+
 def resolve_address(option: str | None, environ: Mapping[str, str] | None = None) -> str:
     """The cluster's dashboard URL: `--ray ADDRESS`, else $SHOAL_RAY_ADDRESS (`host:port`
     or a URL; the port defaults to the dashboard's 8265)."""
@@ -193,6 +213,25 @@ class RayJobs:
             raise RayUnreachable(f"{self.address} answers, but not as a Ray dashboard")
         return data
 
+    def nodes(self) -> list[NodeInfo]:
+        """The cluster's live nodes and their resources (`GET /api/v0/nodes`)."""
+        data = self._json("GET", "/api/v0/nodes?limit=10000", what="list its nodes")
+        listed = ((data or {}).get("data") or {}).get("result") or {}
+        rows = listed.get("result") if isinstance(listed, dict) else None
+        out = []
+        for row in rows or []:
+            if not isinstance(row, dict) or row.get("state") != "ALIVE":
+                continue
+            total = row.get("resources_total") or {}
+            out.append(
+                NodeInfo(
+                    name=str(row.get("node_name") or row.get("node_ip") or row.get("node_id")),
+                    address=str(row.get("node_ip") or ""),
+                    resources={str(k): float(v) for k, v in total.items()},
+                )
+            )
+        return out
+
     def package_exists(self, name: str) -> bool:
         response = self._request("GET", f"/api/packages/gcs/{name}", what=f"look up {name}")
         return bool(response.status_code == 200)
@@ -214,8 +253,11 @@ class RayJobs:
         runtime_env: Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
         num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        resources: Mapping[str, float] | None = None,
     ) -> str:
-        """Submit a job under `submission_id`; a second job with the same id is refused."""
+        """Submit a job under `submission_id` (its entrypoint holding `num_cpus`, `num_gpus`
+        and the custom `resources` on its node); a second job with the same id is refused."""
         body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id}
         if runtime_env:
             body["runtime_env"] = dict(runtime_env)
@@ -223,6 +265,10 @@ class RayJobs:
             body["metadata"] = dict(metadata)
         if num_cpus is not None:
             body["entrypoint_num_cpus"] = num_cpus
+        if num_gpus is not None:
+            body["entrypoint_num_gpus"] = num_gpus
+        if resources:
+            body["entrypoint_resources"] = dict(resources)
         what = f"submit job {submission_id}"
         response = self._request("POST", "/api/jobs/", what=what, content=orjson.dumps(body))
         if response.status_code != 200 and _EXISTS.search(response.text):

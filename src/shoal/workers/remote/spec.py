@@ -55,6 +55,9 @@ class RemoteSpec(BaseModel):
     title: str | None = None
     description: str | None = None
     num_cpus: float | None = Field(default=None, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources the job's entrypoint holds (NAME -> amount)."""
 
 
 def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> RemoteAgentTaskState:
@@ -84,6 +87,8 @@ def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> Rem
         "prompt": spec.prompt,
         "timeout_s": spec.timeout,
         "num_cpus": spec.num_cpus,
+        "num_gpus": spec.num_gpus,
+        "resources": dict(spec.resources),
         "job": 1,
     }
     return RemoteAgentTaskState(
