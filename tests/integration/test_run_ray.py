@@ -8,6 +8,7 @@ repository of its own in tmp_path (the run packs and uploads it), and the run is
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -237,3 +238,49 @@ def test_resources_reach_ray_and_a_task_no_node_can_hold_starts_nothing(
         if run.poll() is None:
             run.kill()
             run.wait()
+
+
+def test_each_task_works_in_its_own_copy_removed_after_it_unless_kept(
+    ray_head: RayHead, cli: Cli, tmp_path: Path
+) -> None:
+    """A task writes a file beside the committed ones and one in a subdirectory; the task
+    after it (same run, same package) sees neither, and the copies are gone from the node.
+    With --keep-workdirs the task's copy stays, named on its output's last line, holding
+    what it wrote."""
+    spec = _repo(
+        tmp_path / "repo",
+        '[[task]]\nid = "writer"\nrun = "echo leaked > leak.txt; echo x >> sub/data.txt"\n\n'
+        '[[task]]\nid = "reader"\nafter = ["writer"]\n'
+        'run = "test ! -e leak.txt && cat sub/data.txt && pwd"\n',
+        {"sub/data.txt": "committed\n"},
+    )
+    report = tmp_path / "r.json"
+    done = cli(
+        "run", str(spec), "--backend", "ray", "--ray", ray_head.address,
+        "--report", str(report), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_id = {t["id"]: t for t in _report(report)["tasks"]}
+    said = Path(by_id["reader"]["attempt_log"][-1]["output_file"]).read_text().splitlines()
+    assert said[0] == "committed", said
+    where = Path(said[1])
+    assert where.name == "work" and where.parent.name.startswith("shoal-task-"), where
+    assert not where.parent.exists()
+
+    kept = cli(
+        "run", str(spec), "--backend", "ray", "--ray", ray_head.address, "--keep-workdirs",
+        "--report", str(report), timeout=300,
+    )  # fmt: skip
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    by_id = {t["id"]: t for t in _report(report)["tasks"]}
+    last = Path(by_id["writer"]["attempt_log"][-1]["output_file"]).read_text().splitlines()[-1]
+    assert last.startswith("shoal: kept the working copy of this task: "), last
+    copy = Path(last.rsplit(": ", 1)[1])
+    try:
+        assert (copy / "work" / "leak.txt").read_text() == "leaked\n"
+        assert (copy / "work" / "sub" / "data.txt").read_text() == "committed\nx\n"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    for task in by_id.values():  # (the reader's copy is kept too)
+        line = Path(task["attempt_log"][-1]["output_file"]).read_text().splitlines()[-1]
+        shutil.rmtree(line.rsplit(": ", 1)[1], ignore_errors=True)

@@ -5,7 +5,8 @@ everything each task asks for (`num_cpus`, `num_gpus`, `resources`: what its job
 and that the spec's directory is a git work tree with a commit that packs under the upload
 limit; the packed tree
 is uploaded once, and each attempt is a `remote_agent` task of type `shell` on the run's
-leader, started in the spec task's directory relative to the tree's root. Dependencies,
+leader, started in the spec task's directory relative to the tree's root, in a private copy of
+the unpacked tree on its node (removed after it, unless `--keep-workdirs`). Dependencies,
 retries, timeouts, halt, the reports, the joblog (its host column names the node) and
 `--resume` are the engine's, as on one machine. Members (teammates) still run here.
 
@@ -44,9 +45,12 @@ class RayTarget:
     root: Path
     ray_version: str
     insecure: bool = False
+    keep_workdirs: bool = False
 
 
-def prepare(spec: Spec, address: str | None, *, insecure: bool = False) -> RayTarget:
+def prepare(
+    spec: Spec, address: str | None, *, insecure: bool = False, keep_workdirs: bool = False
+) -> RayTarget:
     """Check the cluster and the spec's work tree, upload the tree; one clear error each
     (a token over plain http to a host off this machine without `insecure` too).
     Per-task JUnit reports are written on the nodes and cannot be merged from here."""
@@ -63,7 +67,8 @@ def prepare(spec: Spec, address: str | None, *, insecure: bool = False) -> RayTa
             check_placement(spec, _live_nodes(client), url)
         package = pack_workdir(spec.path.parent.resolve())
         uri = client.upload_package(package.name, package.data)
-    return RayTarget(url, uri, package.root, str(version.get("ray_version", "?")), insecure)
+    ray_version = str(version.get("ray_version", "?"))
+    return RayTarget(url, uri, package.root, ray_version, insecure, keep_workdirs)
 
 
 NODES_WAIT_S: Final = 30.0
@@ -145,6 +150,7 @@ class RayShellMixin:
                     env=env,
                     description=req.description,
                     insecure=self.target.insecure,
+                    keep_workdir=self.target.keep_workdirs,
                     num_cpus=req.num_cpus,
                     num_gpus=req.num_gpus,
                     resources=dict(req.resources),
