@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import Cli
 from tests.polling import wait_until
-from tests.ray_cluster import RayHead
+from tests.ray_cluster import HEAD_RESOURCE, RayHead, RayWorkerNode
 
 pytestmark = [pytest.mark.ray_head, pytest.mark.xdist_group("ray")]
 
@@ -196,7 +196,9 @@ def test_resources_reach_ray_and_a_task_no_node_can_hold_starts_nothing(
     assert out.returncode == 2, out.stdout + out.stderr
     assert 'task "gpu" asks for GPU=1: resource GPU, which no node' in out.stderr, out.stderr
     assert 'task "tpu" asks for tpu=2: resource tpu' in out.stderr, out.stderr
-    assert f"the cluster at {ray_head.address} has 127.0.0.1: CPU=4;" in out.stderr + ";"
+    assert f"the cluster at {ray_head.address} has 127.0.0.1: CPU=4, {HEAD_RESOURCE}=1;" in (
+        out.stderr + ";"
+    ), out.stderr
     assert "nothing was started" in out.stderr
     teams = cli("team", "list", "--json")
     assert teams.returncode == 0 and orjson.loads(teams.stdout) == [], teams.stdout
@@ -284,3 +286,38 @@ def test_each_task_works_in_its_own_copy_removed_after_it_unless_kept(
     for task in by_id.values():  # (the reader's copy is kept too)
         line = Path(task["attempt_log"][-1]["output_file"]).read_text().splitlines()[-1]
         shutil.rmtree(line.rsplit(": ", 1)[1], ignore_errors=True)
+
+
+def test_a_task_lands_on_the_node_that_has_its_resource(
+    ray_head: RayHead, cli: Cli, tmp_path: Path
+) -> None:
+    """A second node joined to the head (`ray start --address`, named shoal-b, with its own
+    custom resource): of a spec whose tasks each require one node's resource, each runs on
+    that node, and the joblog's host column and the report's `attempt_log[].host` name it
+    (Ray's node name: the head's is its address)."""
+    node = RayWorkerNode(ray_head, "shoal-b", "shoal_b")
+    try:
+        spec = _repo(
+            tmp_path / "repo",
+            "[run]\njobs = 4\n\n"
+            + "".join(
+                f'[[task]]\nid = "{where}{i}"\nrun = "echo {where}{i}"\n'
+                f"resources = {{ {resource} = 0.1 }}\n\n"
+                for where, resource in (("head", HEAD_RESOURCE), ("b", "shoal_b"))
+                for i in range(2)
+            ),
+        )
+        joblog, report = tmp_path / "jl", tmp_path / "r.json"
+        done = cli(
+            "run", str(spec), "--backend", "ray", "--ray", ray_head.address,
+            "--joblog", str(joblog), "--report", str(report), timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        hosts = {row[-1].split()[-1]: row[1] for row in _joblog(joblog)}
+        assert hosts == {
+            "head0": "127.0.0.1", "head1": "127.0.0.1", "b0": "shoal-b", "b1": "shoal-b"
+        }, hosts  # fmt: skip
+        by_id = {t["id"]: t["attempt_log"][-1]["host"] for t in _report(report)["tasks"]}
+        assert by_id == hosts, by_id
+    finally:
+        node.stop()

@@ -10,6 +10,7 @@ the loop applies it on its own thread when the chain is done.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -129,7 +130,10 @@ class CallChains:
             if job.stop_reason is not None and not job.stop_sent:
                 job.client.stop(job.submission_id)
                 job.stop_sent = True
-            job.info = job.client.info(job.submission_id)
+            info = job.client.info(job.submission_id)
+            if info.node_id:  # (the joblog's host is the node's name)
+                info = dataclasses.replace(info, node_name=job.client.node_name(info.node_id))
+            job.info = info
             try:
                 logs = job.client.logs(job.submission_id)
             except RayUnreachable:
