@@ -3,12 +3,14 @@
 Every port is a free one picked here (two heads on one machine must not collide), the temp
 dir is short (Ray's unix sockets live under it), and the head is stopped by its own process
 group: never `ray stop`, which kills every Ray process of the machine. Tests that need the
-head are marked `ray_head` and run in one xdist group, so one head serves them all.
+head are marked `ray_head` and run in one xdist group, so one head serves them all. A test
+that needs a second node joins one to the head (`RayWorkerNode`, stopped at its end).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -68,13 +70,19 @@ def _free_range(width: int) -> int:
     raise RuntimeError("no free port range below the ephemeral ports for a Ray head")
 
 
+HEAD_RESOURCE = "shoal_head"
+"""The head's own custom resource (one unit): a task that requires it runs on the head."""
+
+
 class RayHead:
-    """One loopback head: `address` is its dashboard (the Jobs API)."""
+    """One loopback head: `address` is its dashboard (the Jobs API), `gcs` what another node
+    joins (`ray start --address`)."""
 
     def __init__(self, num_cpus: int = 4) -> None:
         if not Path(RAY).exists():
             raise RuntimeError(RAY_REQUIRED)
         self.num_cpus = num_cpus
+        self.gcs = ""
         self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
         self.log = self.temp / "head.log"
         self.address = ""
@@ -105,6 +113,7 @@ class RayHead:
         )
         workers = base + 9
         self.address = f"http://127.0.0.1:{dash}"
+        self.gcs = f"127.0.0.1:{gcs}"
         env = {
             **os.environ,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -124,7 +133,7 @@ class RayHead:
             "--object-manager-port", str(objects), "--runtime-env-agent-port", str(runtime_env),
             "--min-worker-port", str(workers), "--max-worker-port", str(workers + 39),
             "--temp-dir", str(self.temp / "t"), "--object-store-memory", "100000000",
-            "--num-cpus", str(self.num_cpus),
+            "--num-cpus", str(self.num_cpus), "--resources", f'{{"{HEAD_RESOURCE}": 1}}',
         ]  # fmt: skip
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -135,8 +144,9 @@ class RayHead:
         if self.proc.poll() is not None:
             return True  # (it died: the caller sees that below)
         try:
-            with urllib.request.urlopen(f"{self.address}/api/version", timeout=2) as r:
-                return bool(r.status == 200)
+            # (its dashboard answers some seconds before it lists its own node)
+            with urllib.request.urlopen(f"{self.address}/api/v0/nodes", timeout=5) as r:
+                return bool(r.status == 200) and b'"state": "ALIVE"' in r.read()
         except OSError:
             return False
 
@@ -178,3 +188,56 @@ class RayHead:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+class RayWorkerNode(RayHead):
+    """A second node joined to `head` on loopback (`ray start --address`), named `name` (its
+    joblog host) with one unit of the custom resource `resource`; stopped as a head is."""
+
+    def __init__(self, head: RayHead, name: str, resource: str, num_cpus: int = 2) -> None:
+        self.head, self.name, self.resource, self.num_cpus = head, name, resource, num_cpus
+        self.temp = Path(tempfile.mkdtemp(prefix="raynode", dir="/tmp"))
+        self.log = self.temp / "node.log"
+        self.address = head.address
+        base = _free_range(7 + 40)
+        node, objects, runtime_env, agent_http, agent_grpc, metrics = range(base, base + 6)
+        workers = base + 7
+        env = {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        env.pop("RAY_ADDRESS", None)
+        # `ray start --address 127.0.0.1:P` swaps 127.0.0.1 for the machine's address, where
+        # the loopback head's GCS does not listen: spelled so, it is the same address unswapped.
+        join = head.gcs.replace("127.0.0.1:", "127.000.000.001:")
+        argv = [
+            RAY, "start", "--address", join, "--block", "--disable-usage-stats",
+            "--node-ip-address", "127.0.0.1", "--node-name", name,
+            "--resources", f'{{"{resource}": 1}}', "--num-cpus", str(num_cpus),
+            "--node-manager-port", str(node), "--object-manager-port", str(objects),
+            "--runtime-env-agent-port", str(runtime_env),
+            "--dashboard-agent-listen-port", str(agent_http),
+            "--dashboard-agent-grpc-port", str(agent_grpc),
+            "--metrics-export-port", str(metrics),
+            "--min-worker-port", str(workers), "--max-worker-port", str(workers + 39),
+            "--object-store-memory", "100000000",
+        ]  # fmt: skip
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        if not poll(self._joined, START_TIMEOUT_S, interval=0.5) or not self.alive():
+            tail = self.log.read_text(errors="replace")[-3000:]
+            self.stop()
+            raise RuntimeError(f"the Ray node {name} did not join {head.gcs}:\n{tail}")
+
+    def _joined(self) -> bool:
+        if self.proc.poll() is not None:
+            return True  # (it died: the caller sees that)
+        try:
+            with urllib.request.urlopen(f"{self.head.address}/api/v0/nodes", timeout=5) as r:
+                rows = json.loads(r.read())["data"]["result"]["result"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return any(n.get("node_name") == self.name and n.get("state") == "ALIVE" for n in rows)

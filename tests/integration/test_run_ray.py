@@ -7,7 +7,11 @@ repository of its own in tmp_path (the run packs and uploads it), and the run is
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,8 @@ import orjson
 import pytest
 
 from tests.conftest import Cli
-from tests.ray_cluster import RayHead
+from tests.polling import wait_until
+from tests.ray_cluster import HEAD_RESOURCE, RayHead, RayWorkerNode
 
 pytestmark = [pytest.mark.ray_head, pytest.mark.xdist_group("ray")]
 
@@ -165,3 +170,154 @@ def test_bad_inputs_start_nothing(ray_head: RayHead, cli: Cli, tmp_path: Path) -
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     teams = cli("team", "list", "--json")
     assert teams.returncode == 0 and orjson.loads(teams.stdout) == [], teams.stdout
+
+
+def _load(address: str) -> dict[str, Any]:
+    """The cluster's resource usage and pending demand (the dashboard's cluster status)."""
+    with urllib.request.urlopen(f"{address}/api/cluster_status", timeout=10) as response:
+        report: dict[str, Any] = orjson.loads(response.read())["data"]["clusterStatus"]
+    return dict(report["loadMetricsReport"])
+
+
+def test_resources_reach_ray_and_a_task_no_node_can_hold_starts_nothing(
+    ray_head: RayHead, cli: Cli, tmp_path: Path
+) -> None:
+    """A spec with a task asking for a GPU and one asking for a resource no node has is
+    refused (exit 2) before anything starts, naming both tasks and the cluster's resources,
+    and leaves no team; a task's num_cpus and custom resources (the node's own
+    `node:127.0.0.1`), else the `[run]` default, are what its Ray job's entrypoint holds on
+    the node (the cluster's usage shows them, and a task that would not fit beside waits)."""
+    bad = _repo(
+        tmp_path / "bad",
+        '[[task]]\nid = "gpu"\nrun = "true"\nnum_gpus = 1\n\n'
+        '[[task]]\nid = "tpu"\nrun = "true"\nresources = { tpu = 2 }\n',
+    )
+    out = cli("run", str(bad), "--backend", "ray", "--ray", ray_head.address)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert 'task "gpu" asks for GPU=1: resource GPU, which no node' in out.stderr, out.stderr
+    assert 'task "tpu" asks for tpu=2: resource tpu' in out.stderr, out.stderr
+    assert f"the cluster at {ray_head.address} has 127.0.0.1: CPU=4, {HEAD_RESOURCE}=1;" in (
+        out.stderr + ";"
+    ), out.stderr
+    assert "nothing was started" in out.stderr
+    teams = cli("team", "list", "--json")
+    assert teams.returncode == 0 and orjson.loads(teams.stdout) == [], teams.stdout
+
+    # A gated task holding 3 of the head's 4 CPUs ([run]'s default) and half of its
+    # `node:127.0.0.1`, beside one asking for 2 CPUs: while the first runs, the cluster
+    # counts what it holds, and the second waits for CPUs (Ray's demand, not --jobs).
+    gate = tmp_path / "gate"
+    spec = _repo(
+        tmp_path / "ok",
+        "[run]\njobs = 2\nnum_cpus = 3\n\n"
+        f'[[task]]\nid = "held"\nrun = "touch {tmp_path}/held.on; '
+        f'while [ ! -e {gate} ]; do sleep 0.05; done"\n'
+        'resources = { "node:127.0.0.1" = 0.5 }\n\n'
+        '[[task]]\nid = "second"\nrun = "echo second"\nnum_cpus = 2\n',
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "run", str(spec), "--backend", "ray",
+         "--ray", ray_head.address],
+        env={**os.environ, "SHOAL_HOME": str(cli.home)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: (tmp_path / "held.on").exists(), timeout=120, what="held to run")
+
+        def holding() -> bool:
+            load = _load(ray_head.address)
+            return (
+                load["usage"].get("CPU", [0])[0] >= 3
+                and load["usage"].get("node:127.0.0.1", [0])[0] >= 0.5
+                and [{"CPU": 2.0}, 1] in load["resourceDemand"]
+            )
+
+        load = lambda: f"the cluster's load: {_load(ray_head.address)}"  # noqa: E731
+        wait_until(holding, timeout=60, what=load)
+        gate.touch()
+        assert run.wait(timeout=120) == 0, run.stdout.read() if run.stdout else ""
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+def test_each_task_works_in_its_own_copy_removed_after_it_unless_kept(
+    ray_head: RayHead, cli: Cli, tmp_path: Path
+) -> None:
+    """A task writes a file beside the committed ones and one in a subdirectory; the task
+    after it (same run, same package) sees neither, and the copies are gone from the node.
+    With --keep-workdirs the task's copy stays, named on its output's last line, holding
+    what it wrote."""
+    spec = _repo(
+        tmp_path / "repo",
+        '[[task]]\nid = "writer"\nrun = "echo leaked > leak.txt; echo x >> sub/data.txt"\n\n'
+        '[[task]]\nid = "reader"\nafter = ["writer"]\n'
+        'run = "test ! -e leak.txt && cat sub/data.txt && pwd"\n',
+        {"sub/data.txt": "committed\n"},
+    )
+    report = tmp_path / "r.json"
+    done = cli(
+        "run", str(spec), "--backend", "ray", "--ray", ray_head.address,
+        "--report", str(report), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_id = {t["id"]: t for t in _report(report)["tasks"]}
+    said = Path(by_id["reader"]["attempt_log"][-1]["output_file"]).read_text().splitlines()
+    assert said[0] == "committed", said
+    where = Path(said[1])
+    assert where.name == "work" and where.parent.name.startswith("shoal-task-"), where
+    assert not where.parent.exists()
+
+    kept = cli(
+        "run", str(spec), "--backend", "ray", "--ray", ray_head.address, "--keep-workdirs",
+        "--report", str(report), timeout=300,
+    )  # fmt: skip
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    by_id = {t["id"]: t for t in _report(report)["tasks"]}
+    last = Path(by_id["writer"]["attempt_log"][-1]["output_file"]).read_text().splitlines()[-1]
+    assert last.startswith("shoal: kept the working copy of this task: "), last
+    copy = Path(last.rsplit(": ", 1)[1])
+    try:
+        assert (copy / "work" / "leak.txt").read_text() == "leaked\n"
+        assert (copy / "work" / "sub" / "data.txt").read_text() == "committed\nx\n"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    for task in by_id.values():  # (the reader's copy is kept too)
+        line = Path(task["attempt_log"][-1]["output_file"]).read_text().splitlines()[-1]
+        shutil.rmtree(line.rsplit(": ", 1)[1], ignore_errors=True)
+
+
+def test_a_task_lands_on_the_node_that_has_its_resource(
+    ray_head: RayHead, cli: Cli, tmp_path: Path
+) -> None:
+    """A second node joined to the head (`ray start --address`, named shoal-b, with its own
+    custom resource): of a spec whose tasks each require one node's resource, each runs on
+    that node, and the joblog's host column and the report's `attempt_log[].host` name it
+    (Ray's node name: the head's is its address)."""
+    node = RayWorkerNode(ray_head, "shoal-b", "shoal_b")
+    try:
+        spec = _repo(
+            tmp_path / "repo",
+            "[run]\njobs = 4\n\n"
+            + "".join(
+                f'[[task]]\nid = "{where}{i}"\nrun = "echo {where}{i}"\n'
+                f"resources = {{ {resource} = 0.1 }}\n\n"
+                for where, resource in (("head", HEAD_RESOURCE), ("b", "shoal_b"))
+                for i in range(2)
+            ),
+        )
+        joblog, report = tmp_path / "jl", tmp_path / "r.json"
+        done = cli(
+            "run", str(spec), "--backend", "ray", "--ray", ray_head.address,
+            "--joblog", str(joblog), "--report", str(report), timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        hosts = {row[-1].split()[-1]: row[1] for row in _joblog(joblog)}
+        assert hosts == {
+            "head0": "127.0.0.1", "head1": "127.0.0.1", "b0": "shoal-b", "b1": "shoal-b"
+        }, hosts  # fmt: skip
+        by_id = {t["id"]: t["attempt_log"][-1]["host"] for t in _report(report)["tasks"]}
+        assert by_id == hosts, by_id
+    finally:
+        node.stop()

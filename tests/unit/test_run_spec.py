@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.cli.run_sinks import TextProgress
-from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from shoal.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
 from shoal.core.events import RunEvent
 from shoal.orchestrator.batch import (
     AGENTS_UNAVAILABLE,
@@ -187,6 +187,94 @@ colour = "red"
     assert len(errors) == len(expected), "\n".join(errors)
     for line, want in zip(errors, expected, strict=True):
         assert line.startswith(want), (line, want)
+
+
+RESOURCES = """
+[run]
+num_cpus = 0.5
+resources = { disk_a = 1 }
+
+[[task]]
+id = "plain"
+run = "true"
+
+[[task]]
+id = "big"
+run = "true"
+num_cpus = 2
+num_gpus = 1
+resources = { disk_b = 0.5 }
+"""
+
+
+def test_ray_resources_are_read_with_the_run_defaults() -> None:
+    """num_cpus, num_gpus and resources of a task; a task without them takes [run]'s, and
+    its resources table adds to [run]'s."""
+    plain, big = spec_of(RESOURCES).tasks
+    assert (plain.num_cpus, plain.num_gpus, dict(plain.resources)) == (0.5, None, {"disk_a": 1})
+    assert (big.num_cpus, big.num_gpus) == (2.0, 1.0)
+    assert dict(big.resources) == {"disk_a": 1.0, "disk_b": 0.5}
+
+
+def test_bad_ray_resources_are_spec_errors() -> None:
+    text = """\
+[[member]]
+name = "alice"
+
+[[task]]
+id = "a"
+run = "true"
+num_cpus = -1
+num_gpus = "one"
+resources = { CPU = 2, "bad name" = 1, disk = true }
+
+[[task]]
+id = "b"
+prompt = "p"
+assign = "alice"
+num_cpus = 1
+"""
+    errors = errors_of(text)
+    expected = [
+        'spec.toml:7: task "a": num_cpus must be a number >= 0, not -1',
+        "spec.toml:8: task \"a\": num_gpus must be a number >= 0, not 'one'",
+        'spec.toml:9: task "a": resources: use num_cpus for CPU',
+        'spec.toml:9: task "a": resources: "bad name" is not a name',
+        'spec.toml:9: task "a": resources: disk must be a number >= 0, not True',
+        'spec.toml:15: task "b": num_cpus is for run tasks',
+    ]
+    assert len(errors) == len(expected), "\n".join(errors)
+    for line, want in zip(sorted(errors), sorted(expected), strict=True):
+        assert line.startswith(want), (line, want)
+
+
+def test_a_task_no_node_can_hold_is_refused_naming_it_and_the_cluster() -> None:
+    """A resource no node has, and amounts no one node has together (a job runs on one
+    node), are refused with the task, what it asks and each node's resources."""
+    from shoal.orchestrator.batch.ray_backend import check_placement
+    from shoal.workers.remote.ray_jobs import NodeInfo
+
+    nodes = [
+        NodeInfo("head", "10.0.0.1", {"CPU": 4.0, "memory": 1e9, "node:10.0.0.1": 1.0}),
+        NodeInfo("gpu", "10.0.0.2", {"CPU": 1.0, "GPU": 1.0}),
+    ]
+    fits = spec_of(
+        '[[task]]\nid = "a"\nrun = "true"\nnum_cpus = 4\n'
+        '[[task]]\nid = "b"\nrun = "true"\nnum_gpus = 1\n'
+    )
+    check_placement(fits, nodes, "http://h:8265")
+    bad = spec_of(
+        '[[task]]\nid = "tpu"\nrun = "true"\nresources = { tpu = 1 }\n'
+        '[[task]]\nid = "both"\nrun = "true"\nnum_cpus = 4\nnum_gpus = 1\n'
+    )
+    with pytest.raises(UsageError) as info:
+        check_placement(bad, nodes, "http://h:8265")
+    lines = str(info.value).splitlines()
+    assert lines == [
+        '--backend ray: task "tpu" asks for tpu=1: resource tpu, which no node of the cluster has',
+        'task "both" asks for CPU=4, GPU=1: more than any one node of the cluster has',
+        "the cluster at http://h:8265 has head: CPU=4; gpu: CPU=1, GPU=1; nothing was started",
+    ]
 
 
 def test_the_error_message_lists_every_problem_under_one_heading() -> None:

@@ -64,6 +64,11 @@ from shoal.ui.run_output import (
     help="With --backend ray: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine.",
 )
 @click.option(
+    "--keep-workdirs",
+    is_flag=True,
+    help="With --backend ray: keep each task's private working copy on its node (for debugging).",
+)
+@click.option(
     "--halt",
     default=None,
     metavar="POLICY",
@@ -194,6 +199,7 @@ def run(
     backend: str | None,
     ray_address: str | None,
     insecure: bool,
+    keep_workdirs: bool,
     halt: str | None,
     junit: str | None,
     report: str | None,
@@ -277,6 +283,7 @@ def run(
         results=Path(results) if results else None,
         ray=ray_address,
         ray_insecure=insecure,
+        keep_workdirs=keep_workdirs,
         keep_sessions=keep_sessions,
     )
     # Output that nobody reads any more (a closed pipe) is dropped; the run goes on.

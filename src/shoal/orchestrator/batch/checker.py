@@ -148,6 +148,44 @@ class SpecChecker:
             return default
         return value
 
+    def amount(
+        self, table: Mapping[str, Any], key: str, section: tuple[str, int], where: str
+    ) -> float | None:
+        """A resource amount (a number >= 0), None when absent or bad (bad is reported)."""
+        if key not in table:
+            return None
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            self.add(section, key, f"{where}: {key} must be a number >= 0, not {value!r}")
+            return None
+        return float(value)
+
+    def resources(
+        self, table: Mapping[str, Any], section: tuple[str, int], where: str
+    ) -> dict[str, float]:
+        """`resources = { NAME = AMOUNT }`: custom Ray resources (CPU and GPU have their
+        own keys, num_cpus and num_gpus)."""
+        value = table.get("resources", {})
+        if not isinstance(value, dict):
+            self.add(section, "resources", f"{where}: resources must be a table of NAME = AMOUNT")
+            return {}
+        out: dict[str, float] = {}
+        for name, item in value.items():
+            if name in ("CPU", "GPU"):
+                key = f"num_{name.lower()}s"
+                self.add(section, "resources", f"{where}: resources: use {key} for {name}")
+            elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.:/-]*", name):
+                self.add(section, "resources", f'{where}: resources: "{name}" is not a name')
+            elif isinstance(item, bool) or not isinstance(item, int | float) or not item >= 0:
+                self.add(
+                    section,
+                    "resources",
+                    f"{where}: resources: {name} must be a number >= 0, not {item!r}",
+                )
+            else:
+                out[name] = float(item)
+        return out
+
     def duration(
         self, table: Mapping[str, Any], key: str, section: tuple[str, int], where: str
     ) -> tuple[float | None, str | None]:

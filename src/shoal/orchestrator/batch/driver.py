@@ -228,7 +228,12 @@ class _Driver:
         if (options.backend or settings.backend) == RAY_BACKEND:
             # Shell tasks go to the cluster (checked and uploaded now, before anything
             # starts); members still run here, on the backend this machine has.
-            self.ray = prepare(spec, options.ray, insecure=options.ray_insecure)
+            self.ray = prepare(
+                spec,
+                options.ray,
+                insecure=options.ray_insecure,
+                keep_workdirs=options.keep_workdirs,
+            )
             self.backend, self.backend_why = resolve_backend(None, "auto")
         else:
             self.backend, self.backend_why = resolve_backend(options.backend, settings.backend)

@@ -276,6 +276,9 @@ class BatchRun:
                     env={**spec.env, ENV_TASK: spec.id, ENV_ATTEMPT: str(number)},
                     timeout=spec.timeout,
                     junit=spec.junit,
+                    num_cpus=spec.num_cpus,
+                    num_gpus=spec.num_gpus,
+                    resources=spec.resources,
                 )
             )
         handles = self.shell.submit(requests)

@@ -36,6 +36,8 @@ class RunOptions:
     """`--backend ray`: the cluster's address (else $SHOAL_RAY_ADDRESS)."""
     ray_insecure: bool = False
     """`--insecure`: send $SHOAL_RAY_TOKEN over plain http to a cluster off this machine."""
+    keep_workdirs: bool = False
+    """`--keep-workdirs`: keep each Ray task's private working copy on its node."""
     keep_sessions: int | None = None
     """`--keep-sessions N`: at the end, remove the team's oldest finished sessions past N
     (None: `[run] keep_sessions` of config.toml for a team of the run's own, else keep all)."""

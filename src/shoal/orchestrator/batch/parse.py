@@ -56,6 +56,9 @@ _RUN_KEYS: Final = (
     "retry_delay",
     "env",
     "cwd",
+    "num_cpus",
+    "num_gpus",
+    "resources",
 )
 _MEMBER_KEYS: Final = ("name", "agent", "command", "script", "prompt", "plan_mode", "worktree")
 _TASK_KEYS: Final = (
@@ -73,6 +76,9 @@ _TASK_KEYS: Final = (
     "junit",
     "matrix",
     "always",
+    "num_cpus",
+    "num_gpus",
+    "resources",
 )
 
 
@@ -167,6 +173,9 @@ def _parse_run(checker: SpecChecker, table: object, base: Path) -> RunSettings:
         retry_delay=checker.delay(table, "retry_delay", section, "[run]") or 0.0,
         env=checker.env(table, section, "[run]"),
         cwd=checker.path(table, "cwd", section, "[run]", base),
+        num_cpus=checker.amount(table, "num_cpus", section, "[run]"),
+        num_gpus=checker.amount(table, "num_gpus", section, "[run]"),
+        resources=checker.resources(table, section, "[run]"),
     )
 
 
@@ -403,6 +412,13 @@ def _parse_task(
     junit = checker.path(table, "junit", section, where, Path(cwd))
     if junit is not None and has_prompt:
         checker.add(section, "junit", f"{where}: junit is for run tasks (a command's report)")
+    num_cpus = checker.amount(table, "num_cpus", section, where)
+    num_gpus = checker.amount(table, "num_gpus", section, where)
+    resources = {**settings.resources, **checker.resources(table, section, where)}
+    if has_prompt:  # (a member runs here, not on the cluster)
+        for key in ("num_cpus", "num_gpus", "resources"):
+            if key in table:
+                checker.add(section, key, f"{where}: {key} is for run tasks (a Ray job's)")
     return TaskSpec(
         id="",
         seq=0,
@@ -419,6 +435,9 @@ def _parse_task(
         description=description,
         junit=junit,
         always=checker.boolean(table, "always", section, where),
+        num_cpus=settings.num_cpus if num_cpus is None else num_cpus,
+        num_gpus=settings.num_gpus if num_gpus is None else num_gpus,
+        resources=resources,
         line=checker.locator.line(section),
     )
 

@@ -224,6 +224,12 @@ class TaskSpec:
     always: bool = False
     """Run once every `after` task has ended, whatever its verdict (a report, a cleanup);
     it also runs after a halt, not after an interrupt."""
+    num_cpus: float | None = None
+    """CPUs the task's Ray job holds (`--backend ray`; Ray's default when None)."""
+    num_gpus: float | None = None
+    """GPUs the task's Ray job holds (`--backend ray`)."""
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Custom Ray resources the task's job holds, NAME -> amount (`--backend ray`)."""
     line: int | None = None
 
     def delay_before(self, attempt: int) -> float:
@@ -287,6 +293,9 @@ class RunSettings:
     retry_delay: float = 0.0
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

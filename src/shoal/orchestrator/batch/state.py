@@ -135,6 +135,10 @@ class ShellRequest:
     """The attempt's timeout (armed when it starts)."""
     junit: str | None = None
     """The JUnit report the attempt must write (checked when it succeeds)."""
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """What the attempt's Ray job holds (`--backend ray`; a local attempt ignores them)."""
 
 
 class ShellExecutor(Protocol):

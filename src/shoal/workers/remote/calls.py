@@ -10,6 +10,7 @@ the loop applies it on its own thread when the chain is done.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -41,6 +42,8 @@ class Job:
     num_cpus: float | None
     output: Path
     submitted: bool
+    num_gpus: float | None = None
+    resources: dict[str, float] = field(default_factory=dict)
     submit_tried: bool = False
     retried_submit: bool = False  # a submit failed before (a timeout: it may have got through)
     offset: int = 0  # characters of the job's log (as the API gives it) read and written
@@ -114,6 +117,8 @@ class CallChains:
                         runtime_env=job.runtime_env,
                         metadata={"shoal_task": job.task_id},
                         num_cpus=job.num_cpus,
+                        num_gpus=job.num_gpus,
+                        resources=job.resources,
                     )
                 except JobExists:
                     # An earlier try that failed to answer (a timeout) may have got through:
@@ -125,7 +130,10 @@ class CallChains:
             if job.stop_reason is not None and not job.stop_sent:
                 job.client.stop(job.submission_id)
                 job.stop_sent = True
-            job.info = job.client.info(job.submission_id)
+            info = job.client.info(job.submission_id)
+            if info.node_id:  # (the joblog's host is the node's name)
+                info = dataclasses.replace(info, node_name=job.client.node_name(info.node_id))
+            job.info = info
             try:
                 logs = job.client.logs(job.submission_id)
             except RayUnreachable:

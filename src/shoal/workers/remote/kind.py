@@ -478,6 +478,8 @@ class RemoteKind:
             entrypoint=str(meta.get("entrypoint") or ""),
             runtime_env=runtime_env,
             num_cpus=meta.get("num_cpus"),
+            num_gpus=meta.get("num_gpus"),
+            resources=dict(meta.get("resources") or {}),
             output=Path(task.output_file),
             submitted=submitted,
         )

@@ -4,7 +4,8 @@ The API is small, so shoal talks to it directly instead of importing the heavy `
 `GET /api/version` (the address answers), `PUT /api/packages/gcs/{name}` (the packed working
 directory), `POST /api/jobs/` (submit, with `submission_id` = the shoal task id),
 `GET /api/jobs/{id}`, `GET /api/jobs/{id}/logs` (the whole log: callers keep their own offset),
-`POST /api/jobs/{id}/stop` and `DELETE /api/jobs/{id}`. Every failure is a `RayError` whose
+`POST /api/jobs/{id}/stop`, `DELETE /api/jobs/{id}`, and the state API's `GET /api/v0/nodes`
+(the cluster's nodes, each with its resources). Every failure is a `RayError` whose
 text names the address and what was asked, never a traceback from the dashboard.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -29,6 +32,7 @@ ADDRESS_ENV: Final = "SHOAL_RAY_ADDRESS"
 TOKEN_ENV: Final = "SHOAL_RAY_TOKEN"
 DEFAULT_PORT: Final = 8265  # the dashboard's, where the Jobs API lives
 REQUEST_TIMEOUT_S: Final = 10.0
+NODE_RETRY_S: Final = 5.0
 CONNECT_TIMEOUT_S: Final = 3.0
 # Job statuses, as Ray names them.
 PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = (
@@ -70,6 +74,8 @@ class JobInfo:
     node_id: str | None
     start_time: float | None
     end_time: float | None
+    node_name: str | None = None
+    """Ray's name of the node (its address unless it was started with `--node-name`)."""
 
     @property
     def terminal(self) -> bool:
@@ -77,8 +83,9 @@ class JobInfo:
 
     @property
     def host(self) -> str:
-        """Where the job ran, for a joblog's host column (the node's address, else ':')."""
-        return self.node_ip or (self.node_id[:12] if self.node_id else ":")
+        """Where the job ran, for a joblog's host column: the node's name, else its address,
+        else its id (':' while it has none)."""
+        return self.node_name or self.node_ip or (self.node_id[:12] if self.node_id else ":")
 
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> JobInfo:
@@ -98,6 +105,26 @@ class JobInfo:
             start_time=start / 1000 if start else None,
             end_time=end / 1000 if end else None,
         )
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One live node of the cluster, as the state API lists it: its name (Ray's node name, its
+    address unless it was given one), its address and the resources it has in all."""
+
+    name: str
+    address: str
+    resources: Mapping[str, float]
+    node_id: str = ""
+
+    def schedulable(self) -> dict[str, float]:
+        """The resources a job may ask for (CPU, GPU and custom ones; not memory, the object
+        store, nor the `node:*` markers Ray adds to every node)."""
+        return {
+            k: v
+            for k, v in self.resources.items()
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")
+        }
 
 
 def resolve_address(option: str | None, environ: Mapping[str, str] | None = None) -> str:
@@ -162,6 +189,8 @@ class RayJobs:
         """A client of the cluster at `address`; a token (else $SHOAL_RAY_TOKEN) is sent
         only over https or to loopback, unless `insecure` (checked before any connection)."""
         self.address = address.rstrip("/")
+        self._names: dict[str, tuple[str | None, float]] = {}  # node id -> (name, retry at)
+        self._names_lock = threading.Lock()
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         check_token_transport(self.address, token, insecure=insecure)
         import httpx2  # (imported with the first client: a leader without one never pays)
@@ -193,6 +222,45 @@ class RayJobs:
             raise RayUnreachable(f"{self.address} answers, but not as a Ray dashboard")
         return data
 
+    def nodes(self, *, alive: bool = True) -> list[NodeInfo]:
+        """The cluster's live nodes (all it knows unless `alive`) and their resources
+        (`GET /api/v0/nodes`)."""
+        data = self._json("GET", "/api/v0/nodes?limit=10000", what="list its nodes")
+        listed = ((data or {}).get("data") or {}).get("result") or {}
+        rows = listed.get("result") if isinstance(listed, dict) else None
+        out = []
+        for row in rows or []:
+            if not isinstance(row, dict) or (alive and row.get("state") != "ALIVE"):
+                continue
+            total = row.get("resources_total") or {}
+            out.append(
+                NodeInfo(
+                    name=str(row.get("node_name") or row.get("node_ip") or row.get("node_id")),
+                    address=str(row.get("node_ip") or ""),
+                    resources={str(k): float(v) for k, v in total.items()},
+                    node_id=str(row.get("node_id") or ""),
+                )
+            )
+        return out
+
+    def node_name(self, node_id: str) -> str | None:
+        """Ray's name of node `node_id` (listed once, then remembered; None when the cluster
+        does not list it: asked again after NODE_RETRY_S)."""
+        with self._names_lock:
+            known = self._names.get(node_id)
+            if known is not None and (known[0] or time.monotonic() < known[1]):
+                return known[0]
+        try:
+            names = {n.node_id: n.name for n in self.nodes(alive=False)}
+        except RayError:
+            names = {}
+        with self._names_lock:
+            for nid, name in names.items():
+                self._names[nid] = (name, 0.0)
+            if node_id not in names:
+                self._names[node_id] = (None, time.monotonic() + NODE_RETRY_S)
+            return names.get(node_id)
+
     def package_exists(self, name: str) -> bool:
         response = self._request("GET", f"/api/packages/gcs/{name}", what=f"look up {name}")
         return bool(response.status_code == 200)
@@ -214,8 +282,11 @@ class RayJobs:
         runtime_env: Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
         num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        resources: Mapping[str, float] | None = None,
     ) -> str:
-        """Submit a job under `submission_id`; a second job with the same id is refused."""
+        """Submit a job under `submission_id` (its entrypoint holding `num_cpus`, `num_gpus`
+        and the custom `resources` on its node); a second job with the same id is refused."""
         body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id}
         if runtime_env:
             body["runtime_env"] = dict(runtime_env)
@@ -223,6 +294,10 @@ class RayJobs:
             body["metadata"] = dict(metadata)
         if num_cpus is not None:
             body["entrypoint_num_cpus"] = num_cpus
+        if num_gpus is not None:
+            body["entrypoint_num_gpus"] = num_gpus
+        if resources:
+            body["entrypoint_resources"] = dict(resources)
         what = f"submit job {submission_id}"
         response = self._request("POST", "/api/jobs/", what=what, content=orjson.dumps(body))
         if response.status_code != 200 and _EXISTS.search(response.text):

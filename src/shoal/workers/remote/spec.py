@@ -54,7 +54,12 @@ class RemoteSpec(BaseModel):
     long_running: bool = False
     title: str | None = None
     description: str | None = None
+    keep_workdir: bool = False
+    """A shell job keeps its private working copy on the node (for debugging)."""
     num_cpus: float | None = Field(default=None, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources the job's entrypoint holds (NAME -> amount)."""
 
 
 def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> RemoteAgentTaskState:
@@ -84,6 +89,8 @@ def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> Rem
         "prompt": spec.prompt,
         "timeout_s": spec.timeout,
         "num_cpus": spec.num_cpus,
+        "num_gpus": spec.num_gpus,
+        "resources": dict(spec.resources),
         "job": 1,
     }
     return RemoteAgentTaskState(
@@ -103,12 +110,12 @@ def new_remote_task(spec: RemoteSpec, output_file: Callable[[str], Path]) -> Rem
 
 
 def entrypoint(spec: RemoteSpec, prompt: str | None = None) -> str:
-    """The job's shell command: a shell task's command, or shoal's agent on the node (which
-    works in a private copy of the working directory, entered at `cwd` there: the unpacked
-    package is Ray's cache, shared by every job of the same content)."""
+    """The job's shell command: a shell task's command, or shoal's agent on the node; each
+    works in a private copy of the working directory, entered at `cwd` there (the unpacked
+    package is Ray's cache, shared by every job of the same content: what one job writes
+    there, the next would see)."""
     if spec.remote_type == "shell":
-        cd = f"cd {shlex.quote(spec.cwd)} && " if spec.cwd not in ("", ".") else ""
-        return f"{cd}sh -c {shlex.quote(spec.command or '')}"
+        return private_copy(spec.cwd, f"sh -c {shlex.quote(spec.command or '')}", spec.keep_workdir)
     shoal = os.environ.get(SHOAL_COMMAND_ENV) or "shoal"
     argv = ["remote", "job", "--type", spec.remote_type]
     if spec.cwd not in ("", "."):
@@ -117,6 +124,29 @@ def entrypoint(spec: RemoteSpec, prompt: str | None = None) -> str:
         argv += ["--model", spec.model]
     argv += ["--", prompt if prompt is not None else spec.prompt or ""]
     return f"{shoal} {shlex.join(argv)}"
+
+
+WORKDIR_PREFIX: Final = "shoal-task-"
+"""A shell job's private copy is `$TMPDIR/shoal-task-XXXXXX/` on its node."""
+
+
+def private_copy(cwd: str, command: str, keep: bool) -> str:
+    """A shell line that runs `command` in a private copy of the job's working directory
+    (Ray's unpacked package, where the job starts), entered at `cwd`, with the command's exit
+    code. The copy is removed when the command ends or the job is stopped (TERM, INT), unless
+    `keep`, when its path is said on stderr. Plain POSIX sh and coreutils: a node needs no
+    shoal for a shell task."""
+    enter = f" && cd {shlex.quote(cwd)}" if cwd not in ("", ".") else ""
+    if keep:
+        clean = 'echo "shoal: kept the working copy of this task: $w" >&2'
+    else:
+        clean = 'cd / && rm -rf "$w"'
+    return (
+        f'w=$(mktemp -d "${{TMPDIR:-/tmp}}/{WORKDIR_PREFIX}XXXXXX") || exit 70; '
+        f"trap '{clean}' EXIT; trap 'exit 143' TERM; trap 'exit 130' INT; "
+        f'cp -pR . "$w/work" && cd "$w/work"{enter} || exit 70; '
+        f"{command}"
+    )
 
 
 def preamble(remote_type: str) -> str:
