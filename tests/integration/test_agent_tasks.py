@@ -647,8 +647,11 @@ def test_stop_turn_ends_the_turn_and_the_agent_waits(
     task = ended(leader, task_id)
     assert task["status"] == "completed", task
     assert task["result"] == "went on with: the next thing"
-    not_agent = leader("stop", "--team", TEAM, "--turn", "b00000000")
-    assert not_agent.returncode == 1 and "--turn" in not_agent.stderr
+    shell = leader("sh", "--team", TEAM, "--", "sleep 30").stdout.strip()
+    not_agent = leader("stop", "--team", TEAM, "--turn", shell)
+    assert not_agent.returncode == 1 and "--turn" in not_agent.stderr, not_agent.stderr
+    unknown = leader("stop", "--team", TEAM, "--turn", "b00000000")
+    assert unknown.returncode == 2 and "no task 'b00000000'" in unknown.stderr
 
 
 @pytest.mark.parametrize("backend", ["process", "in-process"])
