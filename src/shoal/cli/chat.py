@@ -130,8 +130,8 @@ class Chat:
                 self.move(current, background=True, quiet=True)
                 self.state.backgrounded.add(current)
             self.state.backgrounded.discard(arg)
+            self.follow(arg, from_start=True)  # (moves its record first: then it is said)
             click.echo(f"[{arg} is in the foreground]")
-            self.follow(arg, from_start=True)
         else:
             raise UsageError(f"unknown command {word} (/help lists them)")
         return True
