@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -23,7 +24,7 @@ from shoal.workers.shell.process import ShellProcess
 R = TypeVar("R")
 
 
-class ProcessKind(Generic[R]):
+class ProcessKind(ABC, Generic[R]):
     """The part of `TaskKind` every process kind shares, over its live table (task id ->
     what the kind holds in memory about a running task: `R`)."""
 
@@ -33,9 +34,9 @@ class ProcessKind(Generic[R]):
         """The kills in progress (task id -> its termination)."""
         self._news: set[str] = set()  # ids a pidfd (or a kill) pointed at since the last look
 
+    @abstractmethod
     def _process(self, run: R) -> ShellProcess | None:
         """The process of a live task (None: it has none, e.g. an in-process agent)."""
-        raise NotImplementedError
 
     def _has_news(self, run: R) -> bool:
         """News of a live task that neither a pidfd nor a kill's deadline tells (none here)."""
@@ -68,9 +69,9 @@ class ProcessKind(Generic[R]):
         assert proc is not None
         return self._done_with(task_id, proc.poll())
 
+    @abstractmethod
     def _settle_run(self, task_id: str, run: R, store: TaskStore) -> None:
         """Give an ended task its final state (and take it out of the live table)."""
-        raise NotImplementedError
 
     def _poll_output(self, ids: list[str], store: TaskStore, now: float) -> None:
         """Read what the tasks among `ids` wrote since the last look (nothing here)."""
